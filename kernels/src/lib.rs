@@ -1,0 +1,1 @@
+//! CUDA kernels (filled in by issue 4).

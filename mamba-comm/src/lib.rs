@@ -1,0 +1,17 @@
+//! `mamba-comm`: a fail-fast communicator and the world around it.
+//!
+//! Layers, bottom up:
+//! - [`transport::Transport`]: the byte-movement interface (send, recv,
+//!   broadcast, group, sum/max all-reduce, barrier) shared by NCCL and the
+//!   host transport;
+//! - [`rendezvous::Rendezvous`]: how ranks of one launch meet;
+//! - the NCCL communicator, the host transport, the launcher bootstrap and the
+//!   self-spawn supervisor.
+
+pub mod error;
+pub mod rendezvous;
+pub mod transport;
+
+pub use error::{CommError, Result};
+pub use rendezvous::Rendezvous;
+pub use transport::Transport;

@@ -1,0 +1,1 @@
+//! Reduction contracts (filled in by issue 4).

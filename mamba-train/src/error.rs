@@ -1,0 +1,37 @@
+//! The one error type of `mamba-train`.
+
+/// Result alias for the crate.
+pub type Result<T, E = TrainError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while building, training or saving a model.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A model, optimizer or run setting that cannot work; says which and
+    /// what is accepted.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A checkpoint that cannot be written or read, or that does not match
+    /// the run it is loaded into.
+    #[error("checkpoint {path}: {detail}")]
+    Checkpoint {
+        /// The file or directory involved.
+        path: String,
+        /// What is wrong and what was expected.
+        detail: String,
+    },
+    /// Reading data failed.
+    #[error("data: {0}")]
+    Data(String),
+    /// I/O outside checkpoints (metrics, plots).
+    #[error("i/o on {path}: {source}")]
+    Io {
+        /// The file involved.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The communicator failed.
+    #[error(transparent)]
+    Comm(#[from] mamba_comm::CommError),
+}

@@ -1,0 +1,2 @@
+//! The `mamba-train` command (filled in by issue 5).
+fn main() {}

@@ -1,0 +1,155 @@
+//! The flat parameter arena and its named views.
+//!
+//! All parameters live in one `Vec<f32>` (and all gradients in another of the
+//! same length and layout) so that the reducer sees exactly one contiguous
+//! arena. The layout is a pure function of [`ModelConfig`]: names are the
+//! Hugging Face Mamba names, shapes are the Hugging Face shapes (row-major,
+//! `[out, in]` for linear weights), and offsets follow the order of
+//! [`ParamLayout::new`]. Changing the order changes checkpoints' arena digest
+//! and the reducer's shard boundaries, so it is part of the format.
+
+use std::ops::Range;
+
+use crate::config::ModelConfig;
+
+/// What kind of tensor a parameter is; decides weight decay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// Linear / conv weight matrices and the embedding: decayed.
+    Matrix,
+    /// Biases, norm weights, `A_log`, `D`: never decayed.
+    NoDecay,
+}
+
+/// One named tensor inside the arena.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamEntry {
+    /// Hugging Face name, e.g. `backbone.layers.0.mixer.in_proj.weight`.
+    pub name: String,
+    /// Row-major shape.
+    pub shape: Vec<usize>,
+    /// First element in the arena.
+    pub offset: usize,
+    /// Whether AdamW decays it.
+    pub kind: ParamKind,
+}
+
+impl ParamEntry {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// True for a zero-element tensor (never produced by a valid config).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Element range in the arena.
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.len()
+    }
+}
+
+/// Offsets of one block's tensors, for the model's hot loops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerOffsets {
+    pub norm: Range<usize>,
+    pub in_proj: Range<usize>,
+    pub conv_w: Range<usize>,
+    pub conv_b: Range<usize>,
+    pub x_proj: Range<usize>,
+    pub dt_proj_w: Range<usize>,
+    pub dt_proj_b: Range<usize>,
+    pub a_log: Range<usize>,
+    pub d: Range<usize>,
+    pub out_proj: Range<usize>,
+}
+
+/// The arena layout of a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamLayout {
+    entries: Vec<ParamEntry>,
+    total: usize,
+    /// Range of `backbone.embeddings.weight` (`[vocab, d_model]`).
+    pub embedding: Range<usize>,
+    /// Per-block offsets.
+    pub layers: Vec<LayerOffsets>,
+    /// Range of `backbone.norm_f.weight`.
+    pub norm_f: Range<usize>,
+}
+
+impl ParamLayout {
+    /// The layout of `cfg`: embedding, then each block's tensors in the order
+    /// norm, in_proj, conv1d.weight, conv1d.bias, x_proj, dt_proj.weight,
+    /// dt_proj.bias, A_log, D, out_proj, then norm_f.
+    pub fn new(cfg: &ModelConfig) -> Self {
+        let mut entries = Vec::new();
+        let mut total = 0usize;
+        let mut push = |name: String, shape: Vec<usize>, kind: ParamKind| -> Range<usize> {
+            let e = ParamEntry { name, shape, offset: total, kind };
+            let r = e.range();
+            total += e.len();
+            entries.push(e);
+            r
+        };
+        let (d, di, n, r, k) = (cfg.d_model, cfg.d_inner(), cfg.d_state, cfg.dt_rank, cfg.d_conv);
+        let embedding =
+            push("backbone.embeddings.weight".into(), vec![cfg.vocab_size, d], ParamKind::Matrix);
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let p = |s: &str| format!("backbone.layers.{i}.{s}");
+            layers.push(LayerOffsets {
+                norm: push(p("norm.weight"), vec![d], ParamKind::NoDecay),
+                in_proj: push(p("mixer.in_proj.weight"), vec![2 * di, d], ParamKind::Matrix),
+                conv_w: push(p("mixer.conv1d.weight"), vec![di, 1, k], ParamKind::Matrix),
+                conv_b: push(p("mixer.conv1d.bias"), vec![di], ParamKind::NoDecay),
+                x_proj: push(p("mixer.x_proj.weight"), vec![r + 2 * n, di], ParamKind::Matrix),
+                dt_proj_w: push(p("mixer.dt_proj.weight"), vec![di, r], ParamKind::Matrix),
+                dt_proj_b: push(p("mixer.dt_proj.bias"), vec![di], ParamKind::NoDecay),
+                a_log: push(p("mixer.A_log"), vec![di, n], ParamKind::NoDecay),
+                d: push(p("mixer.D"), vec![di], ParamKind::NoDecay),
+                out_proj: push(p("mixer.out_proj.weight"), vec![d, di], ParamKind::Matrix),
+            });
+        }
+        let norm_f = push("backbone.norm_f.weight".into(), vec![d], ParamKind::NoDecay);
+        ParamLayout { entries, total, embedding, layers, norm_f }
+    }
+
+    /// Total number of f32 elements in the arena.
+    pub fn len(&self) -> usize {
+        self.total
+    }
+    /// True only for an empty model (never produced by a valid config).
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+    /// All tensors in arena order.
+    pub fn entries(&self) -> &[ParamEntry] {
+        &self.entries
+    }
+    /// Look a tensor up by its Hugging Face name.
+    pub fn get(&self, name: &str) -> Option<&ParamEntry> {
+        self.entries.iter().find(|e| e.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_contiguous_and_named_like_hugging_face() {
+        let cfg = ModelConfig::new(50, 32, 2);
+        let l = ParamLayout::new(&cfg);
+        let mut next = 0;
+        for e in l.entries() {
+            assert_eq!(e.offset, next, "{} is not contiguous", e.name);
+            next += e.len();
+        }
+        assert_eq!(next, l.len());
+        let x = l.get("backbone.layers.1.mixer.x_proj.weight").unwrap();
+        assert_eq!(x.shape, vec![cfg.dt_rank + 2 * cfg.d_state, cfg.d_inner()]);
+        assert_eq!(l.get("backbone.layers.0.mixer.A_log").unwrap().kind, ParamKind::NoDecay);
+        assert_eq!(l.layers[1].x_proj, x.range());
+        assert!(l.get("lm_head.weight").is_none(), "the LM head is tied to the embedding");
+    }
+}

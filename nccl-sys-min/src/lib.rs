@@ -1,0 +1,1 @@
+//! Minimal NCCL FFI (filled in by issue 2).
