@@ -1,1 +1,54 @@
-//! CUDA kernels (filled in by issue 4).
+//! All CUDA kernels of the project, embedded as fatbins and loaded through
+//! the driver API (cudarc).
+//!
+//! # Build
+//!
+//! `build.rs` compiles every `kernels/cuda/*.cu` with nvcc (found through
+//! `NVCC`, `CUDA_HOME`/`CUDA_PATH`, `PATH`, then `/opt/nvcc`, and driven
+//! through `cc`) into a fatbin with SASS for sm_80 and sm_90 and PTX for
+//! compute_90, with `--fmad=false` and IEEE division/square root, and embeds
+//! it as module `<stem>`. A new `.cu` file needs no build change: it appears
+//! in [`embedded()`] and loads with [`load_module`]`(ctx, "<stem>")`.
+//!
+//! Without nvcc the crate still builds: [`available()`] is false, the table
+//! is empty, and every GPU entry point returns [`KernelError::NotBuilt`],
+//! whose message says how to get kernels (`scripts/install-nvcc.sh`, then
+//! `NVCC=...`). With `MAMBA_REQUIRE_KERNELS=1` (CI) a missing nvcc fails
+//! the build instead.
+//!
+//! # Use
+//!
+//! ```no_run
+//! # fn main() -> Result<(), kernels::KernelError> {
+//! let ctx = kernels::open_context(0)?;
+//! let fold = kernels::FoldKernel::load(&ctx)?;
+//! let stream = ctx.default_stream();
+//! let slots = stream.clone_htod(&[1.0f32, 2.0, 3.0, 10.0, 20.0, 30.0]).unwrap();
+//! let mut out = stream.alloc_zeros::<f32>(3).unwrap();
+//! fold.det_sum_ranks(&stream, &slots.as_view(), 2, 3, 3, &mut out.as_view_mut())?;
+//! # Ok(()) }
+//! ```
+//!
+//! Model kernels add their own launchers (in `src/mamba/`) on top of
+//! [`load_module`] and [`LaunchShape`].
+
+pub mod device;
+pub mod embedded;
+pub mod error;
+pub mod fold;
+pub mod launch;
+
+// The build script's nvcc search, compiled here so it has unit tests.
+#[cfg(test)]
+#[path = "../build/nvcc.rs"]
+mod nvcc_discovery;
+#[cfg(test)]
+mod nvcc_discovery_tests;
+
+pub use device::{device_count, driver_present, load_module, open_context};
+pub use embedded::{
+    available, embedded, fatbin, nvcc_release, source_names, EmbeddedKernel, FATBIN_MAGIC,
+};
+pub use error::{KernelError, HOW_TO_GET_KERNELS};
+pub use fold::FoldKernel;
+pub use launch::LaunchShape;

@@ -1,5 +1,146 @@
-//! `cargo xtask bundle DIR`.
-use crate::util::TaskResult;
-pub fn run(_dir: &std::path::Path) -> TaskResult {
-    Err("bundle is not implemented yet".into())
+//! `cargo xtask bundle DIR`: prebuilt test and bench binaries plus a runner
+//! script, for a GPU host that has no Rust toolchain.
+//!
+//! Layout of DIR:
+//! - `tests/<crate>-<target>`: every test executable of the workspace, built
+//!   in release and stripped;
+//! - `bin/<name>`: the `mamba-train` binary and the benchmark / example
+//!   programs;
+//! - `run.sh`: `./run.sh tests [FILTER]`, `./run.sh bench reduce|train`.
+//!
+//! The runner sets `MAMBA_REQUIRE_GPU=1`, so a GPU test that cannot find its
+//! GPU fails instead of skipping, and it keeps `NCCL_NVLS_ENABLE=0` as the GPU
+//! machines require.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::util::{workspace_root, TaskResult};
+
+/// Packages whose tests go into the bundle.
+const TEST_PACKAGES: &[&str] = &[
+    "nccl-sys-min",
+    "mamba-comm",
+    "kernels",
+    "mamba-reduce",
+    "mamba-train",
+    "mamba-integration-tests",
+];
+
+/// Example programs shipped in `bin/` as `(package, example)`; missing ones
+/// are reported, not fatal, so the bundle tracks what exists.
+const EXAMPLES: &[(&str, &str)] = &[
+    ("mamba-comm", "allreduce"),
+    ("mamba-reduce", "bench_reduce"),
+    ("mamba-train", "bench_cuda_step"),
+    ("mamba-train", "bench_cpu_step"),
+];
+
+const RUNNER: &str = include_str!("run.sh");
+
+pub fn run(dir: &Path) -> TaskResult {
+    let root = workspace_root();
+    if dir.exists() {
+        fs::remove_dir_all(dir).map_err(|e| format!("cannot clear {}: {e}", dir.display()))?;
+    }
+    let tests_dir = dir.join("tests");
+    let bin_dir = dir.join("bin");
+    for d in [&tests_dir, &bin_dir] {
+        fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+    }
+
+    // Kernels must be in the bundle: a GPU host cannot compile them.
+    let mut test_build = cargo(&root);
+    test_build.args(["test", "--release", "--no-run", "--message-format=json-render-diagnostics"]);
+    for p in TEST_PACKAGES {
+        test_build.args(["-p", p]);
+    }
+    for exe in built_executables(test_build)? {
+        let name = exe
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| format!("odd executable name {}", exe.display()))?;
+        copy_stripped(&exe, &tests_dir.join(name))?;
+    }
+
+    let mut bin_build = cargo(&root);
+    bin_build.args([
+        "build",
+        "--release",
+        "--message-format=json-render-diagnostics",
+        "-p",
+        "mamba-train",
+        "--bin",
+        "mamba-train",
+    ]);
+    for exe in built_executables(bin_build)? {
+        copy_stripped(&exe, &bin_dir.join("mamba-train"))?;
+    }
+    for (pkg, ex) in EXAMPLES {
+        let src = root.join(pkg).join("examples").join(format!("{ex}.rs"));
+        if !src.exists() {
+            eprintln!("bundle: example {pkg}/{ex} does not exist yet; left out");
+            continue;
+        }
+        let mut b = cargo(&root);
+        b.args(["build", "--release", "--message-format=json-render-diagnostics", "-p", pkg, "--example", ex]);
+        for exe in built_executables(b)? {
+            copy_stripped(&exe, &bin_dir.join(ex))?;
+        }
+    }
+
+    let runner = dir.join("run.sh");
+    fs::write(&runner, RUNNER).map_err(|e| format!("cannot write {}: {e}", runner.display()))?;
+    set_executable(&runner)?;
+    eprintln!("bundle: wrote {}", dir.display());
+    Ok(())
+}
+
+fn cargo(root: &Path) -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root);
+    // The GPU hosts cannot compile kernels, so a bundle without them is useless.
+    c.env("MAMBA_REQUIRE_KERNELS", "1");
+    c
+}
+
+/// Run a cargo build with JSON messages and return the executables it made.
+fn built_executables(mut cmd: Command) -> Result<Vec<PathBuf>, String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not start {shown}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{shown} failed with {}", out.status));
+    }
+    let mut exes = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        if let Some(exe) = msg["executable"].as_str() {
+            exes.push(PathBuf::from(exe));
+        }
+    }
+    Ok(exes)
+}
+
+fn copy_stripped(src: &Path, dst: &Path) -> TaskResult {
+    fs::copy(src, dst).map_err(|e| format!("cannot copy {} to {}: {e}", src.display(), dst.display()))?;
+    // Debug info is most of a test binary's size and the transfer is capped.
+    let stripped = Command::new("strip").arg("--strip-debug").arg(dst).status();
+    if !matches!(stripped, Ok(s) if s.success()) {
+        eprintln!("bundle: could not strip {} (kept unstripped)", dst.display());
+    }
+    set_executable(dst)
+}
+
+fn set_executable(path: &Path) -> TaskResult {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))
 }

@@ -1,0 +1,134 @@
+// Fixed-order fold of per-rank gradient slots (SPEC.md, mamba-reduce).
+//
+// Contract, per element i (the bits of the result depend only on the addends
+// and on their count, never on the launch shape, the GPU or the alignment):
+//
+//   det_sum_ranks:         out[i] = ((s0[i] + s1[i]) + s2[i]) + ... + s{n-1}[i]
+//   det_accumulate_ranks:  acc[i] = (((acc[i] + s0[i]) + s1[i]) + ...)
+//
+// where slot k starts at slots + k * slot_stride. Every addition is an IEEE
+// f32 add rounded to nearest (__fadd_rn), which the compiler never contracts
+// into an FMA nor reassociates; the build also passes --fmad=false, so no
+// other arithmetic here can be contracted either. One thread owns an element
+// (or four adjacent elements in the vector path) and walks the slots
+// serially in ascending order, so there is no cross-thread reduction at all.
+//
+// Indexing is 64-bit throughout (size_t), so arenas and slot offsets above
+// 2^31 elements are addressed correctly. Both kernels are grid-stride loops:
+// any grid size covers any length, the host caps the grid.
+//
+// Vector path: when both base pointers are 16-byte aligned and slot_stride is
+// a multiple of 4, every slot row is 16-byte aligned too, and a thread loads
+// float4s. The branch depends only on kernel arguments, so it is uniform over
+// the grid. It computes exactly the same per-element chain as the scalar path;
+// only the width of the memory transactions differs.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace {
+
+constexpr int kUnroll = 4;
+
+__device__ __forceinline__ size_t global_thread() {
+    return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ size_t grid_threads() {
+    return static_cast<size_t>(gridDim.x) * blockDim.x;
+}
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y),
+                       __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
+// acc = (((acc + row_first[i]) + row_first+1[i]) + ...) for rows [first, n).
+// Loads of kUnroll rows are issued before their adds so the memory system
+// sees several independent requests per thread; the adds stay in order.
+__device__ __forceinline__ float chain(float acc, const float* __restrict__ slots,
+                                       size_t first, size_t n, size_t stride,
+                                       size_t i) {
+    size_t k = first;
+    for (; k + kUnroll <= n; k += kUnroll) {
+        float v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(slots + (k + u) * stride + i);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) acc = __fadd_rn(acc, v[u]);
+    }
+    for (; k < n; ++k) acc = __fadd_rn(acc, __ldg(slots + k * stride + i));
+    return acc;
+}
+
+__device__ __forceinline__ float4 chain4(float4 acc, const float4* __restrict__ slots,
+                                         size_t first, size_t n, size_t stride4,
+                                         size_t v) {
+    size_t k = first;
+    for (; k + kUnroll <= n; k += kUnroll) {
+        float4 r[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) r[u] = __ldg(slots + (k + u) * stride4 + v);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) acc = add4(acc, r[u]);
+    }
+    for (; k < n; ++k) acc = add4(acc, __ldg(slots + k * stride4 + v));
+    return acc;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// ACCUMULATE = false: dst[i] = slot0[i] + slot1[i] + ... (needs n_slots >= 1).
+// ACCUMULATE = true:  dst[i] = dst[i] + slot0[i] + ...   (n_slots may be 0).
+template <bool ACCUMULATE>
+__device__ __forceinline__ void fold(float* __restrict__ dst,
+                                     const float* __restrict__ slots,
+                                     size_t n_slots, size_t stride, size_t len) {
+    const size_t first = ACCUMULATE ? 0 : 1;
+    const size_t step = grid_threads();
+    if (aligned16(dst) && aligned16(slots) && stride % 4 == 0) {
+        const size_t n_vec = len / 4;
+        const size_t stride4 = stride / 4;
+        float4* dst4 = reinterpret_cast<float4*>(dst);
+        const float4* slots4 = reinterpret_cast<const float4*>(slots);
+        for (size_t v = global_thread(); v < n_vec; v += step) {
+            float4 acc = ACCUMULATE ? dst4[v] : __ldg(slots4 + v);
+            dst4[v] = chain4(acc, slots4, first, n_slots, stride4, v);
+        }
+        // The tail (len % 4 < 4 elements) goes to the first threads.
+        const size_t tail = n_vec * 4;
+        for (size_t i = tail + global_thread(); i < len; i += step) {
+            float acc = ACCUMULATE ? dst[i] : __ldg(slots + i);
+            dst[i] = chain(acc, slots, first, n_slots, stride, i);
+        }
+    } else {
+        for (size_t i = global_thread(); i < len; i += step) {
+            float acc = ACCUMULATE ? dst[i] : __ldg(slots + i);
+            dst[i] = chain(acc, slots, first, n_slots, stride, i);
+        }
+    }
+}
+
+}  // namespace
+
+// out[0..len) = ascending chain over n_slots >= 1 slots. out must not overlap
+// the slots (the host wrapper guarantees it through Rust borrows).
+extern "C" __global__ void det_sum_ranks_f32(float* __restrict__ out,
+                                             const float* __restrict__ slots,
+                                             unsigned long long n_slots,
+                                             unsigned long long slot_stride,
+                                             unsigned long long len) {
+    fold<false>(out, slots, n_slots, slot_stride, len);
+}
+
+// acc[0..len) = running prefix continued over n_slots >= 0 slots (the step a
+// logical-world pipeline takes with each process's block of logical ranks).
+extern "C" __global__ void det_accumulate_ranks_f32(float* __restrict__ acc,
+                                                    const float* __restrict__ slots,
+                                                    unsigned long long n_slots,
+                                                    unsigned long long slot_stride,
+                                                    unsigned long long len) {
+    fold<true>(acc, slots, n_slots, slot_stride, len);
+}

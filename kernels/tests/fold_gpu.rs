@@ -1,0 +1,562 @@
+//! GPU tests of the fold kernels: every launch is compared bit for bit with
+//! a serial host chain written here.
+//!
+//! Without a CUDA driver, a device or an nvcc-built kernel table these tests
+//! print why and pass, unless `MAMBA_REQUIRE_GPU=1` (then they fail).
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use kernels::{FoldKernel, KernelError, LaunchShape};
+
+// ---------------------------------------------------------------- harness
+
+fn gpu_required() -> bool {
+    std::env::var("MAMBA_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// Skip (or, when a GPU is required, fail) with `why`.
+fn unavailable(why: &str) -> Option<Gpu> {
+    assert!(!gpu_required(), "MAMBA_REQUIRE_GPU=1 but {why}");
+    eprintln!("skipping: {why}");
+    None
+}
+
+#[derive(Clone)]
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    fold: FoldKernel,
+}
+
+/// The shared device-0 context with the fold module, once per process.
+fn gpu() -> Option<Gpu> {
+    static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
+    let got = GPU.get_or_init(|| {
+        if !kernels::driver_present() {
+            return Err("no CUDA driver library (libcuda.so.1) on this machine".into());
+        }
+        match kernels::device_count() {
+            Ok(0) => return Err("the CUDA driver reports no device".into()),
+            Ok(_) => {}
+            Err(e) => return Err(format!("cannot count CUDA devices: {e}")),
+        }
+        let ctx = kernels::open_context(0).map_err(|e| format!("cannot open device 0: {e}"))?;
+        if !kernels::available() {
+            // The GPU is here but the kernels are not: the error must say so.
+            let err = FoldKernel::load(&ctx).expect_err("a build without nvcc loaded kernels");
+            assert!(matches!(err, KernelError::NotBuilt { .. }), "{err:?}");
+            assert!(err.to_string().contains("scripts/install-nvcc.sh"), "{err}");
+            return Err(format!("this test binary was built without nvcc ({err})"));
+        }
+        let fold = FoldKernel::load(&ctx).map_err(|e| format!("FoldKernel::load failed: {e}"));
+        // A GPU with kernels built must load them: that is a failure, not a skip.
+        let fold = fold.unwrap_or_else(|e| panic!("{e}"));
+        Ok(Gpu { ctx, fold })
+    });
+    match got {
+        Ok(gpu) => Some(gpu.clone()),
+        Err(why) => unavailable(why),
+    }
+}
+
+// ------------------------------------------------------- host reference
+
+/// out[i] = ((s0[i] + s1[i]) + ...) in f32, the contract written out.
+fn host_sum(slots: &[f32], n_slots: usize, stride: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let mut acc = slots[i];
+            for k in 1..n_slots {
+                acc += slots[k * stride + i];
+            }
+            acc
+        })
+        .collect()
+}
+
+fn host_accumulate(acc: &mut [f32], slots: &[f32], n_slots: usize, stride: usize, len: usize) {
+    for (i, a) in acc.iter_mut().enumerate().take(len) {
+        for k in 0..n_slots {
+            *a += slots[k * stride + i];
+        }
+    }
+}
+
+/// The same addends in descending slot order: a negative control showing the
+/// data can tell orders apart.
+fn host_sum_reversed(slots: &[f32], n_slots: usize, stride: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let mut acc = slots[(n_slots - 1) * stride + i];
+            for k in (0..n_slots - 1).rev() {
+                acc += slots[k * stride + i];
+            }
+            acc
+        })
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn assert_bits_eq(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got
+        .iter()
+        .zip(want)
+        .position(|(g, w)| g.to_bits() != w.to_bits())
+    {
+        panic!(
+            "{what}: element {i} differs: gpu {} ({:#010x}) vs host {} ({:#010x})",
+            got[i],
+            got[i].to_bits(),
+            want[i],
+            want[i].to_bits()
+        );
+    }
+}
+
+/// xorshift64*: reproducible data without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Values that make the order of addition visible: wide exponents
+    /// (cancellation, absorption), exact zeros of both signs, subnormals and
+    /// integers around 2^24. Never NaN or infinite.
+    fn value(&mut self) -> f32 {
+        let r = self.next();
+        let mantissa = (r >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+        match r % 16 {
+            0 => 0.0,
+            1 => -0.0,
+            2 => {
+                f32::from_bits((r >> 40) as u32 & 0x007F_FFFF) * if r & 1 == 0 { 1.0 } else { -1.0 }
+            }
+            3 => ((r >> 20) % 64) as f32 + 16_777_216.0,
+            4 => -16_777_216.0,
+            5..=7 => (mantissa * 2f64.powi(((r >> 5) % 48) as i32 - 24)) as f32,
+            // Similar magnitudes: most sums round, differently per order.
+            _ => (mantissa * 2f64.powi(((r >> 5) % 4) as i32)) as f32,
+        }
+    }
+
+    fn values(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.value()).collect()
+    }
+}
+
+fn upload(stream: &Arc<CudaStream>, v: &[f32]) -> CudaSlice<f32> {
+    stream.clone_htod(v).expect("upload")
+}
+
+fn download(stream: &Arc<CudaStream>, s: &CudaSlice<f32>) -> Vec<f32> {
+    stream.clone_dtoh(s).expect("download")
+}
+
+/// One det_sum_ranks case: slots start `slot_offset` elements into their
+/// buffer and out `out_offset` into its (offsets 1..3 defeat the float4
+/// path), out has `spare` sentinel elements past len that must survive.
+#[allow(clippy::too_many_arguments)]
+fn check_sum(
+    gpu: &Gpu,
+    fold: &FoldKernel,
+    rng: &mut Rng,
+    n_slots: usize,
+    stride: usize,
+    len: usize,
+    slot_offset: usize,
+    out_offset: usize,
+) {
+    let stream = gpu.ctx.default_stream();
+    let span = if len == 0 {
+        0
+    } else {
+        (n_slots - 1) * stride + len
+    };
+    // One spare element: the driver refuses zero-byte allocations.
+    let host_slots = rng.values(slot_offset + span + 1);
+    let sentinel = f32::from_bits(0x7F7F_1234);
+    let spare = 5;
+    let d_slots = upload(&stream, &host_slots);
+    let mut d_out = upload(&stream, &vec![sentinel; out_offset + len + spare]);
+    {
+        let slots = d_slots.slice(slot_offset..);
+        let mut out = d_out.slice_mut(out_offset..);
+        fold.det_sum_ranks(&stream, &slots, n_slots, stride, len, &mut out)
+            .unwrap_or_else(|e| panic!("n_slots {n_slots} stride {stride} len {len}: {e}"));
+    }
+    let got = download(&stream, &d_out);
+    let want = host_sum(&host_slots[slot_offset..], n_slots, stride, len);
+    let what = format!("det_sum_ranks n_slots={n_slots} stride={stride} len={len} offsets={slot_offset}/{out_offset}");
+    assert_bits_eq(&got[out_offset..out_offset + len], &want, &what);
+    assert!(
+        got[..out_offset]
+            .iter()
+            .chain(&got[out_offset + len..])
+            .all(|x| x.to_bits() == sentinel.to_bits()),
+        "{what}: wrote outside out[0..len]"
+    );
+}
+
+fn check_accumulate(
+    gpu: &Gpu,
+    fold: &FoldKernel,
+    rng: &mut Rng,
+    n_slots: usize,
+    stride: usize,
+    len: usize,
+    offset: usize,
+) {
+    let stream = gpu.ctx.default_stream();
+    let span = if len == 0 || n_slots == 0 {
+        0
+    } else {
+        (n_slots - 1) * stride + len
+    };
+    let host_slots = rng.values(offset + span + 1);
+    let host_acc = rng.values(offset + len + 3);
+    let d_slots = upload(&stream, &host_slots);
+    let mut d_acc = upload(&stream, &host_acc);
+    {
+        let slots = d_slots.slice(offset..);
+        let mut acc = d_acc.slice_mut(offset..);
+        fold.det_accumulate_ranks(&stream, &mut acc, &slots, n_slots, stride, len)
+            .unwrap_or_else(|e| panic!("n_slots {n_slots} stride {stride} len {len}: {e}"));
+    }
+    let got = download(&stream, &d_acc);
+    let mut want = host_acc.clone();
+    host_accumulate(
+        &mut want[offset..],
+        &host_slots[offset..],
+        n_slots,
+        stride,
+        len,
+    );
+    let what =
+        format!("det_accumulate_ranks n_slots={n_slots} stride={stride} len={len} offset={offset}");
+    assert_bits_eq(&got, &want, &what);
+}
+
+// ----------------------------------------------------------------- tests
+
+const LENGTHS: &[usize] = &[0, 1, 2, 3, 4, 5, 7, 8, 31, 97, 1021, 4099, 65_537];
+const SLOT_COUNTS: &[usize] = &[1, 2, 3, 4, 5, 8, 9, 16, 17];
+
+#[test]
+fn the_data_distinguishes_orders() {
+    // Negative control for every comparison below: with this data a kernel
+    // that summed in another order would give other bits. (Host only; two
+    // addends commute exactly, so from three on.)
+    let mut rng = Rng(7);
+    for &n in &[3usize, 5, 17] {
+        let len = 4099;
+        let slots = rng.values(n * len);
+        let forward = bits(&host_sum(&slots, n, len, len));
+        let backward = bits(&host_sum_reversed(&slots, n, len, len));
+        let differing = forward
+            .iter()
+            .zip(&backward)
+            .filter(|(f, b)| f != b)
+            .count();
+        assert!(
+            differing > len / 10,
+            "{n} slots: only {differing} of {len} sums depend on the order"
+        );
+    }
+}
+
+#[test]
+fn sum_matches_host_chain_across_shapes() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(0x5EED);
+    for &len in LENGTHS {
+        for &n in SLOT_COUNTS {
+            // Tight stride (float4 path when len % 4 == 0), a padded stride
+            // that keeps it, and an odd stride that rules it out.
+            for stride in [len, len.next_multiple_of(4) + 4, len + 1] {
+                check_sum(&gpu, &gpu.fold, &mut rng, n, stride, len, 0, 0);
+            }
+            // Misaligned slots, then misaligned out: scalar path.
+            check_sum(
+                &gpu,
+                &gpu.fold,
+                &mut rng,
+                n,
+                len.next_multiple_of(4),
+                len,
+                1,
+                0,
+            );
+            check_sum(
+                &gpu,
+                &gpu.fold,
+                &mut rng,
+                n,
+                len.next_multiple_of(4),
+                len,
+                0,
+                3,
+            );
+        }
+    }
+}
+
+#[test]
+fn accumulate_matches_host_chain_across_shapes() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(0xACC);
+    for &len in LENGTHS {
+        for &n in [0].iter().chain(SLOT_COUNTS) {
+            for stride in [len, len + 1] {
+                check_accumulate(&gpu, &gpu.fold, &mut rng, n, stride, len, 0);
+            }
+            check_accumulate(
+                &gpu,
+                &gpu.fold,
+                &mut rng,
+                n,
+                len.next_multiple_of(4),
+                len,
+                2,
+            );
+        }
+    }
+}
+
+#[test]
+fn grid_stride_loops_beyond_one_grid() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(0x6E1D);
+    // 3 blocks of 64 threads for ~100k elements: every thread loops.
+    let tiny = gpu
+        .fold
+        .clone()
+        .with_shape(LaunchShape::new(64, 3).expect("shape"));
+    for &(n, len) in &[(3usize, 100_003usize), (4, 100_000), (17, 9_973)] {
+        check_sum(&gpu, &tiny, &mut rng, n, len, len, 0, 0);
+        check_sum(&gpu, &tiny, &mut rng, n, len + 1, len, 1, 1);
+        check_accumulate(&gpu, &tiny, &mut rng, n, len, len, 0);
+    }
+    // The default shape past its own grid (16 blocks/SM x 256 threads x 4).
+    let cap = u64::from(gpu.fold.shape().max_blocks()) * 256 * 4;
+    let len = usize::try_from(cap).expect("fits") + 1_000_003;
+    check_sum(&gpu, &gpu.fold, &mut rng, 2, len, len, 0, 0);
+    check_sum(&gpu, &gpu.fold, &mut rng, 2, len, len, 1, 0);
+    check_accumulate(&gpu, &gpu.fold, &mut rng, 2, len, len, 0);
+}
+
+#[test]
+fn launch_shape_never_changes_bits() {
+    let Some(gpu) = gpu() else { return };
+    let stream = gpu.ctx.default_stream();
+    let mut rng = Rng(99);
+    let (n, len) = (6usize, 50_021usize);
+    let d_slots = upload(&stream, &rng.values(n * len));
+    let mut results = Vec::new();
+    for (threads, blocks) in [(32, 1), (128, 7), (256, 1000), (1024, 65_535)] {
+        let fold = gpu
+            .fold
+            .clone()
+            .with_shape(LaunchShape::new(threads, blocks).expect("shape"));
+        let mut d_out = stream.alloc_zeros::<f32>(len).expect("alloc");
+        fold.det_sum_ranks(
+            &stream,
+            &d_slots.as_view(),
+            n,
+            len,
+            len,
+            &mut d_out.as_view_mut(),
+        )
+        .expect("launch");
+        results.push(bits(&download(&stream, &d_out)));
+    }
+    assert!(
+        results.windows(2).all(|w| w[0] == w[1]),
+        "bits depend on the launch shape"
+    );
+}
+
+#[test]
+fn invalid_arguments_never_launch() {
+    let Some(gpu) = gpu() else { return };
+    let stream = gpu.ctx.default_stream();
+    let d_slots = upload(&stream, &[1.0; 30]);
+    let mut d_out = upload(&stream, &[5.0; 10]);
+    let slots = d_slots.as_view();
+    let fold = &gpu.fold;
+    {
+        let mut out = d_out.as_view_mut();
+        let cases: Vec<Result<(), KernelError>> = vec![
+            fold.det_sum_ranks(&stream, &slots, 4, 10, 10, &mut out), // needs 40
+            fold.det_sum_ranks(&stream, &slots, 0, 10, 10, &mut out), // no slots
+            fold.det_sum_ranks(&stream, &slots, 2, 5, 10, &mut out),  // overlap
+            fold.det_sum_ranks(&stream, &slots, 2, 10, 11, &mut out), // out too short
+            fold.det_accumulate_ranks(&stream, &mut out, &slots, 3, 11, 10), // needs 32
+        ];
+        for r in cases {
+            assert!(
+                matches!(r, Err(KernelError::InvalidArgument { .. })),
+                "{r:?}"
+            );
+        }
+    }
+    assert_eq!(
+        download(&stream, &d_out),
+        vec![5.0; 10],
+        "a refused call wrote"
+    );
+
+    // A stream of another context is refused too (a non-primary context on
+    // the same device has another CUcontext).
+    let other = CudaContext::new_non_primary(0, 0).expect("second context");
+    let foreign = other.default_stream();
+    let err = fold
+        .det_sum_ranks(&foreign, &slots, 1, 10, 10, &mut d_out.as_view_mut())
+        .unwrap_err();
+    assert!(
+        matches!(err, KernelError::InvalidArgument { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("context"), "{err}");
+}
+
+#[test]
+fn indexes_past_2_pow_31() {
+    // slot 1 starts past 2^31 elements and the tail elements have i > 2^31:
+    // 32-bit indexing anywhere would read or write the wrong addresses.
+    let Some(gpu) = gpu() else { return };
+    let stream = gpu.ctx.new_stream().expect("stream");
+    let len: usize = (1 << 31) + 2052; // a multiple of 4: float4 path
+    let needed_bytes = 3 * len * 4 + (1 << 30);
+    let (free, _) = gpu.ctx.mem_get_info().expect("mem info");
+    if free < needed_bytes {
+        eprintln!("skipping: needs {needed_bytes} free bytes of GPU memory, {free} free");
+        return;
+    }
+    let mut rng = Rng(31);
+    let edge = 4096;
+    let mut d_slots = stream.alloc_zeros::<f32>(2 * len).expect("alloc slots");
+    let mut d_out = stream.alloc_zeros::<f32>(len).expect("alloc out");
+    // Random data at both ends of both slots; zeros in between.
+    let host: Vec<Vec<f32>> = (0..2).map(|_| rng.values(2 * edge)).collect();
+    for (k, h) in host.iter().enumerate() {
+        let base = k * len;
+        stream
+            .memcpy_htod(&h[..edge], &mut d_slots.slice_mut(base..base + edge))
+            .expect("head");
+        stream
+            .memcpy_htod(
+                &h[edge..],
+                &mut d_slots.slice_mut(base + len - edge..base + len),
+            )
+            .expect("tail");
+    }
+    let want: Vec<f32> = (0..2 * edge).map(|j| host[0][j] + host[1][j]).collect();
+
+    let check = |d_out: &CudaSlice<f32>, what: &str| {
+        let head = stream.clone_dtoh(&d_out.slice(..edge)).expect("head");
+        let tail = stream.clone_dtoh(&d_out.slice(len - edge..)).expect("tail");
+        assert_bits_eq(&head, &want[..edge], &format!("{what}: head"));
+        assert_bits_eq(&tail, &want[edge..], &format!("{what}: tail"));
+        let middle = stream
+            .clone_dtoh(&d_out.slice((1 << 31) - 8..(1 << 31) + 8))
+            .expect("middle");
+        assert!(
+            middle.iter().all(|&x| x == 0.0),
+            "{what}: middle {middle:?}"
+        );
+    };
+    gpu.fold
+        .det_sum_ranks(
+            &stream,
+            &d_slots.as_view(),
+            2,
+            len,
+            len,
+            &mut d_out.as_view_mut(),
+        )
+        .expect("sum");
+    check(&d_out, "det_sum_ranks (float4 path)");
+
+    // Scalar path: shift both slots by one element (misaligned) and sum
+    // len - 1 elements at the same stride.
+    stream.memset_zeros(&mut d_out).expect("clear");
+    gpu.fold
+        .det_sum_ranks(
+            &stream,
+            &d_slots.slice(1..),
+            2,
+            len,
+            len - 1,
+            &mut d_out.slice_mut(1..),
+        )
+        .expect("sum shifted");
+    // Element j of the shifted sum is element j + 1 of the unshifted one,
+    // written to out[j + 1]: the same positions as before, except out[0].
+    let head = stream.clone_dtoh(&d_out.slice(..edge)).expect("head");
+    assert_eq!(head[0].to_bits(), 0, "scalar path wrote before its view");
+    assert_bits_eq(
+        &head[1..],
+        &want[1..edge],
+        "det_sum_ranks (scalar path): head",
+    );
+    let tail = stream.clone_dtoh(&d_out.slice(len - edge..)).expect("tail");
+    assert_bits_eq(&tail, &want[edge..], "det_sum_ranks (scalar path): tail");
+
+    // The running prefix over the same slots, starting from the sum: acc
+    // becomes ((s0 + s1) + s0) + s1 at both ends.
+    gpu.fold
+        .det_sum_ranks(
+            &stream,
+            &d_slots.as_view(),
+            2,
+            len,
+            len,
+            &mut d_out.as_view_mut(),
+        )
+        .expect("sum");
+    gpu.fold
+        .det_accumulate_ranks(
+            &stream,
+            &mut d_out.as_view_mut(),
+            &d_slots.as_view(),
+            2,
+            len,
+            len,
+        )
+        .expect("accumulate");
+    let twice: Vec<f32> = (0..2 * edge)
+        .map(|j| (want[j] + host[0][j]) + host[1][j])
+        .collect();
+    let head = stream.clone_dtoh(&d_out.slice(..edge)).expect("head");
+    let tail = stream.clone_dtoh(&d_out.slice(len - edge..)).expect("tail");
+    assert_bits_eq(&head, &twice[..edge], "det_accumulate_ranks: head");
+    assert_bits_eq(&tail, &twice[edge..], "det_accumulate_ranks: tail");
+}
+
+mod random {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Random slot counts, lengths, padding and offsets against the host chain.
+        #[test]
+        fn sum_and_accumulate(n in 1usize..24, len in 0usize..3000, pad in 0usize..9,
+                              offset in 0usize..4, seed in any::<u64>()) {
+            let Some(gpu) = gpu() else { return Ok(()) };
+            let mut rng = Rng(seed | 1);
+            check_sum(&gpu, &gpu.fold, &mut rng, n, len + pad, len, offset, (offset * 3) % 4);
+            check_accumulate(&gpu, &gpu.fold, &mut rng, n, len + pad, len, offset);
+        }
+    }
+}

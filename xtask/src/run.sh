@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runner of a bundle written by `cargo xtask bundle DIR` (also used by
+# `cargo xtask test-multigpu`). Needs no Rust toolchain.
+#
+#   ./run.sh tests [FILTER]     every test binary, GPU tests required (logs in $MAMBA_LOG_DIR or ./logs)
+#   ./run.sh bench reduce|train the benchmarks, printed as tables
+#
+# Exit status: 0 only when every test binary passed.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+export MAMBA_REQUIRE_GPU="${MAMBA_REQUIRE_GPU:-1}"
+# The GPU machines require NVLink SHARP off; children inherit it.
+export NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+log="${MAMBA_LOG_DIR:-$here/logs}"
+mkdir -p "$log"
+
+gpu_count() { nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true; }
+
+case "${1:-}" in
+tests)
+    filter="${2:-}"
+    n=$(gpu_count)
+    if [ "${n:-0}" -lt 1 ]; then
+        echo "run.sh: no GPU found (nvidia-smi -L lists none); the GPU suite needs at least one" >&2
+        exit 1
+    fi
+    echo "run.sh: $n GPU(s); logs in $log"
+    fail=0 passed=0 failed=0
+    for t in "$here"/tests/*; do
+        name=$(basename "$t")
+        start=$(date +%s)
+        if "$t" --test-threads=1 $filter >"$log/$name.log" 2>&1; then st=ok; else st=FAILED; fail=1; fi
+        res=$(grep -E '^test result' "$log/$name.log" | tail -n 1)
+        p=$(echo "$res" | sed -n 's/.* \([0-9]*\) passed.*/\1/p'); f=$(echo "$res" | sed -n 's/.* \([0-9]*\) failed.*/\1/p')
+        passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+        echo "$st $name ($(( $(date +%s) - start )) s): ${res:-no result line}"
+        if [ "$st" = FAILED ]; then
+            grep -E -A12 '^---- |panicked|^failures:' "$log/$name.log" | head -n 60
+        fi
+    done
+    if grep -l 'skipping:' "$log"/*.log >/dev/null 2>&1; then
+        echo "run.sh: some tests skipped although MAMBA_REQUIRE_GPU=$MAMBA_REQUIRE_GPU:"
+        grep -h 'skipping:' "$log"/*.log | sort | uniq -c
+    fi
+    echo "$passed passed, $failed failed"
+    exit $fail
+    ;;
+bench)
+    case "${2:-}" in
+    reduce) exec "$here/bin/bench_reduce" "${@:3}" ;;
+    train) exec "$here/bin/bench_cuda_step" "${@:3}" ;;
+    *) echo "usage: run.sh bench reduce|train [ARGS]" >&2; exit 2 ;;
+    esac
+    ;;
+*)
+    echo "usage: run.sh tests [FILTER] | run.sh bench reduce|train [ARGS]" >&2
+    exit 2
+    ;;
+esac
