@@ -8,8 +8,12 @@
 //! - the NCCL communicator, the host transport, the launcher bootstrap and the
 //!   self-spawn supervisor.
 
+pub mod bootstrap;
 pub mod error;
+pub mod host;
+pub mod nccl;
 pub mod rendezvous;
+pub mod supervisor;
 pub mod transport;
 
 pub use error::{CommError, Result};

@@ -18,9 +18,13 @@ use crate::Result;
 /// A communicator over `world()` ranks that moves f32 buffers.
 ///
 /// Invariants every implementation keeps:
-/// - Operations issued inside [`Transport::group`] may be matched by peers in
-///   any order; a send never blocks waiting for its matching receive, so a
-///   group of sends and receives between any set of peers cannot deadlock.
+/// - A send never blocks waiting for its matching receive. Inside
+///   [`Transport::group`], issue the group's sends before its receives: NCCL
+///   matches a group's operations as a unit in any order, but the host
+///   transport runs the body eagerly (receives complete in program order), so
+///   a group that receives before it sends is only portable in that order.
+///   Written that way, a group of sends and receives between any set of peers
+///   cannot deadlock on either transport.
 /// - Every blocking wait has a deadline; a peer that stops answering is an
 ///   error naming the operation, never a hang.
 /// - After any error the transport is unusable (it may have been aborted);

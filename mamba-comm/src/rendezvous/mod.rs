@@ -9,6 +9,16 @@ use std::time::Duration;
 
 use crate::Result;
 
+pub mod file;
+mod memory;
+mod open;
+pub mod tcp;
+
+pub use file::FileRendezvous;
+pub use memory::MemoryRendezvous;
+pub use open::open;
+pub use tcp::TcpRendezvous;
+
 /// A rendezvous for the ranks of one launch.
 ///
 /// Invariant: values published by an earlier launch that reused the same job

@@ -1,0 +1,375 @@
+//! Reading the environment contract.
+//!
+//! Precedence of the contracts that supply rank and world, most specific
+//! first: the project's own `MAMBA_*` (set per process by our supervisor or
+//! by hand), torchrun (set per worker by its agent), Open MPI (set per
+//! process by `mpirun`), SLURM (set per task by `srun`). Launchers nest —
+//! torchrun or `mpirun` inside a SLURM allocation leave the allocation's
+//! `SLURM_*` in every worker's environment — so the more specific contract
+//! wins and the outer one is ignored rather than called a contradiction.
+//!
+//! Within a contract nothing is guessed: rank without world (or world
+//! without rank), half of an address, an override without the variables it
+//! overrides, rank >= world, a number that does not parse, a logical world
+//! the physical world does not divide — each is a
+//! [`CommError::EnvContract`] naming the variable. Empty counts as unset.
+
+use std::path::PathBuf;
+
+use super::env::EnvSource;
+use super::ids::validate_id;
+use super::place::{Launcher, WorldPlace};
+use super::vars::*;
+use crate::{CommError, Result};
+
+/// Settings of the project's own contract that may accompany any launcher
+/// (or none): they do not say where a process stands, only how the world
+/// meets and runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `MAMBA_JOB_ID`, validated.
+    pub job_id: Option<String>,
+    /// `MAMBA_RENDEZVOUS_DIR` (an absolute path).
+    pub rendezvous_dir: Option<PathBuf>,
+    /// `MAMBA_SEED`.
+    pub seed: Option<u64>,
+    /// `MAMBA_LOGICAL_WORLD` (at least 1).
+    pub logical_world: Option<usize>,
+}
+
+/// Read and validate the [`Overrides`]. The supervisor uses this to carry a
+/// user's job id, directory and seed into the world it spawns.
+pub fn overrides<E: EnvSource + ?Sized>(env: &E) -> Result<Overrides> {
+    let job_id = env.var(MAMBA_JOB_ID);
+    if let Some(id) = &job_id {
+        validate_id(MAMBA_JOB_ID, id)?;
+    }
+    let rendezvous_dir = match env.var(MAMBA_RENDEZVOUS_DIR) {
+        Some(d) => {
+            let p = PathBuf::from(&d);
+            if !p.is_absolute() {
+                return Err(CommError::env(
+                    MAMBA_RENDEZVOUS_DIR,
+                    format!("{d:?} is relative; expected an absolute path that every rank sees"),
+                ));
+            }
+            Some(p)
+        }
+        None => None,
+    };
+    let seed = match env.var(MAMBA_SEED) {
+        Some(s) => Some(parse_u64(MAMBA_SEED, &s)?),
+        None => None,
+    };
+    let logical_world = match env.var(MAMBA_LOGICAL_WORLD) {
+        Some(s) => Some(parse_count(MAMBA_LOGICAL_WORLD, &s)?),
+        None => None,
+    };
+    Ok(Overrides {
+        job_id,
+        rendezvous_dir,
+        seed,
+        logical_world,
+    })
+}
+
+/// Find this process's place in its world from the environment.
+///
+/// `Ok(None)`: no launcher contract is present (a plain single process, or
+/// a program about to self-spawn); the overrides are still validated.
+pub fn detect<E: EnvSource + ?Sized>(env: &E) -> Result<Option<WorldPlace>> {
+    let ov = overrides(env)?;
+    let Some(id) = identity(env)? else {
+        return Ok(None);
+    };
+    let master = master(env)?;
+    if id.rank >= id.world {
+        return Err(CommError::env(
+            id.launcher.rank_var(),
+            format!(
+                "rank {} is not below the world size {} given by {}",
+                id.rank,
+                id.world,
+                id.launcher.world_var()
+            ),
+        ));
+    }
+    if id.local_rank >= id.world {
+        return Err(CommError::env(
+            id.launcher.local_rank_var(),
+            format!(
+                "local rank {} is not below the world size {} given by {}",
+                id.local_rank,
+                id.world,
+                id.launcher.world_var()
+            ),
+        ));
+    }
+    if let Some(l) = ov.logical_world {
+        if l % id.world != 0 {
+            return Err(CommError::env(
+                format!("{}/{MAMBA_LOGICAL_WORLD}", id.launcher.world_var()),
+                format!(
+                    "the launcher's world of {} processes does not divide the configured logical \
+                     world {l}; expected a physical world that divides it",
+                    id.world
+                ),
+            ));
+        }
+    }
+    let job_id = match (&ov.job_id, &id.derived_job) {
+        (Some(j), _) => j.clone(),
+        (None, Some((var, j))) => {
+            validate_id(var, j)?;
+            j.clone()
+        }
+        (None, None) => String::new(),
+    };
+    let rendezvous_dir = match (&ov.rendezvous_dir, &master) {
+        (Some(d), _) => Some(d.clone()),
+        (None, None) if id.world > 1 => Some(default_rendezvous_root(env)),
+        _ => None,
+    };
+    if id.world > 1 && rendezvous_dir.is_some() && job_id.is_empty() {
+        return Err(CommError::env(
+            MAMBA_JOB_ID,
+            format!(
+                "a world of {} ranks meeting through a directory needs a job id: set \
+                 {MAMBA_JOB_ID} (or run under a launcher that provides one: {SLURM_JOB_ID}, \
+                 {TORCHELASTIC_RUN_ID}), or give {MASTER_ADDR}/{MASTER_PORT} for a TCP rendezvous",
+                id.world
+            ),
+        ));
+    }
+    Ok(Some(WorldPlace {
+        rank: id.rank,
+        world: id.world,
+        local_rank: id.local_rank,
+        job_id,
+        launch_id: id.launch_id,
+        rendezvous_dir,
+        master,
+        seed: ov.seed,
+        logical_world: ov.logical_world,
+        launcher: id.launcher,
+    }))
+}
+
+/// The private default root of file rendezvous on one host:
+/// `$TMPDIR/mamba-rdv-<uid>` (`/tmp` when `TMPDIR` is unset or relative).
+pub fn default_rendezvous_root<E: EnvSource + ?Sized>(env: &E) -> PathBuf {
+    let tmp = env
+        .var("TMPDIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute());
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    tmp.unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join(format!("mamba-rdv-{uid}"))
+}
+
+struct Identity {
+    launcher: Launcher,
+    rank: usize,
+    world: usize,
+    local_rank: usize,
+    launch_id: Option<String>,
+    /// A job id derived from the launcher, and the variable it came from.
+    derived_job: Option<(&'static str, String)>,
+}
+
+fn identity<E: EnvSource + ?Sized>(env: &E) -> Result<Option<Identity>> {
+    if let Some((rank, world)) = pair(env, MAMBA_RANK, MAMBA_WORLD_SIZE, true)? {
+        let local_rank = optional_count(env, MAMBA_LOCAL_RANK)?.unwrap_or(rank);
+        let launch_id = env.var(MAMBA_LAUNCH_ID);
+        if let Some(l) = &launch_id {
+            validate_id(MAMBA_LAUNCH_ID, l)?;
+        }
+        return Ok(Some(Identity {
+            launcher: Launcher::Mamba,
+            rank,
+            world,
+            local_rank,
+            launch_id,
+            derived_job: None,
+        }));
+    }
+    for var in [MAMBA_LOCAL_RANK, MAMBA_LAUNCH_ID] {
+        if env.var(var).is_some() {
+            return Err(CommError::env(
+                var,
+                format!(
+                    "set without {MAMBA_RANK} and {MAMBA_WORLD_SIZE}: a half-set override; set \
+                     all of them or none"
+                ),
+            ));
+        }
+    }
+    if let Some((rank, world)) = pair(env, RANK, WORLD_SIZE, true)? {
+        let local_rank = optional_count(env, LOCAL_RANK)?.unwrap_or(rank);
+        let derived_job = env
+            .var(TORCHELASTIC_RUN_ID)
+            .map(|id| (TORCHELASTIC_RUN_ID, format!("torchrun-{id}")));
+        return Ok(Some(Identity {
+            launcher: Launcher::Torchrun,
+            rank,
+            world,
+            local_rank,
+            launch_id: None,
+            derived_job,
+        }));
+    }
+    if let Some((rank, world)) = pair(env, OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, true)? {
+        let local_rank = optional_count(env, OMPI_COMM_WORLD_LOCAL_RANK)?.unwrap_or(rank);
+        let derived_job = [OMPI_MCA_ESS_BASE_JOBID, PMIX_NAMESPACE]
+            .into_iter()
+            .find_map(|v| env.var(v).map(|id| (v, format!("ompi-{id}"))));
+        return Ok(Some(Identity {
+            launcher: Launcher::OpenMpi,
+            rank,
+            world,
+            local_rank,
+            launch_id: None,
+            derived_job,
+        }));
+    }
+    // `SLURM_NTASKS` alone is an allocation shell (salloc/sbatch), not a task.
+    if let Some((rank, world)) = pair(env, SLURM_PROCID, SLURM_NTASKS, false)? {
+        let local_rank = optional_count(env, SLURM_LOCALID)?.unwrap_or(rank);
+        let derived_job = env.var(SLURM_JOB_ID).map(|job| {
+            let step = env
+                .var(SLURM_STEP_ID)
+                .unwrap_or_else(|| "batch".to_string());
+            (SLURM_JOB_ID, format!("slurm-{job}.{step}"))
+        });
+        return Ok(Some(Identity {
+            launcher: Launcher::Slurm,
+            rank,
+            world,
+            local_rank,
+            launch_id: None,
+            derived_job,
+        }));
+    }
+    Ok(None)
+}
+
+/// Read a (rank, world) pair. Both set: parse both. Rank alone: error.
+/// World alone: error when `world_alone_is_error`, otherwise "absent".
+fn pair<E: EnvSource + ?Sized>(
+    env: &E,
+    rank_var: &str,
+    world_var: &str,
+    world_alone_is_error: bool,
+) -> Result<Option<(usize, usize)>> {
+    match (env.var(rank_var), env.var(world_var)) {
+        (Some(r), Some(w)) => {
+            let world = parse_count(world_var, &w)?;
+            let rank = parse_usize(rank_var, &r)?;
+            Ok(Some((rank, world)))
+        }
+        (Some(r), None) => Err(CommError::env(
+            world_var,
+            format!("unset while {rank_var}={r} is set: a rank needs a world size; set both or neither"),
+        )),
+        (None, Some(w)) if world_alone_is_error => Err(CommError::env(
+            rank_var,
+            format!("unset while {world_var}={w} is set: a world size needs a rank; set both or neither"),
+        )),
+        _ => Ok(None),
+    }
+}
+
+fn master<E: EnvSource + ?Sized>(env: &E) -> Result<Option<(String, u16)>> {
+    let store_port = match env.var(MAMBA_STORE_PORT) {
+        Some(p) => Some(parse_port(MAMBA_STORE_PORT, &p)?),
+        None => None,
+    };
+    match (env.var(MASTER_ADDR), env.var(MASTER_PORT)) {
+        (Some(addr), Some(p)) => {
+            let port = parse_port(MASTER_PORT, &p)?;
+            let port = match store_port {
+                Some(s) => s,
+                None if env.var(TORCHELASTIC_USE_AGENT_STORE).as_deref() == Some("True") => {
+                    port.checked_add(1).ok_or_else(|| {
+                        CommError::env(
+                            MASTER_PORT,
+                            format!(
+                                "torchrun's agent store occupies port {port} and there is no port \
+                                 above it for ours; set {MAMBA_STORE_PORT}"
+                            ),
+                        )
+                    })?
+                }
+                None => port,
+            };
+            Ok(Some((addr, port)))
+        }
+        (Some(addr), None) => match store_port {
+            Some(s) => Ok(Some((addr, s))),
+            None => Err(CommError::env(
+                MASTER_PORT,
+                format!("unset while {MASTER_ADDR}={addr} is set: a TCP rendezvous needs both"),
+            )),
+        },
+        (None, Some(p)) => Err(CommError::env(
+            MASTER_ADDR,
+            format!("unset while {MASTER_PORT}={p} is set: a TCP rendezvous needs both"),
+        )),
+        (None, None) => match store_port {
+            Some(_) => Err(CommError::env(
+                MASTER_ADDR,
+                format!("unset while {MAMBA_STORE_PORT} is set: the store needs a host"),
+            )),
+            None => Ok(None),
+        },
+    }
+}
+
+fn digits(var: &str, s: &str) -> Result<()> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(CommError::env(
+            var,
+            format!("{s:?} is not a non-negative decimal integer"),
+        ));
+    }
+    Ok(())
+}
+
+fn parse_u64(var: &str, s: &str) -> Result<u64> {
+    digits(var, s)?;
+    s.parse::<u64>()
+        .map_err(|_| CommError::env(var, format!("{s:?} does not fit in 64 bits")))
+}
+
+fn parse_usize(var: &str, s: &str) -> Result<usize> {
+    let v = parse_u64(var, s)?;
+    usize::try_from(v).map_err(|_| CommError::env(var, format!("{s:?} is too large")))
+}
+
+/// A count that must be at least 1 (world sizes).
+fn parse_count(var: &str, s: &str) -> Result<usize> {
+    let v = parse_usize(var, s)?;
+    if v == 0 {
+        return Err(CommError::env(var, "0 ranks: expected at least 1"));
+    }
+    Ok(v)
+}
+
+fn parse_port(var: &str, s: &str) -> Result<u16> {
+    let v = parse_u64(var, s)?;
+    match u16::try_from(v) {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(CommError::env(
+            var,
+            format!("{s:?} is not a TCP port (expected 1..=65535)"),
+        )),
+    }
+}
+
+fn optional_count<E: EnvSource + ?Sized>(env: &E, var: &str) -> Result<Option<usize>> {
+    match env.var(var) {
+        Some(s) => Ok(Some(parse_usize(var, &s)?)),
+        None => Ok(None),
+    }
+}

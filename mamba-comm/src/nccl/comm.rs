@@ -1,0 +1,489 @@
+//! [`NcclComm`]: the core, on a CUDA device, behind the
+//! [`Transport`] interface.
+
+use std::ffi::{c_int, c_void};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError};
+use nccl_sys_min::{cudaStream_t, ncclDataType_t, ncclRedOp_t, CUstream_st};
+
+use super::api::{NcclApi, RealNccl};
+use super::checks;
+use super::completion::StreamCompletion;
+use super::core::{CommCore, Place};
+use super::{check_version, library, unique_id, visible_devices, NcclOptions, NcclVersion};
+use crate::{CommError, Rendezvous, Result, Transport};
+
+/// Set while an [`NcclComm`] exists in this process (one per process).
+static COMM_LIVE: AtomicBool = AtomicBool::new(false);
+
+/// This process's claim on its one communicator; released on drop.
+struct ProcessSlot;
+
+impl ProcessSlot {
+    fn claim() -> Result<Self> {
+        COMM_LIVE
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .map(|_| ProcessSlot)
+            .map_err(|_| {
+                CommError::config(
+                    "another NcclComm is live in this process; one communicator per process \
+                     (shut the first down, or drop it, before creating another)",
+                )
+            })
+    }
+}
+
+impl Drop for ProcessSlot {
+    fn drop(&mut self) {
+        COMM_LIVE.store(false, Ordering::SeqCst);
+    }
+}
+
+/// One rank of an NCCL world on one GPU.
+///
+/// Ownership: the communicator owns its NCCL handle (inside the core), a
+/// stream of its own, and a reference on the CUDA context it was created in.
+/// Fields drop in declaration order, so a live communicator is aborted while
+/// its stream and context still exist. Buffers (`CudaSlice<f32>`) belong to
+/// the caller and may come from other streams of the same context: every
+/// operation takes the device pointer through cudarc's event tracking, so
+/// the communicator's stream waits for their last writes.
+///
+/// Every operation is host-synchronous: it returns once the stream has
+/// completed it (a group returns once the whole group has completed), so
+/// results are ready for any stream when a call returns. Buffers used inside
+/// a [`Transport::group`] body must outlive the `group` call: NCCL runs the
+/// group's operations only when it closes.
+///
+/// After any error the communicator may have been aborted; callers tear the
+/// world down (see [`Transport`]).
+pub struct NcclComm {
+    core: CommCore,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    version: NcclVersion,
+    options: NcclOptions,
+    _slot: ProcessSlot,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("core", &self.core)
+            .field("device", &self.ctx.ordinal())
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+pub(crate) fn cuda(op: &'static str) -> impl Fn(DriverError) -> CommError {
+    move |e| CommError::transport(op, format!("CUDA reported {e}"))
+}
+
+fn raw_stream(stream: &CudaStream) -> cudaStream_t {
+    stream.cu_stream() as *mut CUstream_st
+}
+
+fn device_ptr(p: u64) -> *mut c_void {
+    p as usize as *mut c_void
+}
+
+/// The CUDA context and a fresh stream on `device`, or an error saying why
+/// not (no driver, no such device) instead of cudarc's panic on a missing
+/// libcuda.
+fn open_device(device: usize) -> Result<(Arc<CudaContext>, Arc<CudaStream>)> {
+    let visible = visible_devices()?;
+    if device >= visible {
+        return Err(CommError::config(format!(
+            "CUDA device {device} does not exist: {visible} device(s) visible (check \
+             CUDA_VISIBLE_DEVICES and the rank-to-device mapping)"
+        )));
+    }
+    let ctx = CudaContext::new(device).map_err(cuda("init"))?;
+    let stream = ctx.new_stream().map_err(cuda("init"))?;
+    Ok((ctx, stream))
+}
+
+impl NcclComm {
+    /// Create rank `rank` of a `world`-rank communicator on CUDA device
+    /// `device`, meeting the other ranks through `rdv`.
+    ///
+    /// Rank 0 creates the unique id and publishes it under
+    /// [`UNIQUE_ID_KEY`](super::UNIQUE_ID_KEY); the others fetch exactly
+    /// [`UNIQUE_ID_BYTES`](super::UNIQUE_ID_BYTES) bytes.
+    /// The whole call (id exchange and NCCL's init) is bounded by
+    /// `opts.init_timeout`: a rank that never arrives is an error after it,
+    /// never an eternal wait, and the half-made communicator is aborted.
+    pub fn init(
+        rank: usize,
+        world: usize,
+        device: usize,
+        rdv: &dyn Rendezvous,
+        opts: NcclOptions,
+    ) -> Result<NcclComm> {
+        let started = Instant::now();
+        let deadline = started + opts.init_timeout;
+        if world == 0 || rank >= world {
+            return Err(CommError::config(format!(
+                "NcclComm::init: rank {rank} is outside a world of {world}; expected 0 <= rank < world"
+            )));
+        }
+        if rdv.rank() != rank || rdv.world() != world {
+            return Err(CommError::config(format!(
+                "NcclComm::init: asked for rank {rank} of {world} but the rendezvous is for rank {} of {}",
+                rdv.rank(),
+                rdv.world()
+            )));
+        }
+        let slot = ProcessSlot::claim()?;
+        let lib = library()?;
+        let version = check_version(lib.version(), lib.path())?;
+        let api: Arc<dyn NcclApi> = Arc::new(RealNccl { lib });
+        let (ctx, stream) = open_device(device)?;
+
+        let id = unique_id::exchange(&*api, rank, rdv, deadline)?;
+
+        ctx.bind_to_thread().map_err(cuda("init"))?;
+        let mut core = CommCore::init(
+            api,
+            &id,
+            Place { rank, world },
+            opts.init_timeout,
+            deadline,
+            opts.collective_timeout,
+        )?;
+        if usize::try_from(core.device()).ok() != Some(device) {
+            let got = core.device();
+            return Err(core.abort_with(
+                "init",
+                format!("NCCL placed this rank on CUDA device {got}; expected device {device}"),
+            ));
+        }
+        Ok(NcclComm {
+            core,
+            stream,
+            ctx,
+            version,
+            options: opts,
+            _slot: slot,
+        })
+    }
+
+    /// The CUDA context the communicator was created in (and retains).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The communicator's own stream: every NCCL operation is enqueued here.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The NCCL library's version.
+    pub fn version(&self) -> NcclVersion {
+        self.version
+    }
+
+    /// The deadlines this communicator runs under.
+    pub fn options(&self) -> NcclOptions {
+        self.options
+    }
+
+    /// True once the communicator has been aborted (after a failed or
+    /// timed-out operation); every later operation fails at once.
+    pub fn is_aborted(&self) -> bool {
+        self.core.is_aborted()
+    }
+
+    /// Orderly teardown: finalize (polled to completion under the collective
+    /// timeout) then destroy. A failed finalize aborts instead; a failed
+    /// destroy is reported and not followed by an abort. On an aborted
+    /// communicator there is nothing left to release and this returns
+    /// `Ok(())`. Consumes the communicator; its `Drop` then does nothing.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.bind("shutdown")?;
+        self.core.shutdown()
+    }
+
+    /// Make the communicator's context current on the calling thread (the
+    /// communicator may have moved threads since the last call).
+    fn bind(&self, op: &'static str) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(cuda(op))
+    }
+
+    /// Surface errors cudarc recorded while tracking buffer events.
+    fn check_cuda(&mut self, op: &'static str) -> Result<()> {
+        match self.ctx.check_err() {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self
+                .core
+                .abort_with(op, format!("CUDA reported {e} around the operation"))),
+        }
+    }
+
+    fn not_in_group(&self, op: &str) -> Result<()> {
+        if self.core.in_group() {
+            return Err(CommError::config(format!(
+                "{op} cannot run inside a group: it reads results on the host, and a group's \
+                 operations only run when the group closes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// In-place i32 max of host values (the i32 all-reduce behind
+    /// `all_reduce_max_i32` and `barrier`).
+    fn max_i32(&mut self, op: &'static str, values: &mut [i32]) -> Result<()> {
+        self.not_in_group(op)?;
+        if values.is_empty() {
+            return Ok(());
+        }
+        self.bind(op)?;
+        let mut dev = self.stream.clone_htod(values).map_err(cuda(op))?;
+        let n = values.len();
+        {
+            let (ptr, _record) = dev.device_ptr_mut(&self.stream);
+            let stream = raw_stream(&self.stream);
+            let completion = StreamCompletion {
+                stream: &self.stream,
+            };
+            self.core.run(op, &completion, |api, comm| {
+                // SAFETY: `ptr` addresses `n` i32 of `dev`, alive until the
+                // window (which waits for the stream) returns; `comm` is
+                // live (given by the core).
+                unsafe {
+                    api.all_reduce(
+                        device_ptr(ptr),
+                        device_ptr(ptr),
+                        n,
+                        ncclDataType_t::ncclInt32,
+                        ncclRedOp_t::ncclMax,
+                        comm,
+                        stream,
+                    )
+                }
+            })?;
+        }
+        self.stream.memcpy_dtoh(&dev, values).map_err(cuda(op))?;
+        self.stream.synchronize().map_err(cuda(op))?;
+        self.check_cuda(op)
+    }
+}
+
+impl Transport for NcclComm {
+    type Buffer = CudaSlice<f32>;
+
+    fn rank(&self) -> usize {
+        self.core.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.core.world()
+    }
+
+    fn alloc(&mut self, len: usize) -> Result<CudaSlice<f32>> {
+        self.bind("alloc")?;
+        self.stream.alloc_zeros::<f32>(len).map_err(cuda("alloc"))
+    }
+
+    fn buffer_len(buf: &CudaSlice<f32>) -> usize {
+        buf.len()
+    }
+
+    fn upload(&mut self, src: &[f32], dst: &mut CudaSlice<f32>, offset: usize) -> Result<()> {
+        let r = checks::span("upload", offset, src.len(), dst.len())?;
+        if r.is_empty() {
+            return Ok(());
+        }
+        self.bind("upload")?;
+        self.stream
+            .memcpy_htod(src, &mut dst.slice_mut(r))
+            .map_err(cuda("upload"))
+    }
+
+    fn download(&mut self, src: &CudaSlice<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
+        self.not_in_group("download")?;
+        let r = checks::span("download", offset, dst.len(), src.len())?;
+        if r.is_empty() {
+            return Ok(());
+        }
+        self.bind("download")?;
+        self.stream
+            .memcpy_dtoh(&src.slice(r), dst)
+            .map_err(cuda("download"))?;
+        // A copy into pageable memory already returns complete; the explicit
+        // synchronise keeps that true for pinned (page-locked) `dst` too.
+        self.stream.synchronize().map_err(cuda("download"))
+    }
+
+    fn group<R>(&mut self, body: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+        self.bind("group")?;
+        self.core.group_begin()?;
+        let result = body(self);
+        let completion = StreamCompletion {
+            stream: &self.stream,
+        };
+        self.core.group_finish(&completion, result)
+    }
+
+    /// An empty range sends nothing (and makes no NCCL call); its matching
+    /// `recv` must be empty too.
+    fn send(&mut self, buf: &CudaSlice<f32>, range: Range<usize>, peer: usize) -> Result<()> {
+        checks::range("send", &range, buf.len())?;
+        checks::peer("send", peer, self.rank(), self.world())?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        self.bind("send")?;
+        let n = range.len();
+        let view = buf.slice(range);
+        let (ptr, _record) = view.device_ptr(&self.stream);
+        let stream = raw_stream(&self.stream);
+        let completion = StreamCompletion {
+            stream: &self.stream,
+        };
+        // `peer < world`, and the world fits a C int (checked at init).
+        let peer = peer as c_int;
+        self.core.run("send", &completion, |api, comm| {
+            // SAFETY: `ptr` addresses `n` f32 of `buf`, which the caller keeps
+            // alive at least until this window (or its group) completes.
+            unsafe {
+                api.send(
+                    device_ptr(ptr),
+                    n,
+                    ncclDataType_t::ncclFloat32,
+                    peer,
+                    comm,
+                    stream,
+                )
+            }
+        })?;
+        drop(_record);
+        self.check_cuda("send")
+    }
+
+    /// An empty range receives nothing (and makes no NCCL call).
+    fn recv(&mut self, buf: &mut CudaSlice<f32>, range: Range<usize>, peer: usize) -> Result<()> {
+        checks::range("recv", &range, buf.len())?;
+        checks::peer("recv", peer, self.rank(), self.world())?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        self.bind("recv")?;
+        let n = range.len();
+        let mut view = buf.slice_mut(range);
+        let (ptr, _record) = view.device_ptr_mut(&self.stream);
+        let stream = raw_stream(&self.stream);
+        let completion = StreamCompletion {
+            stream: &self.stream,
+        };
+        let peer = peer as c_int;
+        self.core.run("recv", &completion, |api, comm| {
+            // SAFETY: `ptr` addresses `n` f32 of `buf`, exclusively borrowed
+            // here and kept alive by the caller until the window completes.
+            unsafe {
+                api.recv(
+                    device_ptr(ptr),
+                    n,
+                    ncclDataType_t::ncclFloat32,
+                    peer,
+                    comm,
+                    stream,
+                )
+            }
+        })?;
+        drop(_record);
+        self.check_cuda("recv")
+    }
+
+    fn broadcast(
+        &mut self,
+        buf: &mut CudaSlice<f32>,
+        range: Range<usize>,
+        root: usize,
+    ) -> Result<()> {
+        checks::range("broadcast", &range, buf.len())?;
+        checks::root("broadcast", root, self.world())?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        self.bind("broadcast")?;
+        let n = range.len();
+        let mut view = buf.slice_mut(range);
+        let (ptr, _record) = view.device_ptr_mut(&self.stream);
+        let stream = raw_stream(&self.stream);
+        let completion = StreamCompletion {
+            stream: &self.stream,
+        };
+        let root = root as c_int;
+        self.core.run("broadcast", &completion, |api, comm| {
+            // SAFETY: in place: `ptr` addresses `n` f32 of `buf` (see send).
+            unsafe {
+                api.broadcast(
+                    device_ptr(ptr),
+                    device_ptr(ptr),
+                    n,
+                    ncclDataType_t::ncclFloat32,
+                    root,
+                    comm,
+                    stream,
+                )
+            }
+        })?;
+        drop(_record);
+        self.check_cuda("broadcast")
+    }
+
+    fn all_reduce_sum_f32(&mut self, buf: &mut CudaSlice<f32>, range: Range<usize>) -> Result<()> {
+        checks::range("all_reduce_sum_f32", &range, buf.len())?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        self.bind("all_reduce_sum_f32")?;
+        let n = range.len();
+        let mut view = buf.slice_mut(range);
+        let (ptr, _record) = view.device_ptr_mut(&self.stream);
+        let stream = raw_stream(&self.stream);
+        let completion = StreamCompletion {
+            stream: &self.stream,
+        };
+        self.core
+            .run("all_reduce_sum_f32", &completion, |api, comm| {
+                // SAFETY: in place: `ptr` addresses `n` f32 of `buf` (see send).
+                unsafe {
+                    api.all_reduce(
+                        device_ptr(ptr),
+                        device_ptr(ptr),
+                        n,
+                        ncclDataType_t::ncclFloat32,
+                        ncclRedOp_t::ncclSum,
+                        comm,
+                        stream,
+                    )
+                }
+            })?;
+        drop(_record);
+        self.check_cuda("all_reduce_sum_f32")
+    }
+
+    fn all_reduce_max_i32(&mut self, values: &mut [i32]) -> Result<()> {
+        self.max_i32("all_reduce_max_i32", values)
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        let mut token = [0i32];
+        self.max_i32("barrier", &mut token)
+    }
+}
+
+impl Drop for NcclComm {
+    /// Makes the context current so the core's abort of a still-live
+    /// communicator runs on the right device; never panics.
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+    }
+}

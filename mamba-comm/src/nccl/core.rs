@@ -1,0 +1,602 @@
+//! The communicator's core: init with a deadline, collective windows under a
+//! watchdog, groups, and single-shot teardown, written against the library
+//! table ([`NcclApi`]) and the completion seam ([`Completion`]) only, so every
+//! rule here is tested on the CPU with a fake library.
+//!
+//! State, and who may touch the handle:
+//! - `handle` is `Some` exactly while the communicator exists inside NCCL
+//!   (neither destroyed nor aborted). It is taken out of the `Option`
+//!   *before* `ncclCommDestroy` or `ncclCommAbort` is called, so no path,
+//!   `Drop` included, can hand a freed handle to NCCL, whatever those calls
+//!   return.
+//! - `aborted` is set *before* the abort call (and before a deferred abort,
+//!   see groups). Once set, no operation is issued with the handle; it is
+//!   shared (`Arc`) so an observer — a test, or a monitoring thread — can see
+//!   the communicator die without touching it.
+//! - A failure inside an open group does not abort at once: NCCL's group
+//!   state is per thread, and the group must be closed (`ncclGroupEnd`)
+//!   before the communicator is aborted. The failure poisons the core
+//!   (`aborted` set, no further calls) and the abort follows the group's
+//!   close.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nccl_sys_min::{ncclComm_t, ncclConfig_t, ncclResult_t, result_name};
+
+use super::api::NcclApi;
+use super::completion::Completion;
+use super::poll::Backoff;
+use crate::{CommError, Result};
+
+/// A communicator handle. NCCL allows a communicator to be used from any
+/// thread as long as calls are not concurrent; [`CommCore`] takes `&mut self`
+/// for every call, so moving it between threads is sound.
+struct Handle(ncclComm_t);
+
+// SAFETY: see the type's docs; the pointer is never dereferenced in Rust.
+unsafe impl Send for Handle {}
+
+/// The open group (outermost and nested levels share one window).
+struct GroupState {
+    depth: usize,
+    deadline: Instant,
+    /// Operations enqueued since the outermost `ncclGroupStart`.
+    ops: usize,
+    /// First failure seen inside the group; the abort waits for the close.
+    failure: Option<String>,
+}
+
+/// How the communicator is identified in messages.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Place {
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+}
+
+/// See the module docs.
+pub(crate) struct CommCore {
+    api: Arc<dyn NcclApi>,
+    handle: Option<Handle>,
+    aborted: Arc<AtomicBool>,
+    place: Place,
+    /// The CUDA device NCCL reports for the communicator.
+    device: c_int,
+    collective_timeout: Duration,
+    group: Option<GroupState>,
+}
+
+impl std::fmt::Debug for CommCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommCore")
+            .field("rank", &self.place.rank)
+            .field("world", &self.place.world)
+            .field("live", &self.handle.is_some())
+            .field("aborted", &self.is_aborted())
+            .finish()
+    }
+}
+
+/// Timeout hint while NCCL is still enqueuing (nonblocking mode).
+const STILL_ENQUEUING: &str =
+    "NCCL was still enqueuing: a peer did not take part, or the device stalled";
+
+fn is_ok(rc: ncclResult_t) -> bool {
+    rc == ncclResult_t::ncclSuccess || rc == ncclResult_t::ncclInProgress
+}
+
+/// `ncclSystemError (unhandled system error)`: the code's name and NCCL's
+/// text for it.
+fn describe(api: &dyn NcclApi, rc: ncclResult_t) -> String {
+    let name = result_name(rc)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("result {}", rc.0));
+    format!("{name} ({})", api.error_string(rc))
+}
+
+impl CommCore {
+    /// Create this rank's communicator with NCCL's nonblocking pattern:
+    /// `ncclCommInitRankConfig` with `blocking = 0`, then poll
+    /// `ncclCommGetAsyncError` until it leaves `ncclInProgress`. A peer that
+    /// never arrives makes the poll reach `deadline`; the half-made
+    /// communicator is then aborted and the error says so. Errors carry
+    /// NCCL's last-error text.
+    pub(crate) fn init(
+        api: Arc<dyn NcclApi>,
+        id: &[u8; 128],
+        place: Place,
+        init_timeout: Duration,
+        deadline: Instant,
+        collective_timeout: Duration,
+    ) -> Result<Self> {
+        let Place { rank, world } = place;
+        let to_c = |v: usize, what: &str| {
+            c_int::try_from(v)
+                .map_err(|_| CommError::config(format!("{what} {v} does not fit NCCL's int")))
+        };
+        let (c_world, c_rank) = (to_c(world, "world size")?, to_c(rank, "rank")?);
+        if world == 0 || rank >= world {
+            return Err(CommError::config(format!(
+                "NCCL init: rank {rank} is outside a world of {world}; expected 0 <= rank < world"
+            )));
+        }
+        let mut config = ncclConfig_t::initializer();
+        config.blocking = 0;
+        let (rc, raw) = api.init_rank_config(c_world, id, c_rank, &mut config);
+        if !is_ok(rc) || raw.is_null() {
+            // SAFETY: `raw` is null or the handle NCCL just returned.
+            let text = unsafe { api.last_error(raw) };
+            if !raw.is_null() {
+                // SAFETY: a non-null handle from a failed init still owns
+                // resources; it is aborted once and never used again.
+                unsafe { api.abort(raw) };
+            }
+            let what = if is_ok(rc) {
+                "returned no communicator".to_string()
+            } else {
+                format!("returned {}", describe(&*api, rc))
+            };
+            return Err(CommError::transport(
+                "init",
+                format!(
+                    "rank {rank} of {world}: ncclCommInitRankConfig {what}; NCCL says: {}",
+                    nonempty(&text)
+                ),
+            ));
+        }
+        let mut core = CommCore {
+            api,
+            handle: Some(Handle(raw)),
+            aborted: Arc::new(AtomicBool::new(false)),
+            place,
+            device: -1,
+            collective_timeout,
+            group: None,
+        };
+        let hint = format!(
+            "a rank never arrived: all {world} ranks must call init within {init_timeout:?}; a crashed \
+             rank, a wrong unique id or an unreachable network are the usual causes (NCCL_DEBUG=WARN \
+             shows NCCL's view)"
+        );
+        core.wait_ready("init", deadline, init_timeout, &hint)?;
+        // SAFETY: the handle is live (Some) and initialised (the poll above
+        // returned ncclSuccess).
+        let identity = unsafe { core.api.identity(raw) };
+        match identity {
+            Ok((count, user_rank, device)) if count == c_world && user_rank == c_rank => {
+                core.device = device;
+                Ok(core)
+            }
+            Ok((count, user_rank, _)) => Err(core.fail(
+                "init",
+                format!(
+                    "NCCL made a communicator of {count} ranks with this process as rank \
+                     {user_rank}; expected {world} ranks and rank {rank}"
+                ),
+            )),
+            Err(rc) => {
+                let d = describe(&*core.api, rc);
+                Err(core.fail("init", format!("querying the new communicator failed: {d}")))
+            }
+        }
+    }
+
+    /// This rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.place.rank
+    }
+
+    /// Number of ranks.
+    pub(crate) fn world(&self) -> usize {
+        self.place.world
+    }
+
+    /// The CUDA device NCCL reports for this communicator.
+    pub(crate) fn device(&self) -> c_int {
+        self.device
+    }
+
+    /// True once the communicator was aborted (or poisoned for an abort
+    /// pending on a group's close).
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// The shared aborted flag (see the module docs), for the fake library.
+    #[cfg(test)]
+    pub(crate) fn aborted_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.aborted)
+    }
+
+    /// The raw handle, for the fake library in tests.
+    #[cfg(test)]
+    pub(crate) fn raw_handle(&self) -> Option<ncclComm_t> {
+        self.handle.as_ref().map(|h| h.0)
+    }
+
+    /// True while a group is open.
+    pub(crate) fn in_group(&self) -> bool {
+        self.group.is_some()
+    }
+
+    /// Fail `op` for a reason found outside NCCL (e.g. a CUDA error around a
+    /// collective): same rules as an NCCL failure (abort now, or after the
+    /// enclosing group closes).
+    pub(crate) fn abort_with(&mut self, op: &str, detail: String) -> CommError {
+        self.fail(op, detail)
+    }
+
+    /// The live handle, or an error saying why there is none.
+    fn usable(&self, op: &str) -> Result<ncclComm_t> {
+        if self.is_aborted() {
+            return Err(CommError::transport(
+                op,
+                "the communicator was aborted after an earlier error; tear the world down and create a new one",
+            ));
+        }
+        match &self.handle {
+            Some(h) => Ok(h.0),
+            None => Err(CommError::transport(
+                op,
+                "the communicator was already shut down",
+            )),
+        }
+    }
+
+    /// Abort now: set the flag, release the handle, then `ncclCommAbort`.
+    /// Returns a note for error messages when the abort itself failed.
+    fn abort_now(&mut self) -> String {
+        self.aborted.store(true, Ordering::SeqCst);
+        let Some(h) = self.handle.take() else {
+            return String::new();
+        };
+        // SAFETY: the handle was live (Some) and has just been released, so
+        // this is its last use.
+        let rc = unsafe { self.api.abort(h.0) };
+        if rc == ncclResult_t::ncclSuccess {
+            String::new()
+        } else {
+            format!(
+                " (ncclCommAbort itself returned {})",
+                describe(&*self.api, rc)
+            )
+        }
+    }
+
+    /// Record a failure of `op`: abort now, or, inside an open group, poison
+    /// and let the group's close abort. Returns the error for the caller.
+    fn fail(&mut self, op: &str, detail: String) -> CommError {
+        let Place { rank, world } = self.place;
+        if let Some(g) = self.group.as_mut() {
+            self.aborted.store(true, Ordering::SeqCst);
+            g.failure.get_or_insert_with(|| detail.clone());
+            return CommError::transport(
+                op,
+                format!(
+                    "rank {rank} of {world}: {detail}; the communicator will be aborted when the \
+                     enclosing group closes"
+                ),
+            );
+        }
+        let note = self.abort_now();
+        CommError::transport(
+            op,
+            format!(
+                "rank {rank} of {world}: {detail}; the communicator was aborted{note} — tear the world down"
+            ),
+        )
+    }
+
+    fn timed_out(&mut self, op: &str, timeout: Duration, what: &str) -> CommError {
+        self.fail(
+            op,
+            format!("{op} did not complete within {timeout:?} ({what})"),
+        )
+    }
+
+    /// Poll `ncclCommGetAsyncError` until it leaves `ncclInProgress`.
+    /// `hint` says, in the timeout error, what a timeout usually means here.
+    fn wait_ready(
+        &mut self,
+        op: &str,
+        deadline: Instant,
+        timeout: Duration,
+        hint: &str,
+    ) -> Result<()> {
+        let h = self.usable(op)?;
+        let mut backoff = Backoff::new();
+        loop {
+            // SAFETY: `h` is live: nothing in this loop releases it without
+            // returning.
+            match unsafe { self.api.async_error(h) } {
+                Ok(ncclResult_t::ncclSuccess) => return Ok(()),
+                Ok(ncclResult_t::ncclInProgress) => {}
+                Ok(rc) => return Err(self.async_failure(op, h, rc)),
+                Err(rc) => {
+                    let d = describe(&*self.api, rc);
+                    return Err(self.fail(op, format!("ncclCommGetAsyncError failed: {d}")));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(self.timed_out(op, timeout, hint));
+            }
+            backoff.pause(deadline);
+        }
+    }
+
+    fn async_failure(&mut self, op: &str, h: ncclComm_t, rc: ncclResult_t) -> CommError {
+        // SAFETY: `h` is still live here; the text is read before the abort.
+        let text = unsafe { self.api.last_error(h) };
+        let d = describe(&*self.api, rc);
+        self.fail(op, format!("NCCL reported {d}: {}", nonempty(&text)))
+    }
+
+    /// The watchdog: after an enqueue, poll the communicator's async error
+    /// and the stream until the work completes, an error appears, or the
+    /// deadline passes (then abort).
+    fn wait_complete(
+        &mut self,
+        op: &str,
+        completion: &dyn Completion,
+        deadline: Instant,
+    ) -> Result<()> {
+        let h = self.usable(op)?;
+        let mut backoff = Backoff::new();
+        loop {
+            // SAFETY: `h` is live, as in wait_ready.
+            match unsafe { self.api.async_error(h) } {
+                Ok(ncclResult_t::ncclSuccess) | Ok(ncclResult_t::ncclInProgress) => {}
+                Ok(rc) => return Err(self.async_failure(op, h, rc)),
+                Err(rc) => {
+                    let d = describe(&*self.api, rc);
+                    return Err(self.fail(op, format!("ncclCommGetAsyncError failed: {d}")));
+                }
+            }
+            match completion.poll() {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(text) => return Err(self.fail(op, format!("the stream failed: {text}"))),
+            }
+            if Instant::now() >= deadline {
+                let t = self.collective_timeout;
+                return Err(self.timed_out(
+                    op,
+                    t,
+                    "a peer did not take part, or the device stalled",
+                ));
+            }
+            backoff.pause(deadline);
+        }
+    }
+
+    /// One operation. Outside a group this is a whole collective window:
+    /// enqueue, then wait (bounded by the collective timeout) until the
+    /// stream has completed it. Inside a group it only enqueues; the group's
+    /// close waits for everything.
+    ///
+    /// `call` makes the NCCL call with the live handle it is given; it must
+    /// not keep the handle.
+    pub(crate) fn run(
+        &mut self,
+        op: &str,
+        completion: &dyn Completion,
+        call: impl FnOnce(&dyn NcclApi, ncclComm_t) -> ncclResult_t,
+    ) -> Result<()> {
+        let h = self.usable(op)?;
+        let deadline = match &self.group {
+            Some(g) => g.deadline,
+            None => Instant::now() + self.collective_timeout,
+        };
+        let rc = call(&*self.api, h);
+        match rc {
+            ncclResult_t::ncclSuccess => {}
+            ncclResult_t::ncclInProgress => {
+                self.wait_ready(op, deadline, self.collective_timeout, STILL_ENQUEUING)?
+            }
+            rc => {
+                // SAFETY: `h` is live; read the text before any abort.
+                let text = unsafe { self.api.last_error(h) };
+                let d = describe(&*self.api, rc);
+                return Err(self.fail(op, format!("enqueue returned {d}: {}", nonempty(&text))));
+            }
+        }
+        if let Some(g) = self.group.as_mut() {
+            g.ops += 1;
+            return Ok(());
+        }
+        self.wait_complete(op, completion, deadline)
+    }
+
+    /// Open a group level (`ncclGroupStart`). Must be paired with
+    /// [`CommCore::group_finish`] whatever happens in between.
+    pub(crate) fn group_begin(&mut self) -> Result<()> {
+        self.usable("group")?;
+        let rc = self.api.group_start();
+        if rc != ncclResult_t::ncclSuccess {
+            let d = describe(&*self.api, rc);
+            return Err(self.fail("group", format!("ncclGroupStart returned {d}")));
+        }
+        match self.group.as_mut() {
+            Some(g) => g.depth += 1,
+            None => {
+                self.group = Some(GroupState {
+                    depth: 1,
+                    deadline: Instant::now() + self.collective_timeout,
+                    ops: 0,
+                    failure: None,
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Close a group level: `ncclGroupEnd` is always called, even when the
+    /// body failed or the core was poisoned inside it. At the outermost level:
+    /// - a failure inside the group aborts now (after the close);
+    /// - a failed body that had already enqueued operations aborts too (its
+    ///   peers would wait for the rest) and the error says so; a body that
+    ///   failed before enqueuing anything leaves the communicator usable;
+    /// - otherwise the whole group is one collective window, waited for under
+    ///   the watchdog.
+    pub(crate) fn group_finish<R>(
+        &mut self,
+        completion: &dyn Completion,
+        body: Result<R>,
+    ) -> Result<R> {
+        let rc = self.api.group_end();
+        let Some(g) = self.group.as_mut() else {
+            return Err(CommError::config(
+                "group_finish without group_begin (a bug in mamba-comm)",
+            ));
+        };
+        g.depth = g.depth.saturating_sub(1);
+        if !is_ok(rc) {
+            let d = describe(&*self.api, rc);
+            g.failure
+                .get_or_insert_with(|| format!("ncclGroupEnd returned {d}"));
+            self.aborted.store(true, Ordering::SeqCst);
+        }
+        if g.depth > 0 {
+            return body;
+        }
+        let Some(g) = self.group.take() else {
+            return Err(CommError::config(
+                "group state vanished (a bug in mamba-comm)",
+            ));
+        };
+        if let Some(reason) = g.failure {
+            let Place { rank, world } = self.place;
+            let note = self.abort_now();
+            return Err(body.err().unwrap_or_else(|| {
+                CommError::transport(
+                    "group",
+                    format!("rank {rank} of {world}: {reason}; the communicator was aborted{note}"),
+                )
+            }));
+        }
+        match body {
+            Err(e) if g.ops > 0 => Err(self.fail(
+                "group",
+                format!(
+                    "the group body failed after enqueuing {} operation(s), which peers would wait \
+                     for: {e}",
+                    g.ops
+                ),
+            )),
+            Err(e) => {
+                if rc == ncclResult_t::ncclInProgress {
+                    self.wait_ready(
+                        "group",
+                        g.deadline,
+                        self.collective_timeout,
+                        STILL_ENQUEUING,
+                    )?;
+                }
+                Err(e)
+            }
+            Ok(v) => {
+                if rc == ncclResult_t::ncclInProgress {
+                    self.wait_ready(
+                        "group",
+                        g.deadline,
+                        self.collective_timeout,
+                        STILL_ENQUEUING,
+                    )?;
+                }
+                if g.ops > 0 {
+                    self.wait_complete("group", completion, g.deadline)?;
+                }
+                Ok(v)
+            }
+        }
+    }
+
+    /// Orderly teardown: `ncclCommFinalize`, polled to completion under the
+    /// collective timeout, then `ncclCommDestroy`.
+    /// - A failed or timed-out finalize aborts instead, and the error says so.
+    /// - The handle is released before `ncclCommDestroy`; a failed destroy is
+    ///   reported and never followed by an abort (the handle is gone).
+    /// - On a communicator already aborted (or already shut down) there is
+    ///   nothing left to release: `Ok(())`, and no NCCL call is made.
+    pub(crate) fn shutdown(&mut self) -> Result<()> {
+        if self.group.is_some() {
+            return Err(CommError::config(
+                "shutdown inside an open group (a bug in mamba-comm)",
+            ));
+        }
+        let Some(h) = self.handle.as_ref().map(|h| h.0) else {
+            return Ok(());
+        };
+        if self.is_aborted() {
+            self.abort_now();
+            return Ok(());
+        }
+        let timeout = self.collective_timeout;
+        let deadline = Instant::now() + timeout;
+        // SAFETY: `h` is live (Some, not aborted).
+        let rc = unsafe { self.api.finalize(h) };
+        if !is_ok(rc) {
+            // SAFETY: still live; text read before the abort.
+            let text = unsafe { self.api.last_error(h) };
+            let d = describe(&*self.api, rc);
+            return Err(self.fail(
+                "shutdown",
+                format!(
+                    "ncclCommFinalize returned {d}: {}; aborting instead of destroying",
+                    nonempty(&text)
+                ),
+            ));
+        }
+        self.wait_ready(
+            "shutdown",
+            deadline,
+            timeout,
+            "ncclCommFinalize never reached quiescence: a peer is gone or stuck",
+        )?;
+        let Some(h) = self.handle.take() else {
+            return Ok(());
+        };
+        // SAFETY: the handle was live and has been released: its last use.
+        let rc = unsafe { self.api.destroy(h.0) };
+        if is_ok(rc) {
+            Ok(())
+        } else {
+            let Place { rank, world } = self.place;
+            Err(CommError::transport(
+                "shutdown",
+                format!(
+                    "rank {rank} of {world}: ncclCommDestroy returned {}; the handle is released \
+                     and is not aborted (it no longer exists to abort)",
+                    describe(&*self.api, rc)
+                ),
+            ))
+        }
+    }
+}
+
+impl Drop for CommCore {
+    /// Aborts a communicator that still exists in NCCL (never destroyed,
+    /// never aborted); does nothing otherwise. Never panics. A group left
+    /// open by a panic in its body is closed first, so this thread's NCCL
+    /// group state returns to zero.
+    fn drop(&mut self) {
+        if let Some(g) = self.group.take() {
+            for _ in 0..g.depth {
+                let _ = self.api.group_end();
+            }
+        }
+        if self.handle.is_some() {
+            let _ = self.abort_now();
+        }
+    }
+}
+
+fn nonempty(text: &str) -> &str {
+    if text.trim().is_empty() {
+        "(no message)"
+    } else {
+        text
+    }
+}

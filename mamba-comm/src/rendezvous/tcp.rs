@@ -1,0 +1,540 @@
+//! The TCP rendezvous: a tiny key/value store served by rank 0, for
+//! launchers that give `MASTER_ADDR`/`MASTER_PORT` and no shared
+//! filesystem (the multi-node case).
+//!
+//! Rank 0 serves the store inside its own process, so the store lives
+//! exactly as long as rank 0's [`TcpRendezvous`]: nothing a launch published
+//! survives it, and a new launch that reuses the job id and the address
+//! starts from an empty store. While a store is alive it admits each rank
+//! once: a process of a newer launch that reaches an older launch's
+//! still-running store (same address) is refused when it claims a rank that
+//! already joined, instead of reading that launch's values.
+//!
+//! Wire protocol (one request, one response, on a persistent connection):
+//! request `op u8, key len u32 LE, key, value len u32 LE, value`;
+//! response `status u8 (0 ok, 1 missing, 2 refused), len u32 LE, payload`.
+//! Ops: `JOIN` (value: rank u32, world u32; must come first), `SET`, `GET`,
+//! `ADD` (value: i64 LE; answers the new i64). The store never blocks a
+//! request; clients poll with backoff until their deadline.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
+};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::{CommError, Rendezvous, Result};
+
+const OP_JOIN: u8 = 1;
+const OP_SET: u8 = 2;
+const OP_GET: u8 = 3;
+const OP_ADD: u8 = 4;
+
+const ST_OK: u8 = 0;
+const ST_MISSING: u8 = 1;
+const ST_REFUSED: u8 = 2;
+
+const MAX_KEY: u32 = 1024;
+const MAX_VALUE: u32 = 1 << 20;
+
+/// A rendezvous through a store served by rank 0. See the [module docs](self).
+pub struct TcpRendezvous {
+    rank: usize,
+    world: usize,
+    location: String,
+    conn: Mutex<TcpStream>,
+    server: Option<StoreServer>,
+    barrier_gens: Mutex<HashMap<String, u64>>,
+}
+
+impl std::fmt::Debug for TcpRendezvous {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpRendezvous")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("location", &self.location)
+            .field("serving", &self.server.is_some())
+            .finish()
+    }
+}
+
+impl TcpRendezvous {
+    /// Join the store at `host:port` as `rank` of `world`; rank 0 first
+    /// starts serving it there (port 0: any free port, see
+    /// [`TcpRendezvous::store_port`]). Others retry connecting until
+    /// `timeout`, which also bounds every later request to the store.
+    ///
+    /// Keep rank 0's value alive until every rank is done with the
+    /// rendezvous: dropping it stops the store.
+    pub fn new(
+        host: &str,
+        port: u16,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        if world == 0 || rank >= world {
+            return Err(CommError::config(format!(
+                "rank {rank} of world {world}: expected world >= 1 and rank < world"
+            )));
+        }
+        let location = format!("tcp://{host}:{port}");
+        let fail = |detail: String| CommError::Rendezvous {
+            rank,
+            location: location.clone(),
+            timeout,
+            detail,
+        };
+        let addrs: Vec<SocketAddr> = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| fail(format!("cannot resolve the store host: {e}")))?
+            .collect();
+        if addrs.is_empty() {
+            return Err(fail("the store host resolves to no address".into()));
+        }
+        let (server, connect_to) = if rank == 0 {
+            let server = StoreServer::start(&addrs, world).map_err(|e| {
+                fail(format!(
+                    "rank 0 cannot serve the store: {e} (is an earlier launch still running at \
+                     this address? choose another MASTER_PORT or MAMBA_STORE_PORT)"
+                ))
+            })?;
+            // Rank 0 reaches its own store locally, whatever the interface.
+            let ip = match server.bound.ip() {
+                IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+                ip => ip,
+            };
+            let target = SocketAddr::new(ip, server.port);
+            (Some(server), vec![target])
+        } else {
+            (None, addrs)
+        };
+        let location = match &server {
+            Some(s) => format!("tcp://{host}:{}", s.port),
+            None => location.clone(),
+        };
+        let deadline = Instant::now() + timeout;
+        let mut last = String::from("no attempt made");
+        let stream = 'connect: loop {
+            for a in &connect_to {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match TcpStream::connect_timeout(
+                    a,
+                    left.clamp(Duration::from_millis(1), Duration::from_secs(1)),
+                ) {
+                    Ok(s) => break 'connect s,
+                    Err(e) => last = format!("{a}: {e}"),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(CommError::Rendezvous {
+                    rank,
+                    location,
+                    timeout,
+                    detail: format!(
+                        "the store (served by rank 0) never answered; last error {last}. Is rank 0 \
+                         running and is its address reachable from here?"
+                    ),
+                });
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))
+            .and_then(|_| stream.set_write_timeout(Some(timeout.max(Duration::from_millis(1)))))
+            .map_err(|e| fail(format!("socket option: {e}")))?;
+        let me = TcpRendezvous {
+            rank,
+            world,
+            location,
+            conn: Mutex::new(stream),
+            server,
+            barrier_gens: Mutex::new(HashMap::new()),
+        };
+        let mut join = Vec::with_capacity(8);
+        join.extend_from_slice(&(rank as u32).to_le_bytes());
+        join.extend_from_slice(&(world as u32).to_le_bytes());
+        match me.request(OP_JOIN, "", &join, timeout)? {
+            (ST_OK, _) => Ok(me),
+            (_, msg) => Err(CommError::Rendezvous {
+                rank,
+                location: me.location.clone(),
+                timeout,
+                detail: format!(
+                    "the store refused this rank: {}",
+                    String::from_utf8_lossy(&msg)
+                ),
+            }),
+        }
+    }
+
+    /// The port rank 0's store listens on (rank 0 only).
+    pub fn store_port(&self) -> Option<u16> {
+        self.server.as_ref().map(|s| s.port)
+    }
+
+    /// The store's address, as used in error messages.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn request(&self, op: u8, key: &str, value: &[u8], timeout: Duration) -> Result<(u8, Vec<u8>)> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut msg = Vec::with_capacity(10 + key.len() + value.len());
+        msg.push(op);
+        msg.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        msg.extend_from_slice(key.as_bytes());
+        msg.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        msg.extend_from_slice(value);
+        let res = conn.write_all(&msg).and_then(|_| {
+            let mut head = [0u8; 5];
+            conn.read_exact(&mut head)?;
+            let n = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
+            if n > MAX_VALUE {
+                return Err(std::io::Error::new(
+                    ErrorKind::InvalidData,
+                    "oversized answer",
+                ));
+            }
+            let mut payload = vec![0u8; n as usize];
+            conn.read_exact(&mut payload)?;
+            Ok((head[0], payload))
+        });
+        res.map_err(|e| CommError::Rendezvous {
+            rank: self.rank,
+            location: self.location.clone(),
+            timeout,
+            detail: format!(
+                "lost the store (served by rank 0): {e}; rank 0 exited or died, or stopped answering"
+            ),
+        })
+    }
+
+    fn check_key(key: &str) -> Result<()> {
+        if key.is_empty() || key.len() > MAX_KEY as usize {
+            return Err(CommError::config(format!(
+                "rendezvous key {key:?} must have 1..={MAX_KEY} bytes"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Poll interval: 1 ms doubling to 20 ms, never past the deadline.
+fn nap(step: &mut Duration, deadline: Instant) {
+    thread::sleep((*step).min(deadline.saturating_duration_since(Instant::now())));
+    *step = (*step * 2).min(Duration::from_millis(20));
+}
+
+impl Rendezvous for TcpRendezvous {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn publish(&self, key: &str, value: &[u8]) -> Result<()> {
+        TcpRendezvous::check_key(key)?;
+        if value.len() > MAX_VALUE as usize {
+            return Err(CommError::config(format!(
+                "rendezvous value of {} bytes exceeds the store's limit of {MAX_VALUE}",
+                value.len()
+            )));
+        }
+        match self.request(OP_SET, key, value, Duration::ZERO)? {
+            (ST_OK, _) => Ok(()),
+            (_, msg) => Err(CommError::Rendezvous {
+                rank: self.rank,
+                location: format!("{}/{key}", self.location),
+                timeout: Duration::ZERO,
+                detail: format!(
+                    "the store refused the value: {}",
+                    String::from_utf8_lossy(&msg)
+                ),
+            }),
+        }
+    }
+
+    fn fetch(&self, key: &str, len: usize, timeout: Duration) -> Result<Vec<u8>> {
+        TcpRendezvous::check_key(key)?;
+        let deadline = Instant::now() + timeout;
+        let mut step = Duration::from_millis(1);
+        let mut seen_len = None;
+        loop {
+            match self.request(OP_GET, key, &[], timeout)? {
+                (ST_OK, v) if v.len() == len => return Ok(v),
+                (ST_OK, v) => seen_len = Some(v.len()),
+                _ => {}
+            }
+            if Instant::now() >= deadline {
+                let detail = match seen_len {
+                    Some(n) => format!("expected exactly {len} bytes; the store holds {n}"),
+                    None => format!(
+                        "expected a value of exactly {len} bytes; it was never published (the \
+                         publishing rank has not reached this point, or died)"
+                    ),
+                };
+                return Err(CommError::Rendezvous {
+                    rank: self.rank,
+                    location: format!("{}/{key}", self.location),
+                    timeout,
+                    detail,
+                });
+            }
+            nap(&mut step, deadline);
+        }
+    }
+
+    fn barrier(&self, name: &str, timeout: Duration) -> Result<()> {
+        let gen = {
+            let mut gens = self.barrier_gens.lock().unwrap_or_else(|p| p.into_inner());
+            let g = gens.entry(name.to_string()).or_insert(0);
+            *g += 1;
+            *g
+        };
+        let key = format!("barrier/{name}/{gen}");
+        TcpRendezvous::check_key(&key)?;
+        self.request(OP_ADD, &key, &1i64.to_le_bytes(), timeout)?;
+        let deadline = Instant::now() + timeout;
+        let mut step = Duration::from_millis(1);
+        loop {
+            let count = match self.request(OP_GET, &key, &[], timeout)? {
+                (ST_OK, v) if v.len() == 8 => {
+                    i64::from_le_bytes([v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]])
+                }
+                _ => 0,
+            };
+            if count >= self.world as i64 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(CommError::Rendezvous {
+                    rank: self.rank,
+                    location: format!("{}/{key}", self.location),
+                    timeout,
+                    detail: format!(
+                        "barrier {name:?} (#{gen}): {count} of {} ranks arrived",
+                        self.world
+                    ),
+                });
+            }
+            nap(&mut step, deadline);
+        }
+    }
+}
+
+// ---- the store ----------------------------------------------------------
+
+struct StoreState {
+    world: usize,
+    joined: Vec<bool>,
+    values: HashMap<String, Vec<u8>>,
+}
+
+/// The store's threads: an accept loop and one thread per connection.
+/// Dropping it stops accepting, shuts every connection down and waits for
+/// the accept loop (which polls a stop flag every few milliseconds).
+struct StoreServer {
+    port: u16,
+    bound: SocketAddr,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl StoreServer {
+    /// Bind where the clients will look: the resolved loopback address when
+    /// the host is local-only, otherwise every interface of that family
+    /// (the store must be reachable from other hosts).
+    fn start(addrs: &[SocketAddr], world: usize) -> std::io::Result<StoreServer> {
+        let bind = match addrs.iter().find(|a| a.ip().is_loopback()) {
+            Some(a) if addrs.iter().all(|a| a.ip().is_loopback()) => *a,
+            _ => {
+                let port = addrs[0].port();
+                match addrs[0].ip() {
+                    IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+                    IpAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+                }
+            }
+        };
+        let listener = TcpListener::bind(bind)?;
+        let bound = listener.local_addr()?;
+        let port = bound.port();
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let state = Arc::new(Mutex::new(StoreState {
+            world,
+            joined: vec![false; world],
+            values: HashMap::new(),
+        }));
+        let accept = {
+            let (stop, conns) = (stop.clone(), conns.clone());
+            thread::Builder::new()
+                .name("mamba-store".into())
+                .spawn(move || accept_loop(listener, stop, conns, state))?
+        };
+        Ok(StoreServer {
+            port,
+            bound,
+            stop,
+            conns,
+            accept: Some(accept),
+        })
+    }
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+        for c in self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    state: Arc<Mutex<StoreState>>,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                if s.set_nonblocking(false).is_err() {
+                    continue;
+                }
+                let _ = s.set_nodelay(true);
+                if let Ok(c) = s.try_clone() {
+                    conns.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+                }
+                let state = state.clone();
+                let _ = thread::Builder::new()
+                    .name("mamba-store-conn".into())
+                    .spawn(move || serve(s, state));
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
+            Err(_) => thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+fn read_frame(s: &mut TcpStream) -> std::io::Result<(u8, String, Vec<u8>)> {
+    let mut op = [0u8; 1];
+    s.read_exact(&mut op)?;
+    let mut n = [0u8; 4];
+    s.read_exact(&mut n)?;
+    let klen = u32::from_le_bytes(n);
+    if klen > MAX_KEY {
+        return Err(std::io::Error::new(ErrorKind::InvalidData, "oversized key"));
+    }
+    let mut key = vec![0u8; klen as usize];
+    s.read_exact(&mut key)?;
+    s.read_exact(&mut n)?;
+    let vlen = u32::from_le_bytes(n);
+    if vlen > MAX_VALUE {
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidData,
+            "oversized value",
+        ));
+    }
+    let mut value = vec![0u8; vlen as usize];
+    s.read_exact(&mut value)?;
+    let key = String::from_utf8(key)
+        .map_err(|_| std::io::Error::new(ErrorKind::InvalidData, "key is not utf-8"))?;
+    Ok((op[0], key, value))
+}
+
+fn reply(s: &mut TcpStream, status: u8, payload: &[u8]) -> std::io::Result<()> {
+    let mut out = Vec::with_capacity(5 + payload.len());
+    out.push(status);
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(payload);
+    s.write_all(&out)
+}
+
+/// Serve one client until it disconnects or breaks the protocol. The first
+/// request must be a JOIN that claims a rank not yet joined.
+fn serve(mut s: TcpStream, state: Arc<Mutex<StoreState>>) {
+    let mut joined = false;
+    while let Ok((op, key, value)) = read_frame(&mut s) {
+        let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
+        let res = match op {
+            OP_JOIN if !joined && value.len() == 8 => {
+                let rank = u32::from_le_bytes([value[0], value[1], value[2], value[3]]) as usize;
+                let world = u32::from_le_bytes([value[4], value[5], value[6], value[7]]) as usize;
+                let mut st = lock();
+                if world != st.world {
+                    let msg = format!("this store serves a world of {}, not {world}", st.world);
+                    reply(&mut s, ST_REFUSED, msg.as_bytes())
+                } else if rank >= world {
+                    let msg = format!("rank {rank} is outside 0..{world}");
+                    reply(&mut s, ST_REFUSED, msg.as_bytes())
+                } else if st.joined[rank] {
+                    let msg = format!(
+                        "rank {rank} already joined this store: it belongs to another launch that \
+                         is still running at this address, or two processes claim rank {rank}"
+                    );
+                    reply(&mut s, ST_REFUSED, msg.as_bytes())
+                } else {
+                    st.joined[rank] = true;
+                    joined = true;
+                    reply(&mut s, ST_OK, &[])
+                }
+            }
+            _ if !joined => reply(
+                &mut s,
+                ST_REFUSED,
+                b"the first request must be a valid JOIN",
+            ),
+            OP_SET => {
+                lock().values.insert(key, value);
+                reply(&mut s, ST_OK, &[])
+            }
+            OP_GET => {
+                let v = lock().values.get(&key).cloned();
+                match v {
+                    Some(v) => reply(&mut s, ST_OK, &v),
+                    None => reply(&mut s, ST_MISSING, &[]),
+                }
+            }
+            OP_ADD if value.len() == 8 => {
+                let delta = i64::from_le_bytes([
+                    value[0], value[1], value[2], value[3], value[4], value[5], value[6], value[7],
+                ]);
+                let mut st = lock();
+                let cur = st
+                    .values
+                    .get(&key)
+                    .filter(|v| v.len() == 8)
+                    .map(|v| i64::from_le_bytes([v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]]))
+                    .unwrap_or(0);
+                let new = cur.wrapping_add(delta).to_le_bytes();
+                st.values.insert(key, new.to_vec());
+                drop(st);
+                reply(&mut s, ST_OK, &new)
+            }
+            _ => reply(&mut s, ST_REFUSED, b"unknown or malformed request"),
+        };
+        if res.is_err() {
+            return;
+        }
+    }
+}

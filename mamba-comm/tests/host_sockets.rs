@@ -1,0 +1,149 @@
+//! The host transport over loopback sockets, with ranks on threads of this
+//! process (real sockets, real reader/writer threads); the process-level
+//! faults are in `world_processes.rs`.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use mamba_comm::host::{HostOptions, HostTransport};
+use mamba_comm::rendezvous::{MemoryRendezvous, TcpRendezvous};
+use mamba_comm::{CommError, Rendezvous, Transport};
+
+fn socket_world<R: Send + 'static>(
+    world: usize,
+    timeout: Duration,
+    f: impl Fn(HostTransport) -> R + Send + Sync + Clone + 'static,
+) -> Vec<R> {
+    let rdvs = MemoryRendezvous::world(world);
+    let hs: Vec<_> = rdvs
+        .into_iter()
+        .map(|rdv| {
+            let f = f.clone();
+            thread::spawn(move || {
+                let t = HostTransport::connect(&rdv, HostOptions::with_timeout(timeout))
+                    .expect("connect");
+                f(t)
+            })
+        })
+        .collect();
+    hs.into_iter()
+        .map(|h| h.join().expect("rank thread"))
+        .collect()
+}
+
+#[test]
+fn sockets_and_threads_give_the_same_bits() {
+    let n = 4097;
+    let work = move |mut t: HostTransport| {
+        let r = t.rank();
+        let mut v: Vec<f32> = (0..n)
+            .map(|i| ((r * 31 + i) % 97) as f32 * 0.013 - 0.5)
+            .collect();
+        t.all_reduce_sum_f32(&mut v, 0..n).expect("sum");
+        let mut m = vec![r as i32 * 10 - 15];
+        t.all_reduce_max_i32(&mut m).expect("max");
+        let mut b = vec![r as f32; 5];
+        t.broadcast(&mut b, 1..4, 3).expect("broadcast");
+        t.barrier().expect("barrier");
+        t.shutdown().expect("orderly shutdown");
+        (v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), m, b)
+    };
+    let sockets = socket_world(4, Duration::from_secs(10), work);
+    let threads: Vec<_> =
+        HostTransport::thread_world(4, HostOptions::with_timeout(Duration::from_secs(10)))
+            .expect("world")
+            .into_iter()
+            .map(|t| thread::spawn(move || work(t)))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect();
+    assert_eq!(sockets, threads);
+    assert_eq!(sockets[0].1, vec![15]);
+    assert_eq!(sockets[1].2, vec![1.0, 3.0, 3.0, 3.0, 1.0]);
+}
+
+#[test]
+fn big_simultaneous_sends_do_not_deadlock() {
+    // Both ranks push 16 MiB at each other before either receives: a
+    // blocking send would fill both socket buffers and hang.
+    let n = 4 << 20;
+    let got = socket_world(2, Duration::from_secs(20), move |mut t| {
+        let peer = 1 - t.rank();
+        let out = vec![t.rank() as f32 + 0.5; n];
+        let mut inb = vec![0.0f32; n];
+        t.group(|t| {
+            t.send(&out, 0..n, peer)?;
+            t.recv(&mut inb, 0..n, peer)
+        })
+        .expect("exchange");
+        inb.iter().all(|&x| x == peer as f32 + 0.5)
+    });
+    assert_eq!(got, vec![true, true]);
+}
+
+#[test]
+fn a_missing_rank_fails_connect_naming_it() {
+    let mut rdvs = MemoryRendezvous::world(3);
+    let r2 = rdvs.pop().expect("rank 2 never connects");
+    let start = Instant::now();
+    let errs: Vec<CommError> = rdvs
+        .into_iter()
+        .map(|rdv| {
+            thread::spawn(move || {
+                HostTransport::connect(&rdv, HostOptions::with_timeout(Duration::from_millis(400)))
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().expect("thread").expect_err("rank 2 is missing"))
+        .collect();
+    drop(r2);
+    assert!(start.elapsed() < Duration::from_secs(3));
+    // Rank 0 and 1 wait to accept rank 2, or for its address.
+    for e in &errs {
+        let s = e.to_string();
+        assert!(s.contains("[2]") || s.contains("host-addr-2"), "{s}");
+    }
+}
+
+#[test]
+fn over_a_tcp_rendezvous_with_tags() {
+    let r0 = TcpRendezvous::new("127.0.0.1", 0, 0, 3, Duration::from_secs(10)).expect("store");
+    let port = r0.store_port().expect("port");
+    let h0 = thread::spawn(move || {
+        let rdv: &dyn Rendezvous = &r0;
+        let mut a = HostTransport::connect(rdv, HostOptions::with_timeout(Duration::from_secs(10)))
+            .expect("a");
+        let mut opts = HostOptions::with_timeout(Duration::from_secs(10));
+        opts.tag = "second".into();
+        let mut b = HostTransport::connect(rdv, opts).expect("b");
+        let mut v = vec![1.0f32];
+        a.all_reduce_sum_f32(&mut v, 0..1).expect("a sum");
+        b.all_reduce_sum_f32(&mut v, 0..1).expect("b sum");
+        v[0]
+    });
+    let hs: Vec<_> = (1..3)
+        .map(|r| {
+            thread::spawn(move || {
+                let rdv = TcpRendezvous::new("127.0.0.1", port, r, 3, Duration::from_secs(10))
+                    .expect("join");
+                let mut a = HostTransport::connect(
+                    &rdv,
+                    HostOptions::with_timeout(Duration::from_secs(10)),
+                )
+                .expect("a");
+                let mut opts = HostOptions::with_timeout(Duration::from_secs(10));
+                opts.tag = "second".into();
+                let mut b = HostTransport::connect(&rdv, opts).expect("b");
+                let mut v = vec![1.0f32];
+                a.all_reduce_sum_f32(&mut v, 0..1).expect("a sum");
+                b.all_reduce_sum_f32(&mut v, 0..1).expect("b sum");
+                v[0]
+            })
+        })
+        .collect();
+    let mut all = vec![h0.join().expect("rank 0")];
+    all.extend(hs.into_iter().map(|h| h.join().expect("rank")));
+    assert_eq!(all, vec![9.0; 3], "(1+1+1) then (3+3+3)");
+}
