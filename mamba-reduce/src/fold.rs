@@ -1,0 +1,295 @@
+//! The reference fold on the CPU, and the fold seam the fixed-order
+//! dataflow calls for its arithmetic.
+//!
+//! Rust never contracts `a + b` into a fused multiply-add and never
+//! reassociates float arithmetic, so the loops below perform exactly one
+//! round-to-nearest f32 addition per addend per element, in the order
+//! written. The compiler may vectorise them across *elements* (each SIMD
+//! lane still runs its own ascending chain), which does not change a bit.
+//! This is the fold `kernels::FoldKernel` must reproduce bit for bit.
+
+use crate::{ReduceError, Result};
+
+/// `out[i] = ((a0[i] + a1[i]) + a2[i]) + ...`: the reference fold, strictly
+/// ascending over `addends`, f32, round-to-nearest, no contraction.
+///
+/// Needs at least one addend; every addend and `out` must have the same
+/// length.
+pub fn host_fold(addends: &[&[f32]], out: &mut [f32]) -> Result<()> {
+    let Some((first, rest)) = addends.split_first() else {
+        return Err(ReduceError::config("host_fold needs at least one addend"));
+    };
+    check_lengths(addends, out.len())?;
+    out.copy_from_slice(first);
+    for a in rest {
+        add_into(out, a);
+    }
+    Ok(())
+}
+
+/// `acc[i] = ((acc[i] + a0[i]) + a1[i]) + ...`: one running-prefix step
+/// (zero addends leave `acc` unchanged).
+pub fn host_accumulate(acc: &mut [f32], addends: &[&[f32]]) -> Result<()> {
+    check_lengths(addends, acc.len())?;
+    for a in addends {
+        add_into(acc, a);
+    }
+    Ok(())
+}
+
+/// The factor the mean multiplies by: `fl(1/L)`, exact for power-of-two
+/// `L`.
+pub fn mean_factor(logical_world: usize) -> f32 {
+    1.0f32 / logical_world as f32
+}
+
+/// `v[i] = v[i] * factor`, one rounding per element.
+pub fn host_scale(v: &mut [f32], factor: f32) {
+    for x in v {
+        *x *= factor;
+    }
+}
+
+/// The fixed-order mean of `addends` (one per logical rank, in logical
+/// order): [`host_fold`] then multiply by [`mean_factor`] (skipped for one
+/// addend, where it would only quiet a signalling NaN). This is the value
+/// every live world and the [`EmulatedWorld`](crate::EmulatedWorld) must
+/// produce bit for bit.
+pub fn host_mean(addends: &[&[f32]]) -> Result<Vec<f32>> {
+    let len = addends.first().map_or(0, |a| a.len());
+    let mut out = vec![0.0; len];
+    host_fold(addends, &mut out)?;
+    if addends.len() > 1 {
+        host_scale(&mut out, mean_factor(addends.len()));
+    }
+    Ok(out)
+}
+
+fn check_lengths(addends: &[&[f32]], len: usize) -> Result<()> {
+    if let Some((k, a)) = addends.iter().enumerate().find(|(_, a)| a.len() != len) {
+        return Err(ReduceError::config(format!(
+            "addend {k} has {} elements, expected {len} like the output",
+            a.len()
+        )));
+    }
+    Ok(())
+}
+
+#[inline]
+fn add_into(acc: &mut [f32], a: &[f32]) {
+    for (x, y) in acc.iter_mut().zip(a) {
+        *x += *y;
+    }
+}
+
+/// The arithmetic the fixed-order dataflow needs next to byte movement:
+/// the seam between the transport-generic dataflow and the memory the
+/// transport moves (host `Vec<f32>`, or device memory with the kernels).
+///
+/// Offsets and lengths are in elements. Slot `k` of a slot set starts at
+/// `slots_off + k * stride`. Implementations must compute exactly the
+/// ascending chains described (one f32 round-to-nearest add per addend, no
+/// contraction, no reassociation); the bits of the whole crate rest on it.
+///
+/// Ordering: operations take effect in the order they are called, and after
+/// any point-to-point group the dataflow ran before them (host: trivially;
+/// device: everything runs on the communicator's stream). [`FoldOps::finish`]
+/// returns once every operation called so far has completed.
+pub trait FoldOps<B> {
+    /// `out[out_off + i] = ((s_0[i] + s_1[i]) + ...) + s_{n-1}[i]` for
+    /// `n_slots >= 1`, `i < len`.
+    #[allow(clippy::too_many_arguments)]
+    fn sum_slots(
+        &mut self,
+        slots: &B,
+        slots_off: usize,
+        n_slots: usize,
+        stride: usize,
+        len: usize,
+        out: &mut B,
+        out_off: usize,
+    ) -> Result<()>;
+
+    /// `acc[acc_off + i] = ((acc[acc_off + i] + s_0[i]) + s_1[i]) + ...`.
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate(
+        &mut self,
+        acc: &mut B,
+        acc_off: usize,
+        slots: &B,
+        slots_off: usize,
+        n_slots: usize,
+        stride: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// `dst[dst_off..dst_off + len] = src[src_off..src_off + len]` (bits).
+    fn copy(
+        &mut self,
+        src: &B,
+        src_off: usize,
+        dst: &mut B,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// `buf[off + i] = buf[off + i] * factor`, one rounding each.
+    fn scale(&mut self, buf: &mut B, off: usize, len: usize, factor: f32) -> Result<()>;
+
+    /// Wait until every operation called so far has completed.
+    fn finish(&mut self) -> Result<()>;
+}
+
+/// [`FoldOps`] on host memory: the same loops as [`host_fold`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostFold;
+
+fn region<'a>(buf: &'a [f32], off: usize, len: usize, what: &str) -> Result<&'a [f32]> {
+    off.checked_add(len)
+        .and_then(|end| buf.get(off..end))
+        .ok_or_else(|| {
+            ReduceError::invariant(format!(
+                "{what}: elements {off}..{off}+{len} lie outside a buffer of {}",
+                buf.len()
+            ))
+        })
+}
+
+fn region_mut<'a>(buf: &'a mut [f32], off: usize, len: usize, what: &str) -> Result<&'a mut [f32]> {
+    let n = buf.len();
+    off.checked_add(len)
+        .and_then(move |end| buf.get_mut(off..end))
+        .ok_or_else(|| {
+            ReduceError::invariant(format!(
+                "{what}: elements {off}..{off}+{len} lie outside a buffer of {n}"
+            ))
+        })
+}
+
+fn slot_regions(
+    slots: &[f32],
+    slots_off: usize,
+    n_slots: usize,
+    stride: usize,
+    len: usize,
+) -> Result<Vec<&[f32]>> {
+    (0..n_slots)
+        .map(|k| {
+            let off = k.checked_mul(stride).and_then(|o| o.checked_add(slots_off));
+            let off = off.ok_or_else(|| ReduceError::invariant("slot offset overflows usize"))?;
+            region(slots, off, len, "slot")
+        })
+        .collect()
+}
+
+impl FoldOps<Vec<f32>> for HostFold {
+    fn sum_slots(
+        &mut self,
+        slots: &Vec<f32>,
+        slots_off: usize,
+        n_slots: usize,
+        stride: usize,
+        len: usize,
+        out: &mut Vec<f32>,
+        out_off: usize,
+    ) -> Result<()> {
+        let addends = slot_regions(slots, slots_off, n_slots, stride, len)?;
+        host_fold(&addends, region_mut(out, out_off, len, "sum_slots output")?)
+    }
+
+    fn accumulate(
+        &mut self,
+        acc: &mut Vec<f32>,
+        acc_off: usize,
+        slots: &Vec<f32>,
+        slots_off: usize,
+        n_slots: usize,
+        stride: usize,
+        len: usize,
+    ) -> Result<()> {
+        let addends = slot_regions(slots, slots_off, n_slots, stride, len)?;
+        host_accumulate(region_mut(acc, acc_off, len, "accumulator")?, &addends)
+    }
+
+    fn copy(
+        &mut self,
+        src: &Vec<f32>,
+        src_off: usize,
+        dst: &mut Vec<f32>,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<()> {
+        let s = region(src, src_off, len, "copy source")?;
+        region_mut(dst, dst_off, len, "copy destination")?.copy_from_slice(s);
+        Ok(())
+    }
+
+    fn scale(&mut self, buf: &mut Vec<f32>, off: usize, len: usize, factor: f32) -> Result<()> {
+        host_scale(region_mut(buf, off, len, "scale")?, factor);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fold_is_left_to_right() {
+        // 1e8 + 1 - 1e8: left to right gives 0 (1 is lost to rounding at
+        // 1e8), another order gives 1.
+        let a = [1.0e8f32];
+        let b = [1.0f32];
+        let c = [-1.0e8f32];
+        let mut out = [f32::NAN];
+        host_fold(&[&a, &b, &c], &mut out).unwrap();
+        assert_eq!(out[0], 0.0);
+        host_fold(&[&a, &c, &b], &mut out).unwrap();
+        assert_eq!(out[0], 1.0);
+    }
+
+    #[test]
+    fn accumulate_continues_the_chain() {
+        let g: Vec<Vec<f32>> = (0..5)
+            .map(|k| vec![0.1 * k as f32 + 1e7, -1e7, 0.3])
+            .collect();
+        let all: Vec<&[f32]> = g.iter().map(|v| v.as_slice()).collect();
+        let mut whole = vec![0.0; 3];
+        host_fold(&all, &mut whole).unwrap();
+        let mut acc = vec![0.0; 3];
+        host_fold(&all[..2], &mut acc).unwrap();
+        host_accumulate(&mut acc, &all[2..]).unwrap();
+        assert_eq!(bits(&acc), bits(&whole));
+    }
+
+    #[test]
+    fn errors_name_the_mismatch() {
+        let mut out = [0.0f32; 2];
+        assert!(host_fold(&[], &mut out).is_err());
+        let err = host_fold(&[&[1.0, 2.0], &[1.0]], &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("addend 1 has 1 elements, expected 2"), "{err}");
+        let mut f = HostFold;
+        let mut v = vec![0.0f32; 4];
+        assert!(f.scale(&mut v, 3, 2, 0.5).is_err());
+        assert!(f.sum_slots(&vec![0.0; 4], 0, 3, 2, 2, &mut v, 0).is_err());
+    }
+
+    #[test]
+    fn mean_of_one_is_identity_and_power_of_two_scale_is_exact() {
+        let a = [3.0f32, -0.0, f32::MIN_POSITIVE / 8.0];
+        assert_eq!(bits(&host_mean(&[&a]).unwrap()), bits(&a));
+        let m = host_mean(&[&a, &a]).unwrap();
+        assert_eq!(bits(&m), bits(&a));
+        assert_eq!(mean_factor(3), 1.0 / 3.0);
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+}

@@ -1,0 +1,367 @@
+//! The [`Reducer`] seam and its implementation over any transport.
+
+use mamba_comm::Transport;
+
+use crate::contract::ReduceContract;
+use crate::exec::execute;
+use crate::fold::{host_fold, mean_factor, FoldOps};
+use crate::identity::{all_gather, encode, verdict, Record, RunIdentity, VALUES};
+use crate::plan::RankPlan;
+use crate::{ReduceError, Result};
+
+/// The reduction a data-parallel trainer needs, and the seam where a
+/// research reducer replaces this crate's.
+///
+/// The trainer calls only this trait: it hands over each step's gradient
+/// arenas and gets the mean back in place, asks collective yes/no
+/// questions, and sums small host values. An implementation decides how the
+/// bytes move and in which order the addends meet; it must say which
+/// [`ReduceContract`] rows it keeps (a research reducer that keeps none
+/// should report [`ReduceContract::NcclSum`], the weaker promise). Every
+/// method is collective: all ranks call it, in the same order, with the
+/// same shapes.
+///
+/// Implementations here: [`TransportReducer`] over any
+/// [`Transport`] — [`HostReducer`](crate::HostReducer) (host memory, CPU
+/// worlds) and, with device memory, `NcclReducer` — each with both
+/// contracts.
+pub trait Reducer {
+    /// Where the gradient arenas live (host `Vec<f32>`, device memory).
+    type Buffer;
+
+    /// The contract this reducer keeps.
+    fn contract(&self) -> ReduceContract;
+
+    /// `L`, the number of logical ranks whose gradients are averaged.
+    fn logical_world(&self) -> usize;
+
+    /// `P`, the number of processes.
+    fn world(&self) -> usize;
+
+    /// This process's rank in `0..P`.
+    fn rank(&self) -> usize;
+
+    /// Average the `L` logical gradient arenas of the world.
+    ///
+    /// `local` holds this process's `L/P` logical arenas in ascending
+    /// logical order (logical ranks `rank * L/P ..`). Afterwards `local[0]`
+    /// holds the mean over all `L` on every rank; the other arenas are
+    /// unchanged. The first call runs the agreement check if
+    /// [`Reducer::check_agreement`] was not called (with fingerprint 0).
+    fn reduce_mean(&mut self, local: &mut [Self::Buffer]) -> Result<()>;
+
+    /// Whether `flag` is true on any rank (exact: an integer max).
+    fn any(&mut self, flag: bool) -> Result<bool>;
+
+    /// Sum `v` over the `P` processes, in place, deterministically: every
+    /// rank's values are gathered and folded in ascending rank order, so the
+    /// bits depend only on the `P` inputs. For a sum that is also the same
+    /// for every `P` at fixed `L`, use [`Reducer::all_reduce_host_logical`].
+    fn all_reduce_host(&mut self, v: &mut [f32]) -> Result<()>;
+
+    /// Every process's `v` (same length everywhere), concatenated in rank
+    /// order.
+    fn all_gather_host(&mut self, v: &[f32]) -> Result<Vec<f32>>;
+
+    /// Check, before the first reduction, that every rank presents the same
+    /// identity (arena length, contract, logical world, fingerprint). A
+    /// mismatch is a [`ReduceError::Disagreement`] on every rank, naming
+    /// the ranks and values.
+    fn check_agreement(&mut self, id: &RunIdentity) -> Result<()>;
+
+    /// Sum small host values over the `L` logical ranks in ascending logical
+    /// order: `per_logical` holds this process's `L/P` rows (one per local
+    /// logical rank, ascending, all the same length). The result is the
+    /// same on every rank and for every `P` at fixed `L` (e.g. a loss that
+    /// is logged identically on 1 or 8 GPUs).
+    fn all_reduce_host_logical(&mut self, per_logical: &[&[f32]]) -> Result<Vec<f32>> {
+        let blocks = self.logical_world() / self.world().max(1);
+        if per_logical.len() != blocks {
+            return Err(ReduceError::config(format!(
+                "all_reduce_host_logical got {} rows on rank {}, expected {blocks} (L / P)",
+                per_logical.len(),
+                self.rank()
+            )));
+        }
+        let n = per_logical.first().map_or(0, |r| r.len());
+        if let Some(r) = per_logical.iter().find(|r| r.len() != n) {
+            return Err(ReduceError::config(format!(
+                "all_reduce_host_logical rows differ in length ({} and {n})",
+                r.len()
+            )));
+        }
+        let flat: Vec<f32> = per_logical.iter().flat_map(|r| r.iter().copied()).collect();
+        let all = self.all_gather_host(&flat)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<&[f32]> = all.chunks(n).collect();
+        let mut out = vec![0.0; n];
+        host_fold(&rows, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// Settings of a [`TransportReducer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReducerOptions {
+    /// The contract (default [`ReduceContract::FixedOrder`]).
+    pub contract: ReduceContract,
+    /// `L`; must be a multiple of the number of processes.
+    pub logical_world: usize,
+    /// Fixed-order chunk size in elements (`None`: one chunk for `P = L`,
+    /// [`RankPlan::default_chunk`] for the pipeline). Changes speed and
+    /// scratch memory, never bits.
+    pub chunk_elems: Option<usize>,
+}
+
+impl ReducerOptions {
+    /// Options for `contract` over `logical_world` logical ranks.
+    pub fn new(contract: ReduceContract, logical_world: usize) -> Self {
+        ReducerOptions {
+            contract,
+            logical_world,
+            chunk_elems: None,
+        }
+    }
+}
+
+/// A [`Reducer`] over any [`Transport`], with the fold arithmetic supplied
+/// by a [`FoldOps`] for the transport's memory.
+///
+/// Owns the transport (get it back with [`TransportReducer::into_parts`]),
+/// a scratch buffer sized for the last arena length (kept between calls;
+/// see the crate docs for its size), a small buffer for host exchanges, and
+/// the plan for the last arena length.
+pub struct TransportReducer<T: Transport, F> {
+    transport: T,
+    fold: F,
+    opts: ReducerOptions,
+    agreed: Option<RunIdentity>,
+    plan: Option<RankPlan>,
+    scratch: Option<T::Buffer>,
+    small: Option<T::Buffer>,
+}
+
+impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
+    /// A reducer over `transport` using `fold` for its arithmetic. Nothing
+    /// is exchanged yet; `L % P` is checked with every rank at the first
+    /// agreement check, so a misconfigured rank cannot fail alone.
+    pub fn with_fold(transport: T, fold: F, opts: ReducerOptions) -> Self {
+        TransportReducer {
+            transport,
+            fold,
+            opts,
+            agreed: None,
+            plan: None,
+            scratch: None,
+            small: None,
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &ReducerOptions {
+        &self.opts
+    }
+
+    /// The transport (for the trainer's own collectives; keep the order of
+    /// collective calls identical on every rank).
+    pub fn transport_mut(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
+    /// The fold arithmetic.
+    pub fn fold(&self) -> &F {
+        &self.fold
+    }
+
+    /// The identity every rank agreed on, once checked.
+    pub fn agreed(&self) -> Option<&RunIdentity> {
+        self.agreed.as_ref()
+    }
+
+    /// The transport and the fold back; scratch buffers are dropped.
+    pub fn into_parts(self) -> (T, F) {
+        (self.transport, self.fold)
+    }
+
+    /// The fixed-order plan this rank runs for `len`-element arenas.
+    pub fn plan_for(&self, len: usize) -> Result<RankPlan> {
+        RankPlan::new(
+            self.transport.rank(),
+            self.transport.world(),
+            self.opts.logical_world,
+            len,
+            self.opts.chunk_elems,
+        )
+    }
+
+    fn exchange(&mut self, id: &RunIdentity, local_problem: Option<String>) -> Result<()> {
+        let rec = Record {
+            rank: self.transport.rank() as u64,
+            world: self.transport.world() as u64,
+            id: *id,
+            local_problem: local_problem.is_some(),
+        };
+        let values = encode(&rec);
+        debug_assert_eq!(values.len(), VALUES);
+        let gathered = all_gather(&mut self.transport, &mut self.small, &values)?;
+        // A local problem outranks the shared verdict on the rank that has
+        // it: its own error names what is wrong; the others name this rank.
+        if let Some(p) = local_problem {
+            return Err(ReduceError::config(p));
+        }
+        let agreed = verdict(&gathered, self.transport.world())?;
+        self.agreed = Some(agreed);
+        Ok(())
+    }
+
+    fn run_fixed_order(&mut self, local: &mut [T::Buffer], len: usize) -> Result<()> {
+        if self.plan.as_ref().is_none_or(|p| p.len() != len) {
+            self.plan = Some(self.plan_for(len)?);
+        }
+        let Some(plan) = self.plan.as_ref() else {
+            return Err(ReduceError::invariant("plan missing after construction"));
+        };
+        let need = plan.scratch_len().max(1);
+        let scratch = match self.scratch.take() {
+            Some(b) if T::buffer_len(&b) >= need => b,
+            _ => self.transport.alloc(need)?,
+        };
+        let scratch = self.scratch.insert(scratch);
+        execute(plan, &mut self.transport, &mut self.fold, local, scratch)
+    }
+
+    fn run_library_sum(&mut self, local: &mut [T::Buffer], len: usize) -> Result<()> {
+        let Some((first, rest)) = local.split_first_mut() else {
+            return Err(ReduceError::config("reduce_mean got no local arenas"));
+        };
+        // Fold this process's block first (ascending), so the library sums
+        // P block sums: the association then depends on P (see the docs).
+        for g in rest.iter() {
+            self.fold.accumulate(first, 0, g, 0, 1, len, len)?;
+        }
+        if self.transport.world() > 1 && len > 0 {
+            self.transport.all_reduce_sum_f32(first, 0..len)?;
+        }
+        if self.opts.logical_world > 1 && len > 0 {
+            self.fold
+                .scale(first, 0, len, mean_factor(self.opts.logical_world))?;
+        }
+        self.fold.finish()
+    }
+}
+
+impl<T: Transport, F: FoldOps<T::Buffer>> Reducer for TransportReducer<T, F> {
+    type Buffer = T::Buffer;
+
+    fn contract(&self) -> ReduceContract {
+        self.opts.contract
+    }
+
+    fn logical_world(&self) -> usize {
+        self.opts.logical_world
+    }
+
+    fn world(&self) -> usize {
+        self.transport.world()
+    }
+
+    fn rank(&self) -> usize {
+        self.transport.rank()
+    }
+
+    fn reduce_mean(&mut self, local: &mut [T::Buffer]) -> Result<()> {
+        let len = local.first().map_or(0, |b| T::buffer_len(b));
+        let (world, logical) = (self.transport.world(), self.opts.logical_world);
+        let blocks = if world > 0 && logical % world == 0 {
+            logical / world
+        } else {
+            0
+        };
+        // With L % P != 0 every rank fails the agreement check identically;
+        // only a rank-local mistake is reported as a local problem.
+        let local_problem = if blocks > 0 && local.len() != blocks {
+            Some(format!(
+                "rank {} passed {} local arenas to reduce_mean; with logical world {logical} over \
+                 {world} processes each process passes {blocks} (its contiguous block of logical \
+                 ranks, ascending)",
+                self.transport.rank(),
+                local.len()
+            ))
+        } else if blocks == 0 {
+            None
+        } else {
+            local
+                .iter()
+                .enumerate()
+                .find(|(_, b)| T::buffer_len(b) != len)
+                .map(|(j, b)| {
+                    format!(
+                        "local arena {j} of rank {} has {} elements, expected {len} like local arena 0",
+                        self.transport.rank(),
+                        T::buffer_len(b)
+                    )
+                })
+        };
+        if self.agreed.is_none() {
+            let id = RunIdentity::new(len, self.opts.contract, logical, 0);
+            self.exchange(&id, local_problem)?;
+        } else if let Some(p) = local_problem {
+            return Err(ReduceError::config(p));
+        }
+        if let Some(agreed) = self.agreed {
+            if agreed.arena_len != len as u64 {
+                return Err(ReduceError::config(format!(
+                    "reduce_mean got arenas of {len} elements on rank {}, but every rank agreed \
+                     on {} at the agreement check",
+                    self.transport.rank(),
+                    agreed.arena_len
+                )));
+            }
+        }
+        match self.opts.contract {
+            ReduceContract::FixedOrder => self.run_fixed_order(local, len),
+            ReduceContract::NcclSum => self.run_library_sum(local, len),
+        }
+    }
+
+    fn any(&mut self, flag: bool) -> Result<bool> {
+        let mut v = [i32::from(flag)];
+        if self.transport.world() > 1 {
+            self.transport.all_reduce_max_i32(&mut v)?;
+        }
+        Ok(v[0] != 0)
+    }
+
+    fn all_reduce_host(&mut self, v: &mut [f32]) -> Result<()> {
+        let n = v.len();
+        let world = self.transport.world();
+        if world == 1 || n == 0 {
+            return Ok(());
+        }
+        let all = all_gather(&mut self.transport, &mut self.small, v)?;
+        let rows: Vec<&[f32]> = all.chunks(n).collect();
+        host_fold(&rows, v)
+    }
+
+    fn all_gather_host(&mut self, v: &[f32]) -> Result<Vec<f32>> {
+        all_gather(&mut self.transport, &mut self.small, v)
+    }
+
+    fn check_agreement(&mut self, id: &RunIdentity) -> Result<()> {
+        let mut problem = None;
+        if id.contract != self.opts.contract || id.logical_world != self.opts.logical_world as u64 {
+            problem = Some(format!(
+                "rank {} was asked to agree on contract {} and logical world {}, but its reducer \
+                 was built for contract {} and logical world {}",
+                self.transport.rank(),
+                id.contract,
+                id.logical_world,
+                self.opts.contract,
+                self.opts.logical_world
+            ));
+        }
+        self.exchange(id, problem)
+    }
+}

@@ -1,0 +1,107 @@
+//! Single-GPU loopback harness: the device fold, scale and copy against the
+//! host fold bit for bit, and whole emulated worlds (every rank on one
+//! device, messages as device copies) against the host oracle. Skips
+//! without a GPU unless MAMBA_REQUIRE_GPU=1.
+
+mod common;
+
+use common::{arenas, assert_bits_eq, divisors, gpu_stream, Rng};
+use mamba_reduce::{
+    host_accumulate, host_fold, host_mean, host_scale, mean_factor, Delivery, EmulateOptions,
+    EmulatedWorld, EmulatorMemory, FoldOps, KernelFold,
+};
+
+#[test]
+fn kernel_fold_equals_host_fold_bit_for_bit() {
+    let Some(stream) = gpu_stream() else { return };
+    let mut fold = KernelFold::load(&stream).expect("load fold and scale kernels");
+    let mut rng = Rng(2024);
+    for n_slots in 1..=16usize {
+        for len in [1usize, 3, 4, 5, 257, 4099, 65_537] {
+            for (slots_off, out_off, pad) in
+                [(0usize, 0usize, 0usize), (1, 3, 0), (0, 0, 5), (4, 8, 3)]
+            {
+                let stride = len + pad;
+                let total = slots_off + (n_slots - 1) * stride + len;
+                let slots_h: Vec<f32> = (0..total).map(|_| rng.wide()).collect();
+                let out0: Vec<f32> = (0..out_off + len).map(|_| rng.wide()).collect();
+                let rows: Vec<&[f32]> = (0..n_slots)
+                    .map(|k| &slots_h[slots_off + k * stride..][..len])
+                    .collect();
+                let what = format!(
+                    "{n_slots} slots x {len}, offsets {slots_off}/{out_off}, stride {stride}"
+                );
+
+                let slots_d = fold.load(&slots_h).unwrap();
+                let mut out_d = fold.load(&out0).unwrap();
+                fold.sum_slots(
+                    &slots_d, slots_off, n_slots, stride, len, &mut out_d, out_off,
+                )
+                .unwrap();
+                let got = fold.store(&out_d).unwrap();
+                let mut want = out0.clone();
+                host_fold(&rows, &mut want[out_off..]).unwrap();
+                assert_bits_eq(&got, &want, &format!("sum_slots {what}"));
+
+                let mut acc_d = fold.load(&out0).unwrap();
+                fold.accumulate(
+                    &mut acc_d, out_off, &slots_d, slots_off, n_slots, stride, len,
+                )
+                .unwrap();
+                let got = fold.store(&acc_d).unwrap();
+                let mut want = out0.clone();
+                host_accumulate(&mut want[out_off..], &rows).unwrap();
+                assert_bits_eq(&got, &want, &format!("accumulate {what}"));
+
+                let logical = n_slots;
+                let mut sc_d = fold.load(&out0).unwrap();
+                fold.scale(&mut sc_d, out_off, len, mean_factor(logical))
+                    .unwrap();
+                let got = fold.store(&sc_d).unwrap();
+                let mut want = out0.clone();
+                host_scale(&mut want[out_off..], mean_factor(logical));
+                assert_bits_eq(&got, &want, &format!("scale by 1/{logical}, {what}"));
+
+                let mut cp_d = fold.load(&out0).unwrap();
+                fold.copy(&slots_d, slots_off, &mut cp_d, out_off, len)
+                    .unwrap();
+                let got = fold.store(&cp_d).unwrap();
+                let mut want = out0.clone();
+                want[out_off..].copy_from_slice(rows[0]);
+                assert_bits_eq(&got, &want, &format!("copy {what}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn loopback_worlds_on_one_gpu_equal_the_host_oracle() {
+    let Some(stream) = gpu_stream() else { return };
+    let mut fold = KernelFold::load(&stream).expect("load fold and scale kernels");
+    for logical in 1..=16usize {
+        for len in [1usize, 7, 1009, 100_003] {
+            let a = arenas(logical as u64 * 7919 + len as u64, logical, len);
+            let want = host_mean(&a.iter().map(|v| v.as_slice()).collect::<Vec<_>>()).unwrap();
+            let world = EmulatedWorld::new(a).unwrap();
+            for p in divisors(logical) {
+                for (chunk, delivery) in [
+                    (None, Delivery::InOrder),
+                    (Some(997), Delivery::Shuffled(p as u64)),
+                ] {
+                    let opts = EmulateOptions {
+                        chunk_elems: chunk,
+                        delivery,
+                    };
+                    let per_rank = world.reduce_mean_per_rank_on(p, &opts, &mut fold).unwrap();
+                    for (r, got) in per_rank.iter().enumerate() {
+                        assert_bits_eq(
+                            got,
+                            &want,
+                            &format!("device L={logical} P={p} len={len} {opts:?} rank {r}"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
