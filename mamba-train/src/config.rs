@@ -1,4 +1,4 @@
-//! Model shape. Field names follow the Mamba reference; [`ModelConfig::hf_json`]
+//! Model shape. Field names follow the Mamba reference; `checkpoint::hf_config::hf_config_json`
 //! writes the Hugging Face `MambaConfig` spelling.
 
 use serde::{Deserialize, Serialize};

@@ -34,4 +34,17 @@ pub enum TrainError {
     /// The communicator failed.
     #[error(transparent)]
     Comm(#[from] mamba_comm::CommError),
+    /// A CUDA kernel could not be loaded or launched (including "this build
+    /// has no kernels", whose message says how to get them).
+    #[error(transparent)]
+    Kernel(#[from] kernels::KernelError),
+    /// A CUDA driver or cuBLAS call failed, or a library is missing; `what`
+    /// names the step, `detail` the cause and what to check.
+    #[error("CUDA error while {what}: {detail}")]
+    Cuda {
+        /// The step that failed.
+        what: String,
+        /// The library's error, and what to do about it.
+        detail: String,
+    },
 }

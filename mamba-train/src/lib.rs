@@ -2,11 +2,18 @@
 //! synthetic and byte-level data, checkpoints, and the deterministic
 //! data-parallel trainer.
 
+pub mod checkpoint;
+pub mod cli;
 pub mod config;
+pub mod data;
 pub mod error;
+pub mod metrics;
 pub mod model;
+pub mod optim;
 pub mod params;
+pub mod plot;
 pub mod seed;
+pub mod train;
 
 pub use config::ModelConfig;
 pub use error::{Result, TrainError};

@@ -1,0 +1,198 @@
+//! Command-line arguments (clap).
+//!
+//! Settings that define the run are `Option`s without clap defaults: on a
+//! fresh run an omitted flag takes the default in [`super::defaults`] (the
+//! help text quotes them; a test keeps the two in sync); on `--resume` it
+//! takes the checkpoint's value, and a flag that *is* given must agree with
+//! the checkpoint (the error names the setting).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::data::TaskKind;
+
+/// `mamba-train`: deterministic Mamba training.
+#[derive(Debug, Parser)]
+#[command(
+    name = "mamba-train",
+    version,
+    about = "Deterministic training of Mamba-1 language models"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a model (CPU by default); prints `weights-digest: <hex>` last.
+    Train(TrainArgs),
+}
+
+/// `--task` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CliTask {
+    /// Selective copying (Mamba paper 4.1.1).
+    SelectiveCopy,
+    /// Induction heads (Mamba paper 4.1.2).
+    Induction,
+    /// Byte-level language modelling on `--data PATH`.
+    Text,
+}
+
+impl From<CliTask> for TaskKind {
+    fn from(t: CliTask) -> TaskKind {
+        match t {
+            CliTask::SelectiveCopy => TaskKind::SelectiveCopy,
+            CliTask::Induction => TaskKind::Induction,
+            CliTask::Text => TaskKind::Text,
+        }
+    }
+}
+
+/// `--device` values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Device {
+    /// The CPU reference model (all cores, same bits for any thread count).
+    #[default]
+    Cpu,
+    /// NVIDIA GPUs (needs the CUDA model).
+    Cuda,
+}
+
+/// `mamba-train train` flags. Run-defining settings without a flag take the
+/// default quoted in their help on a fresh run, the checkpoint's on --resume.
+#[derive(Clone, Debug, Default, Args)]
+pub struct TrainArgs {
+    /// Task to train on [default: selective-copy].
+    #[arg(long, value_enum)]
+    pub task: Option<CliTask>,
+    /// Text file for `--task text` (byte-level, vocabulary 256).
+    #[arg(long, value_name = "PATH")]
+    pub data: Option<PathBuf>,
+    /// Total optimizer steps of the run, the schedule's length [default: 2000].
+    #[arg(long, value_name = "N")]
+    pub steps: Option<u64>,
+    /// Residual width [default: 64].
+    #[arg(long, value_name = "N")]
+    pub d_model: Option<usize>,
+    /// Number of Mamba blocks [default: 2].
+    #[arg(long, value_name = "N")]
+    pub layers: Option<usize>,
+    /// Sequences per (logical) micro-batch [default: 16].
+    #[arg(long, value_name = "N")]
+    pub batch: Option<usize>,
+    /// Tokens per sequence [default: 48; text: 128].
+    #[arg(long, value_name = "N")]
+    pub seq_len: Option<usize>,
+    /// Selective copy: data tokens to remember per sequence [default: 8].
+    #[arg(long, value_name = "N")]
+    pub memorize: Option<usize>,
+    /// Synthetic tasks: number of distinct data tokens [default: 8].
+    #[arg(long, value_name = "N")]
+    pub alphabet: Option<usize>,
+    /// Peak learning rate [default: 0.01].
+    #[arg(long, value_name = "LR")]
+    pub lr: Option<f32>,
+    /// Linear warmup steps [default: 50, at most a tenth of --steps].
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<u64>,
+    /// Final learning rate as a fraction of the peak, the cosine floor [default: 0.1].
+    #[arg(long, value_name = "F")]
+    pub min_lr_frac: Option<f32>,
+    /// AdamW decoupled weight decay of matrices and the embedding [default: 0.1].
+    #[arg(long, value_name = "F")]
+    pub weight_decay: Option<f32>,
+    /// Global gradient-norm clipping threshold, 0 disables [default: 1.0].
+    #[arg(long, value_name = "F")]
+    pub clip: Option<f32>,
+    /// Master seed: weights and data derive from it [default: 0].
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// Run directory: metrics.jsonl, loss.svg, checkpoints/.
+    #[arg(long, value_name = "DIR", default_value = "runs/latest")]
+    pub out: PathBuf,
+    /// Continue from a checkpoint: a run directory or a checkpoint directory.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Also checkpoint every N steps (0: only at the end).
+    #[arg(long, value_name = "N", default_value_t = super::defaults::CHECKPOINT_EVERY)]
+    pub checkpoint_every: u64,
+    /// Checkpoints kept in the run directory (the newest ones).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub keep_checkpoints: usize,
+    /// Stop (with a checkpoint) once this many steps are done, as if
+    /// interrupted; continue later with --resume.
+    #[arg(long, value_name = "STEP")]
+    pub stop_at: Option<u64>,
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    /// Worker threads (default: all cores). The bits do not depend on it.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Without a terminal, print a progress line every N steps (default:
+    /// about 20 lines per run).
+    #[arg(long, value_name = "N")]
+    pub log_every: Option<u64>,
+    /// Held-out batches for the final evaluation.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub eval_batches: usize,
+    // Issue 6 adds `--world P`, `--logical-world L` and `--contract` here;
+    // they map onto `RunConfig::{logical_world, contract}` (already recorded
+    // in checkpoints) and the process layout.
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::defaults as d;
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn help_quotes_the_real_defaults() {
+        let mut cmd = Cli::command();
+        let train = cmd.find_subcommand_mut("train").unwrap();
+        let help = |id: &str| -> String {
+            let arg = train.get_arguments().find(|a| a.get_id() == id).unwrap();
+            arg.get_help().unwrap().to_string()
+        };
+        let want = [
+            ("steps", d::STEPS.to_string()),
+            ("d_model", d::D_MODEL.to_string()),
+            ("layers", d::LAYERS.to_string()),
+            ("batch", d::BATCH.to_string()),
+            (
+                "seq_len",
+                format!("{}; text: {}", d::SEQ_LEN, d::TEXT_SEQ_LEN),
+            ),
+            ("memorize", d::MEMORIZE.to_string()),
+            ("alphabet", d::ALPHABET.to_string()),
+            ("lr", d::LR.to_string()),
+            ("warmup", d::WARMUP.to_string()),
+            ("min_lr_frac", d::MIN_LR_FRAC.to_string()),
+            (
+                "weight_decay",
+                crate::optim::AdamWConfig::default()
+                    .weight_decay
+                    .to_string(),
+            ),
+            (
+                "clip",
+                format!("{:.1}", crate::optim::AdamWConfig::default().clip_norm),
+            ),
+            ("seed", d::SEED.to_string()),
+        ];
+        for (id, value) in want {
+            let h = help(id);
+            assert!(
+                h.contains(&format!("[default: {value}")),
+                "--{id} help {h:?} does not quote {value}"
+            );
+        }
+        assert!(help("task").contains(d::TASK.name()));
+    }
+}

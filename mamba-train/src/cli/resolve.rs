@@ -1,0 +1,243 @@
+//! From flags (and, on resume, the checkpoint's recorded run) to a
+//! [`RunConfig`].
+//!
+//! Precedence per setting: an explicit flag, else the checkpoint's value
+//! (on `--resume`), else the default. The caller then compares the result
+//! with the checkpoint, so an explicit flag that disagrees is an error that
+//! names the setting rather than a silently different run.
+
+use std::sync::Arc;
+
+use super::args::TrainArgs;
+use super::defaults as d;
+use crate::config::ModelConfig;
+use crate::data::{InductionConfig, SelectiveCopyConfig, TaskKind, TaskSpec, TextConfig};
+use crate::error::{Result, TrainError};
+use crate::optim::{AdamWConfig, Schedule};
+use crate::train::{RunConfig, DEFAULT_CONTRACT};
+
+/// A resolved run, plus the corpus when a text file was read to build it.
+pub struct Resolved {
+    /// The run.
+    pub run: RunConfig,
+    /// The text corpus, when `--data` was read here.
+    pub corpus: Option<Arc<Vec<u8>>>,
+}
+
+fn pick<T>(flag: Option<T>, recorded: Option<T>, default: T) -> T {
+    flag.or(recorded).unwrap_or(default)
+}
+
+/// Resolve the run of `args`, given the recorded run of a checkpoint when
+/// resuming.
+pub fn resolve_run(args: &TrainArgs, recorded: Option<&RunConfig>) -> Result<Resolved> {
+    let kind: TaskKind = pick(
+        args.task.map(Into::into),
+        recorded.map(|r| r.task.kind()),
+        d::TASK,
+    );
+    // The recorded task, only when it is the same kind (otherwise its shape
+    // does not apply; the kind mismatch is reported by the comparison).
+    let same = recorded.map(|r| &r.task).filter(|t| t.kind() == kind);
+    if kind != TaskKind::Text && args.data.is_some() {
+        return Err(TrainError::Config(format!(
+            "--data is only used by --task text (the {kind} task generates its own data)"
+        )));
+    }
+    let mut corpus = None;
+    let task = match kind {
+        TaskKind::SelectiveCopy => {
+            let rec = match same {
+                Some(TaskSpec::SelectiveCopy(c)) => Some(c),
+                _ => None,
+            };
+            TaskSpec::SelectiveCopy(SelectiveCopyConfig {
+                seq_len: pick(args.seq_len, rec.map(|c| c.seq_len), d::SEQ_LEN),
+                n_memorize: pick(args.memorize, rec.map(|c| c.n_memorize), d::MEMORIZE),
+                alphabet: pick(args.alphabet, rec.map(|c| c.alphabet), d::ALPHABET),
+            })
+        }
+        TaskKind::Induction => {
+            if args.memorize.is_some() {
+                return Err(TrainError::Config(
+                    "--memorize is only used by --task selective-copy".into(),
+                ));
+            }
+            let rec = match same {
+                Some(TaskSpec::Induction(c)) => Some(c),
+                _ => None,
+            };
+            TaskSpec::Induction(InductionConfig {
+                seq_len: pick(args.seq_len, rec.map(|c| c.seq_len), d::SEQ_LEN),
+                alphabet: pick(args.alphabet, rec.map(|c| c.alphabet), d::ALPHABET),
+            })
+        }
+        TaskKind::Text => {
+            if args.memorize.is_some() || args.alphabet.is_some() {
+                return Err(TrainError::Config(
+                    "--memorize and --alphabet are for the synthetic tasks; text has 256 byte values".into(),
+                ));
+            }
+            let rec = match same {
+                Some(TaskSpec::Text(c)) => Some(c),
+                _ => None,
+            };
+            let seq_len = pick(args.seq_len, rec.map(|c| c.seq_len), d::TEXT_SEQ_LEN);
+            match (&args.data, rec) {
+                (Some(path), _) => {
+                    let (cfg, bytes) = TextConfig::from_file(path, seq_len)?;
+                    corpus = Some(bytes);
+                    TaskSpec::Text(cfg)
+                }
+                (None, Some(c)) => TaskSpec::Text(TextConfig {
+                    seq_len,
+                    ..c.clone()
+                }),
+                (None, None) => {
+                    return Err(TrainError::Config(
+                        "--task text needs --data PATH (the file to train on)".into(),
+                    ))
+                }
+            }
+        }
+    };
+
+    let rm = recorded.map(|r| &r.model);
+    let d_model = pick(args.d_model, rm.map(|m| m.d_model), d::D_MODEL);
+    let layers = pick(args.layers, rm.map(|m| m.n_layer), d::LAYERS);
+    let model = match rm {
+        // Keep the recorded shape's other fields when the flags agree, so a
+        // checkpoint with non-default d_state etc. resumes.
+        Some(m)
+            if m.d_model == d_model && m.n_layer == layers && m.vocab_size == task.vocab_size() =>
+        {
+            m.clone()
+        }
+        _ => ModelConfig::new(task.vocab_size(), d_model, layers),
+    };
+
+    let steps = pick(
+        args.steps,
+        recorded.map(|r| r.schedule.total_steps),
+        d::STEPS,
+    );
+    let rs = recorded.map(|r| &r.schedule);
+    let schedule = Schedule {
+        peak_lr: pick(args.lr, rs.map(|s| s.peak_lr), d::LR),
+        warmup_steps: pick(
+            args.warmup,
+            rs.map(|s| s.warmup_steps),
+            d::WARMUP.min(steps / 10),
+        ),
+        total_steps: steps,
+        min_lr_frac: pick(args.min_lr_frac, rs.map(|s| s.min_lr_frac), d::MIN_LR_FRAC),
+    };
+    let ro = recorded.map(|r| r.optimizer).unwrap_or_default();
+    let optimizer = AdamWConfig {
+        weight_decay: args.weight_decay.unwrap_or(ro.weight_decay),
+        clip_norm: args.clip.unwrap_or(ro.clip_norm),
+        ..ro
+    };
+    let run = RunConfig {
+        seed: pick(args.seed, recorded.map(|r| r.seed), d::SEED),
+        model,
+        task,
+        batch: pick(args.batch, recorded.map(|r| r.batch), d::BATCH),
+        logical_world: recorded.map_or(1, |r| r.logical_world),
+        contract: recorded.map_or_else(|| DEFAULT_CONTRACT.to_string(), |r| r.contract.clone()),
+        optimizer,
+        schedule,
+    };
+    run.validate()?;
+    Ok(Resolved { run, corpus })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::args::CliTask;
+
+    #[test]
+    fn defaults_then_flags() {
+        let r = resolve_run(&TrainArgs::default(), None).unwrap().run;
+        assert_eq!(r.task.kind(), TaskKind::SelectiveCopy);
+        assert_eq!(r.model.d_model, d::D_MODEL);
+        assert_eq!(r.model.vocab_size, d::ALPHABET + 2);
+        assert_eq!(r.schedule.total_steps, d::STEPS);
+        let args = TrainArgs {
+            task: Some(CliTask::Induction),
+            d_model: Some(24),
+            steps: Some(10),
+            ..TrainArgs::default()
+        };
+        let r = resolve_run(&args, None).unwrap().run;
+        assert_eq!(r.model.d_model, 24);
+        assert_eq!(r.model.dt_rank, 2);
+        assert_eq!(
+            r.schedule.warmup_steps, 1,
+            "warmup capped at a tenth of the run"
+        );
+        assert_eq!(r.model.vocab_size, d::ALPHABET + 1);
+    }
+
+    #[test]
+    fn resume_takes_the_recorded_run_and_flags_override_it() {
+        let args = TrainArgs {
+            d_model: Some(24),
+            seed: Some(9),
+            lr: Some(1e-2),
+            ..TrainArgs::default()
+        };
+        let rec = resolve_run(&args, None).unwrap().run;
+        let back = resolve_run(&TrainArgs::default(), Some(&rec)).unwrap().run;
+        assert_eq!(back, rec, "no flags: the recorded run");
+        let other = resolve_run(
+            &TrainArgs {
+                batch: Some(3),
+                ..TrainArgs::default()
+            },
+            Some(&rec),
+        )
+        .unwrap()
+        .run;
+        let e = other.mismatches(&rec).unwrap_err();
+        assert!(e.contains("batch: checkpoint 16, requested 3"), "{e}");
+    }
+
+    #[test]
+    fn bad_combinations_are_named() {
+        let e = resolve_run(
+            &TrainArgs {
+                task: Some(CliTask::Text),
+                ..TrainArgs::default()
+            },
+            None,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("--data"), "{e}");
+        let e = resolve_run(
+            &TrainArgs {
+                data: Some("x".into()),
+                ..TrainArgs::default()
+            },
+            None,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("only used by --task text"), "{e}");
+        let e = resolve_run(
+            &TrainArgs {
+                batch: Some(0),
+                ..TrainArgs::default()
+            },
+            None,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("batch must be at least 1"), "{e}");
+    }
+}

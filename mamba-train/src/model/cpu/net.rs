@@ -1,0 +1,488 @@
+//! The whole network, forward and backward, generic over [`Float`].
+//!
+//! Shapes (`T = batch * seq_len` tokens, row-major, token-major):
+//! residual `x` `[T, d_model]`; `xz = in_proj(norm(x))` `[T, 2*d_inner]`
+//! (x half then z half); `xc` (conv output), `u = silu(xc)`, `dtr`
+//! (pre-softplus), `dt`, `y` (scan output with the D skip), `g = y * silu(z)`
+//! all `[T, d_inner]`; `dbc = x_proj(u)` `[T, dt_rank + 2*d_state]` holding
+//! dt_raw, B, C in that order. The forward keeps every one of these per
+//! layer (in a [`Workspace`]) for the backward; the scan states are
+//! recomputed there.
+
+use rayon::prelude::*;
+
+use super::float::Float;
+use super::gemm::{gemm, Accum, MatRef};
+use super::ops::{self, ConvDims, TOK_CHUNK};
+use super::scan::{self, ScanDims, ScanGrads};
+use crate::config::{ModelConfig, RMS_EPS};
+use crate::params::ParamLayout;
+
+/// Sizes of one call.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    l: usize,
+    t: usize,
+    d: usize,
+    e: usize,
+    n: usize,
+    r: usize,
+    k: usize,
+    v: usize,
+    ld_bc: usize,
+}
+
+impl Dims {
+    fn new(cfg: &ModelConfig, nseq: usize, l: usize) -> Self {
+        let (r, n) = (cfg.dt_rank, cfg.d_state);
+        Dims {
+            l,
+            t: nseq * l,
+            d: cfg.d_model,
+            e: cfg.d_inner(),
+            n,
+            r,
+            k: cfg.d_conv,
+            v: cfg.vocab_size,
+            ld_bc: r + 2 * n,
+        }
+    }
+    fn scan(&self) -> ScanDims {
+        ScanDims {
+            l: self.l,
+            e: self.e,
+            n: self.n,
+            ld_bc: self.ld_bc,
+            b_off: self.r,
+            c_off: self.r + self.n,
+        }
+    }
+    fn conv(&self) -> ConvDims {
+        ConvDims {
+            l: self.l,
+            e: self.e,
+            k: self.k,
+            ld_in: 2 * self.e,
+        }
+    }
+}
+
+/// What one block's backward needs from its forward (its input is the
+/// workspace's residual stream `xs[i]`).
+#[derive(Default)]
+struct LayerActs<F> {
+    rstd: Vec<F>,
+    xn: Vec<F>,
+    xz: Vec<F>,
+    xc: Vec<F>,
+    u: Vec<F>,
+    dbc: Vec<F>,
+    dtr: Vec<F>,
+    dt: Vec<F>,
+    y: Vec<F>,
+    g: Vec<F>,
+}
+
+/// Every buffer of a forward and backward pass, kept between calls so a
+/// training step does not allocate (and page-fault) its activations anew.
+/// Each buffer is resized to the call's shapes and fully overwritten before
+/// it is read, so stale contents never leak into a result.
+#[derive(Default)]
+pub(crate) struct Workspace<F> {
+    layers: Vec<LayerActs<F>>,
+    /// Residual streams: `xs[0]` = embeddings, `xs[i+1]` = output of block i.
+    xs: Vec<Vec<F>>,
+    rstd_f: Vec<F>,
+    xf: Vec<F>,
+    /// `[T, vocab]` after [`forward`].
+    pub(crate) logits: Vec<F>,
+    // Backward scratch.
+    dlogits: Vec<F>,
+    dxf: Vec<F>,
+    dx: Vec<F>,
+    dg: Vec<F>,
+    dy: Vec<F>,
+    dxz: Vec<F>,
+    du: Vec<F>,
+    ddt: Vec<F>,
+    ddbc: Vec<F>,
+    dxn: Vec<F>,
+    da_log: Vec<F>,
+    dd: Vec<F>,
+    // Small per-layer scratch.
+    panels: Vec<F>,
+    conv_wt: Vec<F>,
+}
+
+/// Resize to `len` (contents unspecified; the caller overwrites them).
+fn size<F: Float>(v: &mut Vec<F>, len: usize) {
+    v.resize(len, F::ZERO);
+}
+
+impl<F: Float> Workspace<F> {
+    fn size_forward(&mut self, dm: &Dims, n_layer: usize) {
+        let Dims {
+            t, d, e, v, ld_bc, ..
+        } = *dm;
+        self.layers.resize_with(n_layer, LayerActs::default);
+        self.xs.resize_with(n_layer + 1, Vec::new);
+        for x in &mut self.xs {
+            size(x, t * d);
+        }
+        for la in &mut self.layers {
+            size(&mut la.rstd, t);
+            size(&mut la.xn, t * d);
+            size(&mut la.xz, t * 2 * e);
+            for b in [
+                &mut la.xc,
+                &mut la.u,
+                &mut la.dtr,
+                &mut la.dt,
+                &mut la.y,
+                &mut la.g,
+            ] {
+                size(b, t * e);
+            }
+            size(&mut la.dbc, t * ld_bc);
+        }
+        size(&mut self.rstd_f, t);
+        size(&mut self.xf, t * d);
+        size(&mut self.logits, t * v);
+    }
+
+    fn size_backward(&mut self, dm: &Dims) {
+        let Dims {
+            t,
+            d,
+            e,
+            n,
+            v,
+            ld_bc,
+            ..
+        } = *dm;
+        size(&mut self.dlogits, t * v);
+        for b in [&mut self.dxf, &mut self.dx, &mut self.dxn] {
+            size(b, t * d);
+        }
+        for b in [&mut self.dg, &mut self.dy, &mut self.du, &mut self.ddt] {
+            size(b, t * e);
+        }
+        size(&mut self.dxz, t * 2 * e);
+        size(&mut self.ddbc, t * ld_bc);
+        size(&mut self.da_log, e * n);
+        size(&mut self.dd, e);
+    }
+}
+
+/// Forward pass over `tokens` (`nseq` sequences of `l`; ids already
+/// validated) into `ws`. `nseq * l` must be positive.
+pub(crate) fn forward<F: Float>(
+    cfg: &ModelConfig,
+    lay: &ParamLayout,
+    p: &[F],
+    tokens: &[u32],
+    nseq: usize,
+    l: usize,
+    ws: &mut Workspace<F>,
+) {
+    let dm = Dims::new(cfg, nseq, l);
+    let Dims {
+        t,
+        d,
+        e,
+        r,
+        k,
+        v,
+        ld_bc,
+        ..
+    } = dm;
+    ws.size_forward(&dm, cfg.n_layer);
+    let eps = F::from_f64(RMS_EPS as f64);
+    let emb = &p[lay.embedding.clone()];
+    ws.xs[0]
+        .par_chunks_mut(TOK_CHUNK * d)
+        .enumerate()
+        .for_each(|(ci, xs)| {
+            for (i, row) in xs.chunks_exact_mut(d).enumerate() {
+                let tok = tokens[ci * TOK_CHUNK + i] as usize;
+                row.copy_from_slice(&emb[tok * d..(tok + 1) * d]);
+            }
+        });
+    let panels = &mut ws.panels;
+    for (i, (lo, la)) in lay.layers.iter().zip(ws.layers.iter_mut()).enumerate() {
+        let (done, rest) = ws.xs.split_at_mut(i + 1);
+        let (x_in, x_out) = (&done[i], &mut rest[0]);
+        ops::rmsnorm_fwd(x_in, &p[lo.norm.clone()], eps, &mut la.xn, &mut la.rstd);
+        let in_proj = MatRef::new(&p[lo.in_proj.clone()], 2 * e, d, d);
+        gemm(
+            MatRef::new(&la.xn, t, d, d),
+            in_proj.t(),
+            &mut la.xz,
+            2 * e,
+            Accum::Overwrite,
+            panels,
+        );
+        ops::conv_weight_t(&p[lo.conv_w.clone()], e, k, &mut ws.conv_wt);
+        ops::conv_silu_fwd(
+            &la.xz,
+            &ws.conv_wt,
+            &p[lo.conv_b.clone()],
+            dm.conv(),
+            &mut la.xc,
+            &mut la.u,
+        );
+        let x_proj = MatRef::new(&p[lo.x_proj.clone()], ld_bc, e, e);
+        gemm(
+            MatRef::new(&la.u, t, e, e),
+            x_proj.t(),
+            &mut la.dbc,
+            ld_bc,
+            Accum::Overwrite,
+            panels,
+        );
+        // dtr = (dt_raw . W^T) + bias; dt = softplus(dtr).
+        let dt_proj = MatRef::new(&p[lo.dt_proj_w.clone()], e, r, r);
+        gemm(
+            MatRef::new(&la.dbc, t, r, ld_bc),
+            dt_proj.t(),
+            &mut la.dtr,
+            e,
+            Accum::Overwrite,
+            panels,
+        );
+        ops::bias_softplus(&mut la.dtr, &p[lo.dt_proj_b.clone()], &mut la.dt);
+        let a = scan::a_blocks(&p[lo.a_log.clone()], dm.scan());
+        scan::scan_fwd(
+            &la.u,
+            &la.dt,
+            &la.dbc,
+            &a,
+            &p[lo.d.clone()],
+            dm.scan(),
+            &mut la.y,
+        );
+        ops::gate_fwd(&la.y, &la.xz, e, &mut la.g);
+        // x_out = x_in + out_proj(g).
+        let out_proj = MatRef::new(&p[lo.out_proj.clone()], d, e, e);
+        gemm(
+            MatRef::new(&la.g, t, e, e),
+            out_proj.t(),
+            x_out,
+            d,
+            Accum::Overwrite,
+            panels,
+        );
+        ops::residual_add(x_out, x_in);
+    }
+    let x = &ws.xs[cfg.n_layer];
+    ops::rmsnorm_fwd(x, &p[lay.norm_f.clone()], eps, &mut ws.xf, &mut ws.rstd_f);
+    gemm(
+        MatRef::new(&ws.xf, t, d, d),
+        MatRef::new(emb, v, d, d).t(),
+        &mut ws.logits,
+        v,
+        Accum::Overwrite,
+        panels,
+    );
+}
+
+/// Mean cross-entropy of the forward pass in `ws` (0 when no target counts).
+pub(crate) fn loss<F: Float>(ws: &Workspace<F>, targets: &[i32], v: usize) -> f64 {
+    let count = targets.iter().filter(|&&t| t >= 0).count();
+    if count == 0 {
+        return 0.0;
+    }
+    ops::cross_entropy(&ws.logits, targets, v, None) / count as f64
+}
+
+/// Backward pass after [`forward`] filled `ws`: overwrites every element of
+/// `grads` with d(mean loss)/d params and returns the mean loss. `targets`
+/// are validated (index or negative = ignored).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<F: Float>(
+    cfg: &ModelConfig,
+    lay: &ParamLayout,
+    p: &[F],
+    tokens: &[u32],
+    targets: &[i32],
+    nseq: usize,
+    l: usize,
+    ws: &mut Workspace<F>,
+    grads: &mut [F],
+) -> f64 {
+    let dm = Dims::new(cfg, nseq, l);
+    let Dims {
+        t,
+        d,
+        e,
+        r,
+        k,
+        v,
+        ld_bc,
+        ..
+    } = dm;
+    let count = targets.iter().filter(|&&t| t >= 0).count();
+    if count == 0 {
+        grads.fill(F::ZERO);
+        return 0.0;
+    }
+    ws.size_backward(&dm);
+    let emb = &p[lay.embedding.clone()];
+    let panels = &mut ws.panels;
+    // Head: logits = xf . emb^T.
+    let loss = ops::cross_entropy(&ws.logits, targets, v, Some(&mut ws.dlogits)) / count as f64;
+    let dlogits = MatRef::new(&ws.dlogits, t, v, v);
+    gemm(
+        dlogits.t(),
+        MatRef::new(&ws.xf, t, d, d),
+        &mut grads[lay.embedding.clone()],
+        d,
+        Accum::Overwrite,
+        panels,
+    );
+    gemm(
+        dlogits,
+        MatRef::new(emb, v, d, d),
+        &mut ws.dxf,
+        d,
+        Accum::Overwrite,
+        panels,
+    );
+    let x_last = &ws.xs[cfg.n_layer];
+    let gnf = &mut grads[lay.norm_f.clone()];
+    ops::rmsnorm_bwd(
+        &ws.dxf,
+        x_last,
+        &ws.rstd_f,
+        &p[lay.norm_f.clone()],
+        &mut ws.dx,
+        false,
+        gnf,
+    );
+
+    for (i, (lo, la)) in lay.layers.iter().zip(&ws.layers).enumerate().rev() {
+        let x_in = &ws.xs[i];
+        // Block output = x_in + out_proj(g): dx is d loss / d output.
+        let dx = MatRef::new(&ws.dx, t, d, d);
+        gemm(
+            dx.t(),
+            MatRef::new(&la.g, t, e, e),
+            &mut grads[lo.out_proj.clone()],
+            e,
+            Accum::Overwrite,
+            panels,
+        );
+        let out_proj = MatRef::new(&p[lo.out_proj.clone()], d, e, e);
+        gemm(dx, out_proj, &mut ws.dg, e, Accum::Overwrite, panels);
+        ops::gate_bwd(&ws.dg, &la.y, &la.xz, e, &mut ws.dy, &mut ws.dxz);
+        let a = scan::a_blocks(&p[lo.a_log.clone()], dm.scan());
+        let out = ScanGrads {
+            du: &mut ws.du,
+            ddt: &mut ws.ddt,
+            dbc: &mut ws.ddbc,
+            da_log: &mut ws.da_log,
+            dd: &mut ws.dd,
+        };
+        scan::scan_bwd(
+            &la.u,
+            &la.dt,
+            &la.dbc,
+            &a,
+            &p[lo.d.clone()],
+            &ws.dy,
+            dm.scan(),
+            out,
+        );
+        grads[lo.a_log.clone()].copy_from_slice(&ws.da_log);
+        grads[lo.d.clone()].copy_from_slice(&ws.dd);
+        // dt = softplus(dtr): ddt becomes d loss / d dtr in place.
+        ops::softplus_bwd(&mut ws.ddt, &la.dtr);
+        ops::col_sum(&ws.ddt, &mut grads[lo.dt_proj_b.clone()]);
+        let ddtr = MatRef::new(&ws.ddt, t, e, e);
+        let dt_raw = MatRef::new(&la.dbc, t, r, ld_bc);
+        gemm(
+            ddtr.t(),
+            dt_raw,
+            &mut grads[lo.dt_proj_w.clone()],
+            r,
+            Accum::Overwrite,
+            panels,
+        );
+        let dt_proj = MatRef::new(&p[lo.dt_proj_w.clone()], e, r, r);
+        gemm(ddtr, dt_proj, &mut ws.ddbc, ld_bc, Accum::Overwrite, panels);
+        // dbc = u . x_proj^T.
+        let ddbc = MatRef::new(&ws.ddbc, t, ld_bc, ld_bc);
+        gemm(
+            ddbc.t(),
+            MatRef::new(&la.u, t, e, e),
+            &mut grads[lo.x_proj.clone()],
+            e,
+            Accum::Overwrite,
+            panels,
+        );
+        let x_proj = MatRef::new(&p[lo.x_proj.clone()], ld_bc, e, e);
+        gemm(ddbc, x_proj, &mut ws.du, e, Accum::Add, panels);
+        // u = silu(xc): du becomes d loss / d xc in place.
+        ops::silu_bwd(&mut ws.du, &la.xc);
+        ops::conv_weight_t(&p[lo.conv_w.clone()], e, k, &mut ws.conv_wt);
+        let (dcw, dcb) = two_mut(grads, lo.conv_w.clone(), lo.conv_b.clone());
+        ops::conv_bwd(
+            &ws.du,
+            &la.xz,
+            &ws.conv_wt,
+            dm.conv(),
+            &mut ws.dxz,
+            dcw,
+            dcb,
+        );
+        // xz = xn . in_proj^T.
+        let dxz = MatRef::new(&ws.dxz, t, 2 * e, 2 * e);
+        gemm(
+            dxz.t(),
+            MatRef::new(&la.xn, t, d, d),
+            &mut grads[lo.in_proj.clone()],
+            d,
+            Accum::Overwrite,
+            panels,
+        );
+        let in_proj = MatRef::new(&p[lo.in_proj.clone()], 2 * e, d, d);
+        gemm(dxz, in_proj, &mut ws.dxn, d, Accum::Overwrite, panels);
+        // xn = norm(x_in); the residual passes dx through unchanged.
+        ops::rmsnorm_bwd(
+            &ws.dxn,
+            x_in,
+            &la.rstd,
+            &p[lo.norm.clone()],
+            &mut ws.dx,
+            true,
+            &mut grads[lo.norm.clone()],
+        );
+    }
+    // Embedding lookup: rows added in ascending token order after the head
+    // gradient.
+    let gemb = &mut grads[lay.embedding.clone()];
+    for (i, &tok) in tokens.iter().enumerate() {
+        let tok = tok as usize;
+        for (gv, &xv) in gemb[tok * d..(tok + 1) * d]
+            .iter_mut()
+            .zip(&ws.dx[i * d..(i + 1) * d])
+        {
+            *gv = *gv + xv;
+        }
+    }
+    loss
+}
+
+/// Two disjoint mutable sub-slices, `a` before `b`.
+fn two_mut<F>(
+    s: &mut [F],
+    a: std::ops::Range<usize>,
+    b: std::ops::Range<usize>,
+) -> (&mut [F], &mut [F]) {
+    assert!(
+        a.end <= b.start,
+        "ranges {a:?} and {b:?} overlap or are out of order"
+    );
+    let (lo, hi) = s.split_at_mut(b.start);
+    (&mut lo[a], &mut hi[..b.end - b.start])
+}

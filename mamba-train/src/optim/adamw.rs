@@ -1,0 +1,471 @@
+//! AdamW with decoupled weight decay, as `torch.optim.AdamW`.
+//!
+//! Per element, with `g = grad * clip_scale` (f32 throughout):
+//! ```text
+//! m = b1*m + (1-b1)*g;   v = b2*v + (1-b2)*g*g
+//! p = p * (1 - lr*wd)                      (ParamKind::Matrix only)
+//! p = p - (lr / (1-b1^t)) * (m / (sqrt(v) / sqrt(1-b2^t) + eps))
+//! ```
+//! The bias corrections are computed once per step in f64 and rounded to f32.
+//! Every element's update reads only its own `p, g, m, v`, so the result is
+//! the same bits however the arena is split across threads; the split is at
+//! fixed chunk boundaries anyway.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+use crate::params::{ParamKind, ParamLayout};
+
+/// Elements per parallel work item of the update.
+pub const UPDATE_CHUNK: usize = 1 << 14;
+
+/// AdamW hyper-parameters (everything but the learning rate, which comes
+/// from the [`Schedule`](super::Schedule)).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdamWConfig {
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Added to the denominator.
+    pub eps: f32,
+    /// Decoupled decay of `ParamKind::Matrix` tensors.
+    pub weight_decay: f32,
+    /// Global-norm clipping threshold; 0 disables clipping.
+    pub clip_norm: f32,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            clip_norm: 1.0,
+        }
+    }
+}
+
+impl AdamWConfig {
+    /// Refuse settings that cannot work, naming the field.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return Err(TrainError::Config(format!(
+                    "{name} must be within [0, 1), got {v}"
+                )));
+            }
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(TrainError::Config(format!(
+                "eps must be positive, got {}",
+                self.eps
+            )));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(TrainError::Config(format!(
+                "weight_decay must be a non-negative number, got {}",
+                self.weight_decay
+            )));
+        }
+        if !(self.clip_norm.is_finite() && self.clip_norm >= 0.0) {
+            return Err(TrainError::Config(format!(
+                "clip_norm must be a non-negative number (0 disables clipping), got {}",
+                self.clip_norm
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Optimizer state: the two moment arenas (same layout as the parameters)
+/// and the number of updates applied so far (`t`, for bias correction).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamW {
+    cfg: AdamWConfig,
+    /// Arena ranges that are decayed (`ParamKind::Matrix`), ascending.
+    decayed: Vec<Range<usize>>,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    t: u64,
+}
+
+impl AdamW {
+    /// Fresh state (zero moments, `t = 0`) for `layout`.
+    pub fn new(cfg: AdamWConfig, layout: &ParamLayout) -> Result<Self> {
+        cfg.validate()?;
+        let n = layout.len();
+        Ok(AdamW {
+            cfg,
+            decayed: decayed_ranges(layout),
+            m: vec![0.0; n],
+            v: vec![0.0; n],
+            t: 0,
+        })
+    }
+
+    /// State restored from a checkpoint.
+    pub fn from_state(
+        cfg: AdamWConfig,
+        layout: &ParamLayout,
+        m: Vec<f32>,
+        v: Vec<f32>,
+        t: u64,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        if m.len() != layout.len() || v.len() != layout.len() {
+            return Err(TrainError::Config(format!(
+                "optimizer moments have {} and {} elements; the model has {}",
+                m.len(),
+                v.len(),
+                layout.len()
+            )));
+        }
+        Ok(AdamW {
+            cfg,
+            decayed: decayed_ranges(layout),
+            m,
+            v,
+            t,
+        })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &AdamWConfig {
+        &self.cfg
+    }
+    /// First moments.
+    pub fn exp_avg(&self) -> &[f32] {
+        &self.m
+    }
+    /// Second moments.
+    pub fn exp_avg_sq(&self) -> &[f32] {
+        &self.v
+    }
+    /// Updates applied so far.
+    pub fn updates(&self) -> u64 {
+        self.t
+    }
+
+    /// Apply one update with learning rate `lr`, using `grads * clip_scale`.
+    /// `params` and `grads` must have the layout's length.
+    pub fn update(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        clip_scale: f32,
+        lr: f32,
+    ) -> Result<()> {
+        let n = self.m.len();
+        if params.len() != n || grads.len() != n {
+            return Err(TrainError::Config(format!(
+                "AdamW update: params {} and grads {} elements, optimizer state {}",
+                params.len(),
+                grads.len(),
+                n
+            )));
+        }
+        self.t += 1;
+        let c = self.cfg;
+        let t = self.t as i32;
+        let bc1 = 1.0 - (c.beta1 as f64).powi(t);
+        let bc2 = 1.0 - (c.beta2 as f64).powi(t);
+        let k = Consts {
+            b1: c.beta1,
+            b2: c.beta2,
+            one_minus_b1: 1.0 - c.beta1,
+            one_minus_b2: 1.0 - c.beta2,
+            eps: c.eps,
+            decay_factor: 1.0 - lr * c.weight_decay,
+            step_size: (lr as f64 / bc1) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+            scale: clip_scale,
+        };
+        let decayed = &self.decayed;
+        params
+            .par_chunks_mut(UPDATE_CHUNK)
+            .zip(grads.par_chunks(UPDATE_CHUNK))
+            .zip(self.m.par_chunks_mut(UPDATE_CHUNK))
+            .zip(self.v.par_chunks_mut(UPDATE_CHUNK))
+            .enumerate()
+            .for_each(|(ci, (((p, g), m), v))| {
+                let base = ci * UPDATE_CHUNK;
+                let mut i = 0;
+                // Walk the chunk as runs of equal decay, so the inner loop
+                // has no per-element branch on the tensor kind.
+                while i < p.len() {
+                    let (decay, run_end) = decay_run(decayed, base + i, base + p.len());
+                    let end = run_end - base;
+                    update_run(
+                        &k,
+                        decay,
+                        &mut p[i..end],
+                        &g[i..end],
+                        &mut m[i..end],
+                        &mut v[i..end],
+                    );
+                    i = end;
+                }
+            });
+        Ok(())
+    }
+}
+
+/// Per-step constants of the update.
+struct Consts {
+    b1: f32,
+    b2: f32,
+    one_minus_b1: f32,
+    one_minus_b2: f32,
+    eps: f32,
+    decay_factor: f32,
+    step_size: f32,
+    bc2_sqrt: f32,
+    scale: f32,
+}
+
+#[inline]
+fn update_run(k: &Consts, decay: bool, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    for i in 0..p.len() {
+        let gi = g[i] * k.scale;
+        let mi = k.b1 * m[i] + k.one_minus_b1 * gi;
+        let vi = k.b2 * v[i] + k.one_minus_b2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        let mut pi = p[i];
+        if decay {
+            pi *= k.decay_factor;
+        }
+        let denom = vi.sqrt() / k.bc2_sqrt + k.eps;
+        p[i] = pi - k.step_size * (mi / denom);
+    }
+}
+
+/// Whether element `at` is decayed, and where that run of equal decay ends
+/// (capped at `limit`).
+fn decay_run(decayed: &[Range<usize>], at: usize, limit: usize) -> (bool, usize) {
+    // First decayed range that ends after `at`.
+    let idx = decayed.partition_point(|r| r.end <= at);
+    match decayed.get(idx) {
+        Some(r) if r.start <= at => (true, r.end.min(limit)),
+        Some(r) => (false, r.start.min(limit)),
+        None => (false, limit),
+    }
+}
+
+/// The arena ranges of `ParamKind::Matrix` tensors, merged where adjacent.
+fn decayed_ranges(layout: &ParamLayout) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for e in layout.entries() {
+        if e.kind != ParamKind::Matrix || e.is_empty() {
+            continue;
+        }
+        let r = e.range();
+        match out.last_mut() {
+            Some(last) if last.end == r.start => last.end = r.end,
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelConfig;
+    use crate::seed::Rng;
+
+    fn layout() -> ParamLayout {
+        ParamLayout::new(&ModelConfig::new(11, 16, 2))
+    }
+
+    fn random(n: usize, seed: u64, scale: f64) -> Vec<f32> {
+        let mut r = Rng::new(seed);
+        (0..n).map(|_| (r.normal() * scale) as f32).collect()
+    }
+
+    /// A plain sequential AdamW written from the formula, element by element
+    /// with a per-element kind lookup: the oracle for the chunked version.
+    struct Reference {
+        p: Vec<f32>,
+        m: Vec<f32>,
+        v: Vec<f32>,
+        t: i32,
+    }
+
+    impl Reference {
+        fn update(
+            &mut self,
+            cfg: &AdamWConfig,
+            layout: &ParamLayout,
+            g: &[f32],
+            scale: f32,
+            lr: f32,
+        ) {
+            self.t += 1;
+            let step_size = (lr as f64 / (1.0 - (cfg.beta1 as f64).powi(self.t))) as f32;
+            let bc2_sqrt = (1.0 - (cfg.beta2 as f64).powi(self.t)).sqrt() as f32;
+            let (p, m, v) = (&mut self.p, &mut self.m, &mut self.v);
+            for e in layout.entries() {
+                for i in e.range() {
+                    let gi = g[i] * scale;
+                    m[i] = cfg.beta1 * m[i] + (1.0 - cfg.beta1) * gi;
+                    v[i] = cfg.beta2 * v[i] + (1.0 - cfg.beta2) * gi * gi;
+                    if e.kind == ParamKind::Matrix {
+                        p[i] *= 1.0 - lr * cfg.weight_decay;
+                    }
+                    p[i] -= step_size * (m[i] / (v[i].sqrt() / bc2_sqrt + cfg.eps));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_parallel_update_equals_the_sequential_formula_for_any_thread_count() {
+        // Large enough to span several update chunks, with tensor boundaries
+        // falling inside chunks.
+        let l = ParamLayout::new(&ModelConfig::new(300, 64, 2));
+        assert!(l.len() > 3 * UPDATE_CHUNK);
+        let n = l.len();
+        let cfg = AdamWConfig::default();
+        let mut results = Vec::new();
+        for threads in [1, 4] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut opt = AdamW::new(cfg, &l).unwrap();
+            let mut p = random(n, 1, 0.1);
+            pool.install(|| {
+                for step in 0..3u64 {
+                    let g = random(n, 10 + step, 1.0);
+                    opt.update(&mut p, &g, 0.5, 1e-2).unwrap();
+                }
+            });
+            results.push((p, opt));
+        }
+        let mut r = Reference {
+            p: random(n, 1, 0.1),
+            m: vec![0.0; n],
+            v: vec![0.0; n],
+            t: 0,
+        };
+        for step in 0..3u64 {
+            r.update(&cfg, &l, &random(n, 10 + step, 1.0), 0.5, 1e-2);
+        }
+        let (p, m, v) = (&r.p, &r.m, &r.v);
+        for (pp, opt) in &results {
+            assert!(
+                pp.iter().zip(p).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "params differ"
+            );
+            assert!(opt
+                .exp_avg()
+                .iter()
+                .zip(m)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(opt
+                .exp_avg_sq()
+                .iter()
+                .zip(v)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert_eq!(opt.updates(), 3);
+        }
+    }
+
+    #[test]
+    fn decay_touches_matrices_only() {
+        let l = layout();
+        let n = l.len();
+        let mut opt = AdamW::new(AdamWConfig::default(), &l).unwrap();
+        let p0 = random(n, 2, 1.0);
+        let mut p = p0.clone();
+        // Zero gradients: the Adam term is 0 / (0 + eps) = 0, so only decay acts.
+        opt.update(&mut p, &vec![0.0; n], 1.0, 0.5).unwrap();
+        let factor = 1.0f32 - 0.5 * 0.1;
+        let mut saw = [false, false];
+        for e in l.entries() {
+            for i in e.range() {
+                match e.kind {
+                    ParamKind::Matrix => {
+                        assert_eq!(p[i], p0[i] * factor, "{} not decayed", e.name);
+                        saw[0] = true;
+                    }
+                    ParamKind::NoDecay => {
+                        assert_eq!(p[i], p0[i], "{} decayed", e.name);
+                        saw[1] = true;
+                    }
+                }
+            }
+        }
+        assert_eq!(saw, [true, true]);
+        for name in [
+            "backbone.layers.1.mixer.A_log",
+            "backbone.layers.0.mixer.D",
+            "backbone.norm_f.weight",
+        ] {
+            let r = l.get(name).unwrap().range();
+            assert_eq!(&p[r.clone()], &p0[r], "{name} must not decay");
+        }
+    }
+
+    #[test]
+    fn first_step_moves_each_weight_by_lr_against_its_gradient() {
+        let l = layout();
+        let n = l.len();
+        let cfg = AdamWConfig {
+            weight_decay: 0.0,
+            ..AdamWConfig::default()
+        };
+        let mut opt = AdamW::new(cfg, &l).unwrap();
+        let g = random(n, 3, 1.0);
+        let mut p = vec![0.0f32; n];
+        opt.update(&mut p, &g, 1.0, 1e-3).unwrap();
+        for i in 0..n {
+            if g[i].abs() > 1e-3 {
+                assert!(
+                    (p[i] + 1e-3 * g[i].signum()).abs() < 1e-6,
+                    "{i}: g {} p {}",
+                    g[i],
+                    p[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_lengths_and_bad_settings_are_errors() {
+        let l = layout();
+        let mut opt = AdamW::new(AdamWConfig::default(), &l).unwrap();
+        let mut p = vec![0.0; l.len()];
+        assert!(opt.update(&mut p, &[0.0; 3], 1.0, 1e-3).is_err());
+        assert_eq!(opt.updates(), 0, "a refused update must not count");
+        let e = AdamW::new(
+            AdamWConfig {
+                beta2: 1.0,
+                ..AdamWConfig::default()
+            },
+            &l,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("beta2"), "{e}");
+        assert!(
+            AdamW::from_state(AdamWConfig::default(), &l, vec![0.0; 2], vec![0.0; 2], 1).is_err()
+        );
+    }
+
+    #[test]
+    fn decay_runs_cover_chunk_boundaries() {
+        let d = vec![2..5, 8..9];
+        assert_eq!(decay_run(&d, 0, 100), (false, 2));
+        assert_eq!(decay_run(&d, 2, 100), (true, 5));
+        assert_eq!(decay_run(&d, 4, 4 + 1), (true, 5));
+        assert_eq!(decay_run(&d, 3, 4), (true, 4), "capped at the chunk end");
+        assert_eq!(decay_run(&d, 5, 100), (false, 8));
+        assert_eq!(decay_run(&d, 9, 100), (false, 100));
+    }
+}

@@ -1,0 +1,150 @@
+//! The optimizer step: global-norm clipping, the learning-rate schedule and
+//! AdamW, applied to a finished gradient arena.
+//!
+//! The step is deliberately separate from the backward pass: the backward
+//! fills a gradient arena, a reducer (issue 6) may replace it with the mean
+//! over all logical micro-batches, and only then [`Optimizer::step`] runs.
+
+pub mod adamw;
+pub mod clip;
+pub mod schedule;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use clip::{clip_scale, global_norm};
+pub use schedule::Schedule;
+
+use crate::error::Result;
+use crate::params::ParamLayout;
+
+/// What one optimizer step did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepOutcome {
+    /// Learning rate of the step.
+    pub lr: f32,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Factor the gradients were scaled by (1 when not clipped).
+    pub clip_scale: f32,
+    /// True when the step was skipped (non-finite loss or gradient): the
+    /// parameters and moments are untouched.
+    pub skipped: bool,
+}
+
+/// AdamW plus its schedule and clipping.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Optimizer {
+    adamw: AdamW,
+    schedule: Schedule,
+}
+
+impl Optimizer {
+    /// Fresh state for `layout`.
+    pub fn new(cfg: AdamWConfig, schedule: Schedule, layout: &ParamLayout) -> Result<Self> {
+        schedule.validate()?;
+        Ok(Optimizer {
+            adamw: AdamW::new(cfg, layout)?,
+            schedule,
+        })
+    }
+
+    /// Restored state.
+    pub fn from_parts(adamw: AdamW, schedule: Schedule) -> Result<Self> {
+        schedule.validate()?;
+        Ok(Optimizer { adamw, schedule })
+    }
+
+    /// The AdamW state.
+    pub fn adamw(&self) -> &AdamW {
+        &self.adamw
+    }
+    /// The schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Step `step` (0-based, selects the learning rate): clip by the global
+    /// norm, then AdamW. `loss_finite == false` or a non-finite gradient norm
+    /// skips the step, leaving parameters and moments untouched.
+    pub fn step(
+        &mut self,
+        step: u64,
+        params: &mut [f32],
+        grads: &[f32],
+        loss_finite: bool,
+    ) -> Result<StepOutcome> {
+        let lr = self.schedule.lr(step);
+        let grad_norm = global_norm(grads);
+        if !loss_finite || !grad_norm.is_finite() {
+            return Ok(StepOutcome {
+                lr,
+                grad_norm,
+                clip_scale: 1.0,
+                skipped: true,
+            });
+        }
+        let scale = clip_scale(grad_norm, self.adamw.config().clip_norm);
+        self.adamw.update(params, grads, scale, lr)?;
+        Ok(StepOutcome {
+            lr,
+            grad_norm,
+            clip_scale: scale,
+            skipped: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelConfig;
+
+    #[test]
+    fn non_finite_gradients_skip_without_touching_state() {
+        let l = ParamLayout::new(&ModelConfig::new(7, 8, 1));
+        let sched = Schedule {
+            peak_lr: 1e-2,
+            warmup_steps: 0,
+            total_steps: 10,
+            min_lr_frac: 0.1,
+        };
+        let mut opt = Optimizer::new(AdamWConfig::default(), sched, &l).unwrap();
+        let mut p = vec![0.5f32; l.len()];
+        let mut g = vec![0.1f32; l.len()];
+        g[3] = f32::NAN;
+        let before = opt.clone();
+        let out = opt.step(0, &mut p, &g, true).unwrap();
+        assert!(out.skipped);
+        assert_eq!(opt, before);
+        assert!(p.iter().all(|&x| x == 0.5));
+        g[3] = 0.1;
+        let out = opt.step(0, &mut p, &g, false).unwrap();
+        assert!(out.skipped, "a non-finite loss skips too");
+        // Negative control: a finite step does move.
+        let out = opt.step(0, &mut p, &g, true).unwrap();
+        assert!(!out.skipped);
+        assert!(p.iter().any(|&x| x != 0.5));
+        assert_eq!(opt.adamw().updates(), 1);
+    }
+
+    #[test]
+    fn large_gradients_are_clipped_to_the_threshold() {
+        let l = ParamLayout::new(&ModelConfig::new(7, 8, 1));
+        let sched = Schedule {
+            peak_lr: 1e-2,
+            warmup_steps: 0,
+            total_steps: 10,
+            min_lr_frac: 0.1,
+        };
+        let mut opt = Optimizer::new(AdamWConfig::default(), sched, &l).unwrap();
+        let mut p = vec![0.0f32; l.len()];
+        let g = vec![1.0f32; l.len()];
+        let out = opt.step(0, &mut p, &g, true).unwrap();
+        let expect = (l.len() as f64).sqrt();
+        assert!((out.grad_norm - expect).abs() < 1e-9);
+        let clipped = (l.len() as f64).sqrt() * out.clip_scale as f64;
+        assert!((clipped - 1.0).abs() < 1e-5, "clipped norm {clipped}");
+        // The first moment holds (1 - beta1) * clipped gradient.
+        let m0 = opt.adamw().exp_avg()[0];
+        assert_eq!(m0, (1.0 - 0.9f32) * (1.0 * out.clip_scale));
+    }
+}

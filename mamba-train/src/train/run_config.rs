@@ -1,0 +1,208 @@
+//! The identity of a training run: everything that decides its bits.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ModelConfig;
+use crate::data::TaskSpec;
+use crate::error::{Result, TrainError};
+use crate::optim::{AdamWConfig, Schedule};
+
+/// The reduction contract spellings a run may record. Issue 6 maps them to
+/// `mamba_reduce::ReduceContract`; a single process folds its logical
+/// micro-batches in ascending order, which is the fixed-order contract.
+pub const CONTRACTS: [&str; 2] = ["fixed-order", "nccl-sum"];
+/// The default contract.
+pub const DEFAULT_CONTRACT: &str = "fixed-order";
+
+/// Everything that decides a run's bits (besides the build and the
+/// machine). Recorded in every checkpoint; a resume must match it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    /// Master seed of the seed law (weights and data).
+    pub seed: u64,
+    /// Model shape.
+    pub model: ModelConfig,
+    /// Task and its shape.
+    pub task: TaskSpec,
+    /// Rows per logical micro-batch.
+    pub batch: usize,
+    /// Logical micro-batches per step (L); the gradient is their mean,
+    /// folded in ascending order. 1 for a plain single-process run.
+    pub logical_world: usize,
+    /// Reduction contract (one of [`CONTRACTS`]).
+    pub contract: String,
+    /// AdamW hyper-parameters and clipping.
+    pub optimizer: AdamWConfig,
+    /// Learning-rate schedule (its `total_steps` is the run's length).
+    pub schedule: Schedule,
+}
+
+impl RunConfig {
+    /// Refuse a run that cannot work, naming the setting.
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        self.task.validate()?;
+        self.optimizer.validate()?;
+        self.schedule.validate()?;
+        if self.batch == 0 {
+            return Err(TrainError::Config(
+                "batch must be at least 1 row, got 0".into(),
+            ));
+        }
+        if self.logical_world == 0 {
+            return Err(TrainError::Config(
+                "logical_world must be at least 1, got 0".into(),
+            ));
+        }
+        if !CONTRACTS.contains(&self.contract.as_str()) {
+            return Err(TrainError::Config(format!(
+                "unknown contract {:?}; expected one of {}",
+                self.contract,
+                CONTRACTS.join(", ")
+            )));
+        }
+        let want = self.task.vocab_size();
+        if self.model.vocab_size != want {
+            return Err(TrainError::Config(format!(
+                "model vocab_size is {} but the {} task needs {want}",
+                self.model.vocab_size,
+                self.task.kind()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Tokens consumed by one step (all logical micro-batches).
+    pub fn tokens_per_step(&self) -> usize {
+        self.batch * self.task.seq_len() * self.logical_world
+    }
+
+    /// Every setting (by its user-facing name) with its value, for
+    /// comparisons. Text tasks contribute the corpus digest, not its path:
+    /// a moved file is the same data.
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let m = &self.model;
+        let o = &self.optimizer;
+        let s = &self.schedule;
+        let mut v = vec![
+            ("seed", self.seed.to_string()),
+            ("task", self.task.kind().to_string()),
+            ("seq_len", self.task.seq_len().to_string()),
+        ];
+        match &self.task {
+            TaskSpec::SelectiveCopy(c) => {
+                v.push(("n_memorize", c.n_memorize.to_string()));
+                v.push(("alphabet", c.alphabet.to_string()));
+            }
+            TaskSpec::Induction(c) => v.push(("alphabet", c.alphabet.to_string())),
+            TaskSpec::Text(c) => v.push(("data (sha256 of the corpus)", c.file_sha256.clone())),
+        }
+        v.extend([
+            ("vocab_size", m.vocab_size.to_string()),
+            ("d_model", m.d_model.to_string()),
+            ("layers", m.n_layer.to_string()),
+            ("d_state", m.d_state.to_string()),
+            ("d_conv", m.d_conv.to_string()),
+            ("expand", m.expand.to_string()),
+            ("dt_rank", m.dt_rank.to_string()),
+            ("batch", self.batch.to_string()),
+            ("logical_world", self.logical_world.to_string()),
+            ("contract", self.contract.clone()),
+            ("beta1", o.beta1.to_string()),
+            ("beta2", o.beta2.to_string()),
+            ("eps", o.eps.to_string()),
+            ("weight_decay", o.weight_decay.to_string()),
+            ("clip", o.clip_norm.to_string()),
+            ("lr", s.peak_lr.to_string()),
+            ("warmup", s.warmup_steps.to_string()),
+            ("steps", s.total_steps.to_string()),
+            ("min_lr_frac", s.min_lr_frac.to_string()),
+        ]);
+        v
+    }
+
+    /// Compare this (requested) run with the `recorded` one of a checkpoint.
+    /// `Err` lists every differing setting as `name: checkpoint X, requested Y`.
+    pub fn mismatches(&self, recorded: &RunConfig) -> std::result::Result<(), String> {
+        let mine = self.fields();
+        let theirs = recorded.fields();
+        let mut diffs = Vec::new();
+        for (name, want) in &mine {
+            match theirs.iter().find(|(n, _)| n == name) {
+                Some((_, got)) if got == want => {}
+                Some((_, got)) => diffs.push(format!("{name}: checkpoint {got}, requested {want}")),
+                None => diffs.push(format!("{name}: not in the checkpoint, requested {want}")),
+            }
+        }
+        if diffs.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the checkpoint was written by a different run ({}); resume with the checkpoint's settings (omit those flags)",
+                diffs.join("; ")
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::SelectiveCopyConfig;
+
+    pub(crate) fn sample() -> RunConfig {
+        let task = TaskSpec::SelectiveCopy(SelectiveCopyConfig {
+            seq_len: 16,
+            n_memorize: 4,
+            alphabet: 6,
+        });
+        RunConfig {
+            seed: 1,
+            model: ModelConfig::new(task.vocab_size(), 16, 1),
+            task,
+            batch: 2,
+            logical_world: 1,
+            contract: DEFAULT_CONTRACT.into(),
+            optimizer: AdamWConfig::default(),
+            schedule: Schedule {
+                peak_lr: 1e-2,
+                warmup_steps: 2,
+                total_steps: 10,
+                min_lr_frac: 0.1,
+            },
+        }
+    }
+
+    #[test]
+    fn mismatches_name_every_differing_field() {
+        let a = sample();
+        assert!(a.mismatches(&a.clone()).is_ok());
+        let mut b = a.clone();
+        b.model = ModelConfig::new(a.model.vocab_size, 32, 1);
+        b.schedule.peak_lr = 3e-3;
+        let e = a.mismatches(&b).unwrap_err();
+        assert!(e.contains("d_model: checkpoint 32, requested 16"), "{e}");
+        assert!(e.contains("lr: checkpoint 0.003, requested 0.01"), "{e}");
+        assert!(e.contains("dt_rank"), "dt_rank follows d_model: {e}");
+        assert!(!e.contains("seed"), "{e}");
+    }
+
+    #[test]
+    fn validate_catches_bad_runs() {
+        let mut c = sample();
+        c.model.vocab_size += 1;
+        assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
+        let mut c = sample();
+        c.contract = "fastest".into();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("fixed-order"));
+        let mut c = sample();
+        c.batch = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("batch"));
+        assert!(sample().validate().is_ok());
+        assert_eq!(sample().tokens_per_step(), 32);
+    }
+}
