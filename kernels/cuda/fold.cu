@@ -5,8 +5,16 @@
 //
 //   det_sum_ranks:         out[i] = ((s0[i] + s1[i]) + s2[i]) + ... + s{n-1}[i]
 //   det_accumulate_ranks:  acc[i] = (((acc[i] + s0[i]) + s1[i]) + ...)
+//   det_chain:             dst[i] = ((a0[i] + a1[i]) + ...) + a{n-1}[i], then
+//                          optionally * factor (one more rounding, the mean)
+//   det_scale:             buf[i] = buf[i] * factor
 //
-// where slot k starts at slots + k * slot_stride. Every addition is an IEEE
+// where slot k starts at slots + k * slot_stride, and the addends a_k of
+// det_chain are a list of up to kMaxAddends pointers, any of which may be dst
+// itself (that is how an owner's own shard joins the chain at its rank's
+// position without a copy). The scaled chain multiplies the finished f32 sum
+// once (__fmul_rn), so its bits equal a chain followed by a separate
+// det_scale pass; fusing only saves a read and a write of the output. Every addition is an IEEE
 // f32 add rounded to nearest (__fadd_rn), which the compiler never contracts
 // into an FMA nor reassociates; the build also passes --fmad=false, so no
 // other arithmetic here can be contracted either. One thread owns an element
@@ -41,6 +49,11 @@ __device__ __forceinline__ size_t grid_threads() {
 __device__ __forceinline__ float4 add4(float4 a, float4 b) {
     return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y),
                        __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
+__device__ __forceinline__ float4 mul4(float4 a, float f) {
+    return make_float4(__fmul_rn(a.x, f), __fmul_rn(a.y, f), __fmul_rn(a.z, f),
+                       __fmul_rn(a.w, f));
 }
 
 // acc = (((acc + row_first[i]) + row_first+1[i]) + ...) for rows [first, n).
@@ -131,4 +144,102 @@ extern "C" __global__ void det_accumulate_ranks_f32(float* __restrict__ acc,
                                                     unsigned long long slot_stride,
                                                     unsigned long long len) {
     fold<true>(acc, slots, n_slots, slot_stride, len);
+}
+
+// ------------------------------------------------------------ pointer chain
+
+namespace {
+
+// Addends one det_chain launch takes; the host splits longer chains into
+// launches that continue from dst (its stored f32 is exactly the register
+// value the next addition would have used, so splitting changes no bit).
+constexpr unsigned kMaxAddends = 32;
+// Addends loaded before their additions, for memory-level parallelism.
+constexpr unsigned kBatch = 8;
+
+// Passed by value in the kernel's parameter space (256 bytes).
+struct Addends {
+    const float* p[kMaxAddends];
+};
+
+// No __restrict__ and no __ldg here: an addend may be dst itself. That is
+// race-free because element i (or float4 group v) is read, from every
+// addend, and then written by one thread only; ordinary loads keep the
+// read-before-write of that thread. Partial overlaps of dst with an addend
+// are refused by the host wrappers.
+template <bool SCALE>
+__device__ __forceinline__ float chain_at(const Addends& a, unsigned n, size_t i, float factor) {
+    float acc = 0.0f;
+    for (unsigned k0 = 0; k0 < n; k0 += kBatch) {
+        float r[kBatch];
+#pragma unroll
+        for (unsigned u = 0; u < kBatch; ++u)
+            if (k0 + u < n) r[u] = a.p[k0 + u][i];
+#pragma unroll
+        for (unsigned u = 0; u < kBatch; ++u)
+            if (k0 + u < n) acc = (k0 + u == 0) ? r[u] : __fadd_rn(acc, r[u]);
+    }
+    return SCALE ? __fmul_rn(acc, factor) : acc;
+}
+
+template <bool SCALE>
+__device__ __forceinline__ float4 chain4_at(const Addends& a, unsigned n, size_t v, float factor) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (unsigned k0 = 0; k0 < n; k0 += kBatch) {
+        float4 r[kBatch];
+#pragma unroll
+        for (unsigned u = 0; u < kBatch; ++u)
+            if (k0 + u < n) r[u] = reinterpret_cast<const float4*>(a.p[k0 + u])[v];
+#pragma unroll
+        for (unsigned u = 0; u < kBatch; ++u)
+            if (k0 + u < n) acc = (k0 + u == 0) ? r[u] : add4(acc, r[u]);
+    }
+    return SCALE ? mul4(acc, factor) : acc;
+}
+
+template <bool SCALE>
+__device__ __forceinline__ void chain_list(float* dst, const Addends& a, unsigned n, size_t len,
+                                           float factor) {
+    const size_t step = grid_threads();
+    bool vec = aligned16(dst);
+    for (unsigned k = 0; k < n; ++k) vec = vec && aligned16(a.p[k]);
+    size_t done = 0;
+    if (vec) {
+        const size_t n_vec = len / 4;
+        float4* dst4 = reinterpret_cast<float4*>(dst);
+        for (size_t v = global_thread(); v < n_vec; v += step)
+            dst4[v] = chain4_at<SCALE>(a, n, v, factor);
+        done = n_vec * 4;
+    }
+    for (size_t i = done + global_thread(); i < len; i += step)
+        dst[i] = chain_at<SCALE>(a, n, i, factor);
+}
+
+}  // namespace
+
+// dst[0..len) = ((a0 + a1) + ...) + a{n-1} over 1 <= n <= 32 addends, times
+// factor when scale != 0. Any addend may equal dst (the same base pointer).
+extern "C" __global__ void det_chain_f32(float* dst, Addends addends, unsigned n,
+                                         unsigned long long len, float factor,
+                                         unsigned scale) {
+    if (scale != 0u) {
+        chain_list<true>(dst, addends, n, len, factor);
+    } else {
+        chain_list<false>(dst, addends, n, len, factor);
+    }
+}
+
+// buf[0..len) *= factor, one IEEE round-to-nearest multiply per element
+// (subnormals kept: the build never passes --ftz=true).
+extern "C" __global__ void det_scale_f32(float* __restrict__ buf, unsigned long long len,
+                                         float factor) {
+    const size_t step = grid_threads();
+    size_t done = 0;
+    if (aligned16(buf)) {
+        const size_t n_vec = len / 4;
+        float4* buf4 = reinterpret_cast<float4*>(buf);
+        for (size_t v = global_thread(); v < n_vec; v += step) buf4[v] = mul4(buf4[v], factor);
+        done = n_vec * 4;
+    }
+    for (size_t i = done + global_thread(); i < len; i += step) buf[i] = __fmul_rn(buf[i], factor);
 }

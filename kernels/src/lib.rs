@@ -50,5 +50,5 @@ pub use embedded::{
     available, embedded, fatbin, nvcc_release, source_names, EmbeddedKernel, FATBIN_MAGIC,
 };
 pub use error::{KernelError, HOW_TO_GET_KERNELS};
-pub use fold::FoldKernel;
+pub use fold::{FoldKernel, MAX_CHAIN_ADDENDS};
 pub use launch::LaunchShape;

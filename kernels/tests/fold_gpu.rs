@@ -428,13 +428,228 @@ fn invalid_arguments_never_launch() {
     assert!(err.to_string().contains("context"), "{err}");
 }
 
+/// The host chain of `det_chain`: `srcs` with `dst0` (dst's values before
+/// the call) inserted at `dst_at`, folded left to right, then scaled.
+fn host_chain(
+    dst0: &[f32],
+    dst_at: Option<usize>,
+    srcs: &[Vec<f32>],
+    len: usize,
+    factor: Option<f32>,
+) -> Vec<f32> {
+    let mut order: Vec<&[f32]> = srcs.iter().map(|v| &v[..len]).collect();
+    if let Some(k) = dst_at {
+        order.insert(k, &dst0[..len]);
+    }
+    (0..len)
+        .map(|i| {
+            let mut acc = order[0][i];
+            for a in &order[1..] {
+                acc += a[i];
+            }
+            factor.map_or(acc, |f| acc * f)
+        })
+        .collect()
+}
+
+/// One det_chain case: `n_srcs` separate buffers (each starting `offset`
+/// elements in), dst at `dst_at`, dst starting `dst_offset` elements into
+/// its buffer with sentinels after len that must survive.
+#[allow(clippy::too_many_arguments)]
+fn check_chain(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    n_srcs: usize,
+    dst_at: Option<usize>,
+    len: usize,
+    offset: usize,
+    dst_offset: usize,
+    factor: Option<f32>,
+) {
+    let stream = gpu.ctx.default_stream();
+    let srcs_h: Vec<Vec<f32>> = (0..n_srcs).map(|_| rng.values(offset + len + 1)).collect();
+    let dst_h = rng.values(dst_offset + len + 3);
+    let srcs_d: Vec<CudaSlice<f32>> = srcs_h.iter().map(|v| upload(&stream, v)).collect();
+    let mut dst_d = upload(&stream, &dst_h);
+    {
+        let views: Vec<_> = srcs_d.iter().map(|b| b.slice(offset..)).collect();
+        let mut dst = dst_d.slice_mut(dst_offset..);
+        gpu.fold
+            .det_chain(&stream, &mut dst, dst_at, &views, len, factor)
+            .unwrap_or_else(|e| panic!("{n_srcs} sources, dst at {dst_at:?}, len {len}: {e}"));
+    }
+    let got = download(&stream, &dst_d);
+    let shifted: Vec<Vec<f32>> = srcs_h.iter().map(|v| v[offset..].to_vec()).collect();
+    let mut want = dst_h.clone();
+    let chain = host_chain(&dst_h[dst_offset..], dst_at, &shifted, len, factor);
+    want[dst_offset..dst_offset + len].copy_from_slice(&chain);
+    let what = format!(
+        "det_chain {n_srcs} sources dst_at={dst_at:?} len={len} offsets={offset}/{dst_offset} \
+         factor={factor:?}"
+    );
+    assert_bits_eq(&got, &want, &what);
+}
+
+#[test]
+fn chain_matches_host_chain_across_shapes() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(0xC4A1);
+    // Up to 41 sources: chains longer than one launch (32 addends) too.
+    for &n in &[1usize, 2, 3, 4, 7, 8, 9, 16, 31, 32, 33, 41] {
+        for &len in &[0usize, 1, 3, 4, 5, 8, 97, 1021, 4099, 65_537] {
+            let mut positions = vec![None, Some(0), Some(1), Some(n / 2)];
+            if n < kernels::MAX_CHAIN_ADDENDS {
+                positions.push(Some(n)); // dst last
+            }
+            positions.dedup();
+            for dst_at in positions {
+                // Aligned (float4 path), a misaligned source, a misaligned dst.
+                for (offset, dst_offset) in [(0, 0), (1, 0), (4, 2)] {
+                    for factor in [None, Some(1.0 / 3.0)] {
+                        check_chain(&gpu, &mut rng, n, dst_at, len, offset, dst_offset, factor);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_scale_equals_a_separate_scale_pass() {
+    // The reducer's claim: scaling inside det_chain gives the bits of the
+    // unscaled chain followed by det_scale, on data where the scale rounds
+    // (factor 1/3) and on subnormal-producing data (factor 2^-3).
+    let Some(gpu) = gpu() else { return };
+    let stream = gpu.ctx.default_stream();
+    let mut rng = Rng(0x5CA1E);
+    let len = 100_003;
+    let srcs: Vec<CudaSlice<f32>> = (0..5).map(|_| upload(&stream, &rng.values(len))).collect();
+    for factor in [1.0f32 / 3.0, 0.125, 1.0 / 7.0] {
+        let views: Vec<_> = srcs.iter().map(|b| b.as_view()).collect();
+        let mut fused = stream.alloc_zeros::<f32>(len).expect("alloc");
+        gpu.fold
+            .det_chain(
+                &stream,
+                &mut fused.as_view_mut(),
+                None,
+                &views,
+                len,
+                Some(factor),
+            )
+            .expect("fused");
+        let mut separate = stream.alloc_zeros::<f32>(len).expect("alloc");
+        gpu.fold
+            .det_chain(
+                &stream,
+                &mut separate.as_view_mut(),
+                None,
+                &views,
+                len,
+                None,
+            )
+            .expect("chain");
+        let unscaled = download(&stream, &separate);
+        gpu.fold
+            .det_scale(&stream, &mut separate.as_view_mut(), len, factor)
+            .expect("scale");
+        let (f, s) = (download(&stream, &fused), download(&stream, &separate));
+        assert_bits_eq(&f, &s, &format!("fused vs separate scale by {factor}"));
+        // Negative control: the scale did change the bits.
+        assert!(
+            bits(&f) != bits(&unscaled),
+            "factor {factor} changed nothing"
+        );
+        let host: Vec<f32> = unscaled.iter().map(|&x| x * factor).collect();
+        assert_bits_eq(&s, &host, &format!("det_scale by {factor} vs host"));
+    }
+    // det_scale on a misaligned view and odd length: scalar path.
+    let mut buf = upload(&stream, &rng.values(1031));
+    let before = download(&stream, &buf);
+    gpu.fold
+        .det_scale(&stream, &mut buf.slice_mut(1..), 1029, 1.0 / 3.0)
+        .expect("scale misaligned");
+    let got = download(&stream, &buf);
+    let mut want = before.clone();
+    for x in &mut want[1..1030] {
+        *x *= 1.0 / 3.0;
+    }
+    assert_bits_eq(&got, &want, "det_scale misaligned");
+}
+
+#[test]
+fn chain_refuses_bad_arguments_without_launching() {
+    let Some(gpu) = gpu() else { return };
+    let stream = gpu.ctx.default_stream();
+    let a = upload(&stream, &[1.0; 16]);
+    let short = upload(&stream, &[1.0; 8]);
+    let mut dst = upload(&stream, &[5.0; 16]);
+    let fold = &gpu.fold;
+    let invalid = |r: Result<(), KernelError>, what: &str| match r {
+        Err(KernelError::InvalidArgument { message, .. }) => message,
+        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    };
+    let m = invalid(
+        fold.det_chain(&stream, &mut dst.as_view_mut(), None, &[], 16, None),
+        "no addends",
+    );
+    assert!(m.contains("no addends"), "{m}");
+    let m = invalid(
+        fold.det_chain(
+            &stream,
+            &mut dst.as_view_mut(),
+            Some(2),
+            &[a.as_view()],
+            16,
+            None,
+        ),
+        "dst_at",
+    );
+    assert!(m.contains("dst_at"), "{m}");
+    let m = invalid(
+        fold.det_chain(
+            &stream,
+            &mut dst.as_view_mut(),
+            None,
+            &[a.as_view(), short.as_view()],
+            16,
+            None,
+        ),
+        "short source",
+    );
+    assert!(m.contains("source 1 holds 8"), "{m}");
+    let views: Vec<_> = (0..40).map(|_| a.as_view()).collect();
+    let m = invalid(
+        fold.det_chain(&stream, &mut dst.as_view_mut(), Some(35), &views, 16, None),
+        "dst past the first launch",
+    );
+    assert!(m.contains("first 32"), "{m}");
+    let mut short_mut = upload(&stream, &[1.0; 8]);
+    let m = invalid(
+        fold.det_scale(&stream, &mut short_mut.as_view_mut(), 9, 0.5),
+        "short scale",
+    );
+    assert!(m.contains("holds 8"), "{m}");
+    assert_eq!(
+        download(&stream, &dst),
+        vec![5.0; 16],
+        "a refused call wrote"
+    );
+}
+
 #[test]
 fn indexes_past_2_pow_31() {
     // slot 1 starts past 2^31 elements and the tail elements have i > 2^31:
     // 32-bit indexing anywhere would read or write the wrong addresses.
     let Some(gpu) = gpu() else { return };
     let stream = gpu.ctx.new_stream().expect("stream");
-    let len: usize = (1 << 31) + 2052; // a multiple of 4: float4 path
+    let edge = 4096;
+    // A multiple of 4 (float4 path) whose tail (the last `edge` elements)
+    // starts past 2^31 + 8, so the zeros checked around 2^31 are not part
+    // of it. (An earlier len of 2^31 + 2052 put the tail's random values at
+    // 2^31 - 2044.., over the checked "middle": the kernel was right there,
+    // the expectation was not.)
+    let len: usize = (1 << 31) + 2 * edge + 4;
+    assert!(len - edge > (1 << 31) + 8 && len % 4 == 0);
     let needed_bytes = 3 * len * 4 + (1 << 30);
     let (free, _) = gpu.ctx.mem_get_info().expect("mem info");
     if free < needed_bytes {
@@ -442,7 +657,6 @@ fn indexes_past_2_pow_31() {
         return;
     }
     let mut rng = Rng(31);
-    let edge = 4096;
     let mut d_slots = stream.alloc_zeros::<f32>(2 * len).expect("alloc slots");
     let mut d_out = stream.alloc_zeros::<f32>(len).expect("alloc out");
     // Random data at both ends of both slots; zeros in between.
@@ -461,18 +675,26 @@ fn indexes_past_2_pow_31() {
     }
     let want: Vec<f32> = (0..2 * edge).map(|j| host[0][j] + host[1][j]).collect();
 
+    // Zeros (both slots are zero there) around 2^31, where a 32-bit index
+    // would wrap, and just before the tail: nothing may land in between.
+    let assert_zeros_between_the_ends = |d_out: &CudaSlice<f32>, what: &str| {
+        for start in [edge, (1 << 31) - 8, len - edge - 16] {
+            let got = stream
+                .clone_dtoh(&d_out.slice(start..start + 16))
+                .expect("middle");
+            assert!(
+                got.iter().all(|&x| x.to_bits() == 0),
+                "{what}: elements {start}..{} should be +0.0: {got:?}",
+                start + 16
+            );
+        }
+    };
     let check = |d_out: &CudaSlice<f32>, what: &str| {
         let head = stream.clone_dtoh(&d_out.slice(..edge)).expect("head");
         let tail = stream.clone_dtoh(&d_out.slice(len - edge..)).expect("tail");
         assert_bits_eq(&head, &want[..edge], &format!("{what}: head"));
         assert_bits_eq(&tail, &want[edge..], &format!("{what}: tail"));
-        let middle = stream
-            .clone_dtoh(&d_out.slice((1 << 31) - 8..(1 << 31) + 8))
-            .expect("middle");
-        assert!(
-            middle.iter().all(|&x| x == 0.0),
-            "{what}: middle {middle:?}"
-        );
+        assert_zeros_between_the_ends(d_out, what);
     };
     gpu.fold
         .det_sum_ranks(
@@ -510,6 +732,46 @@ fn indexes_past_2_pow_31() {
     );
     let tail = stream.clone_dtoh(&d_out.slice(len - edge..)).expect("tail");
     assert_bits_eq(&tail, &want[edge..], "det_sum_ranks (scalar path): tail");
+    assert_zeros_between_the_ends(&d_out, "det_sum_ranks (scalar path)");
+
+    // The pointer chain over the same two slots, slot 1 passed at its
+    // 2^31 + 8196-element offset: float4 path, then the scaled variant in
+    // place (dst = slot 0 itself, its own values the first addend).
+    stream.memset_zeros(&mut d_out).expect("clear");
+    {
+        let (s0, s1) = d_slots.split_at(len);
+        gpu.fold
+            .det_chain(
+                &stream,
+                &mut d_out.as_view_mut(),
+                None,
+                &[s0, s1],
+                len,
+                None,
+            )
+            .expect("chain");
+    }
+    check(&d_out, "det_chain (float4 path)");
+    {
+        let (mut s0, s1) = d_slots.split_at_mut(len);
+        gpu.fold
+            .det_chain(&stream, &mut s0, Some(0), &[s1.as_view()], len, Some(0.5))
+            .expect("chain in place, scaled");
+    }
+    let halves: Vec<f32> = want.iter().map(|&w| w * 0.5).collect();
+    let head = stream.clone_dtoh(&d_slots.slice(..edge)).expect("head");
+    let tail = stream
+        .clone_dtoh(&d_slots.slice(len - edge..len))
+        .expect("tail");
+    assert_bits_eq(&head, &halves[..edge], "det_chain in place: head");
+    assert_bits_eq(&tail, &halves[edge..], "det_chain in place: tail");
+    // Put slot 0 back for the accumulate check below.
+    stream
+        .memcpy_htod(&host[0][..edge], &mut d_slots.slice_mut(..edge))
+        .expect("restore head");
+    stream
+        .memcpy_htod(&host[0][edge..], &mut d_slots.slice_mut(len - edge..len))
+        .expect("restore tail");
 
     // The running prefix over the same slots, starting from the sum: acc
     // becomes ((s0 + s1) + s0) + s1 at both ends.

@@ -3,24 +3,36 @@
 //!
 //! ```text
 //! bench_reduce [--world 2] [--sizes-mib 4,8,...,1024] [--reps N] [--warmup N]
-//!              [--chunk-elems N] [--pipeline] [--markdown FILE]
+//!              [--chunk-elems N] [--pipeline] [--serial]
+//!              [--chunks 1,2,4,8] [--pipeline-chunks 4,8,16,32,64]
+//!              [--markdown FILE]
 //! ```
 //!
 //! Started without a launcher it re-executes itself as `--world` ranks (one
 //! GPU each) through the supervisor; under torchrun/SLURM/MPI or the
 //! project's `MAMBA_*` contract it is one rank. Every timed call is
-//! synchronous (each returns once the stream has completed its work), so a
-//! rank's wall-clock time of one call is that call's full latency,
-//! including the host's waits between groups. Ranks meet at a barrier
-//! before every call; the reported time is the median over repetitions, and
-//! the maximum of that median over ranks. Rank 0 prints a plain table and
-//! the same table in markdown.
+//! synchronous (each returns once all its device work has completed), so a
+//! rank's wall-clock time of one call is that call's full latency. Ranks
+//! meet at a barrier before every call; the reported time is the median
+//! over repetitions, and the maximum of that median over ranks. Rank 0
+//! prints a plain table and the same table in markdown.
 //!
 //! Columns: `nccl` = `NcclComm::all_reduce_sum_f32` (the library's own
-//! all-reduce, no scaling); `fixed` = `FixedOrder` mean (`P = L`);
-//! `lib` = `NcclSum` mean (all-reduce + scale); with `--pipeline`,
-//! `fixed L=2P` = `FixedOrder` with two logical ranks per process (the
-//! running-prefix pipeline). Ratios are against `nccl`.
+//! all-reduce, no scaling); `fixed` = `FixedOrder` mean (`P = L`, default
+//! chunking, two-lane executor); `lib` = `NcclSum` mean (all-reduce +
+//! scale); `C`, `groups`, `launches` = chunks, point-to-point groups and
+//! fold launches of the fixed plan; with `--serial`, `serial` = the same
+//! plan run step by step with a host wait per group (the executor before
+//! the two-lane one, for comparison); with `--pipeline`, `L=2P` =
+//! `FixedOrder` with two logical ranks per process (the running-prefix
+//! pipeline, default chunking) and its chunk count. Ratios are against
+//! `nccl`.
+//!
+//! Sweeps (one extra table each, to pick default chunk counts from one GPU
+//! run): `--chunks LIST` times `P = L` with each chunk count,
+//! `--pipeline-chunks LIST` times `L = 2P` with each. A count `c` means
+//! `chunk_elems = ceil(len / c)` rounded up to 1024 elements. `--chunk-elems N` instead fixes the chunk
+//! length of every fixed-order column.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -42,19 +54,40 @@ struct Args {
     warmup: usize,
     chunk_elems: Option<usize>,
     pipeline: bool,
+    serial: bool,
+    chunks: Vec<usize>,
+    pipeline_chunks: Vec<usize>,
     markdown: Option<String>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
+fn list(name: &str, v: &str) -> Result<Vec<usize>, String> {
+    v.split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<usize>()
+                .map_err(|e| format!("{name} {s:?}: {e}"))
+        })
+        .collect()
+}
+
+/// The settings without any flag.
+fn default_args() -> Args {
+    Args {
         world: 2,
         sizes_mib: vec![4, 8, 16, 32, 64, 128, 256, 512, 1024],
         reps: None,
         warmup: 3,
         chunk_elems: None,
         pipeline: false,
+        serial: false,
+        chunks: Vec::new(),
+        pipeline_chunks: Vec::new(),
         markdown: None,
-    };
+    }
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = default_args();
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
@@ -62,16 +95,12 @@ fn parse_args() -> Result<Args, String> {
             |name: &str, v: String| v.parse::<usize>().map_err(|e| format!("{name} {v:?}: {e}"));
         match flag.as_str() {
             "--world" => a.world = num("--world", value("--world")?)?,
-            "--sizes-mib" => {
-                a.sizes_mib = value("--sizes-mib")?
-                    .split(',')
-                    .map(|s| {
-                        s.trim()
-                            .parse::<usize>()
-                            .map_err(|e| format!("--sizes-mib {s:?}: {e}"))
-                    })
-                    .collect::<Result<_, _>>()?
+            "--sizes-mib" => a.sizes_mib = list("--sizes-mib", &value("--sizes-mib")?)?,
+            "--chunks" => a.chunks = list("--chunks", &value("--chunks")?)?,
+            "--pipeline-chunks" => {
+                a.pipeline_chunks = list("--pipeline-chunks", &value("--pipeline-chunks")?)?
             }
+            "--serial" => a.serial = true,
             "--reps" => a.reps = Some(num("--reps", value("--reps")?)?),
             "--warmup" => a.warmup = num("--warmup", value("--warmup")?)?,
             "--chunk-elems" => a.chunk_elems = Some(num("--chunk-elems", value("--chunk-elems")?)?),
@@ -88,6 +117,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.world < 2 || a.sizes_mib.is_empty() || a.sizes_mib.contains(&0) {
         return Err("--world must be at least 2 and every size at least 1 MiB".into());
+    }
+    if a.chunks.contains(&0) || a.pipeline_chunks.contains(&0) {
+        return Err("chunk counts must be at least 1".into());
     }
     Ok(a)
 }
@@ -199,13 +231,19 @@ struct Row {
     nccl: Duration,
     fixed: Duration,
     lib: Duration,
-    pipeline: Option<Duration>,
+    serial: Option<Duration>,
+    pipeline: Option<(Duration, usize)>,
+    chunks: usize,
     groups: usize,
     launches: usize,
+    /// `(chunk count, time)` of the `--chunks` sweep.
+    sweep: Vec<(usize, Duration)>,
+    /// `(chunk count, time)` of the `--pipeline-chunks` sweep.
+    pipeline_sweep: Vec<(usize, Duration)>,
 }
 
-/// Swap the contract (and logical world) of a reducer without reloading
-/// the kernels.
+/// Swap the contract (and logical world, chunking) of a reducer without
+/// reloading the kernels.
 fn remake(
     r: TransportReducer<NcclComm, KernelFold>,
     contract: ReduceContract,
@@ -241,11 +279,14 @@ fn rank(args: &Args) -> Result<(), String> {
     for &mib in &args.sizes_mib {
         let len = mib * (1 << 20) / 4;
         let reps = args.reps.unwrap_or(if mib >= 256 { 10 } else { 20 });
-        let v = values(len, rank);
+        let (warmup, v) = (args.warmup, values(len, rank));
+        // Chunk length for a chunk count, rounded up to 1024 elements like
+        // the defaults (keeps shards 16-byte aligned).
+        let count = |c: usize| Some(len.div_ceil(c).next_multiple_of(1024));
 
         // NCCL's own all-reduce on the arena.
         let mut arena = [upload(r.transport_mut(), &v)?];
-        let nccl = time(r.transport_mut(), args.warmup, reps, |t| {
+        let nccl = time(r.transport_mut(), warmup, reps, |t| {
             t.all_reduce_sum_f32(&mut arena[0], 0..len)
                 .map_err(|e| e.to_string())
         })?;
@@ -254,32 +295,56 @@ fn rank(args: &Args) -> Result<(), String> {
         r = remake(r, ReduceContract::FixedOrder, world, args.chunk_elems);
         let plan = r.plan_for(len).map_err(|e| e.to_string())?;
         let cost = plan.cost();
-        let fixed = time_reducer(&mut r, &mut arena, args.warmup, reps)?;
+        let fixed = time_reducer(&mut r, &mut arena, warmup, reps)?;
+        let serial = if args.serial {
+            r.fold_mut().set_overlap(false);
+            let t = time_reducer(&mut r, &mut arena, warmup, reps);
+            r.fold_mut().set_overlap(true);
+            Some(t?)
+        } else {
+            None
+        };
+        let mut sweep = Vec::new();
+        for &c in &args.chunks {
+            r = remake(r, ReduceContract::FixedOrder, world, count(c));
+            sweep.push((c, time_reducer(&mut r, &mut arena, warmup, reps)?));
+        }
 
         // NcclSum on the same buffer.
-        r = remake(r, ReduceContract::NcclSum, world, args.chunk_elems);
-        let lib = time_reducer(&mut r, &mut arena, args.warmup, reps)?;
+        r = remake(r, ReduceContract::NcclSum, world, None);
+        let lib = time_reducer(&mut r, &mut arena, warmup, reps)?;
         drop(arena);
 
-        // Optional: two logical ranks per process (pipeline).
-        let pipeline = if args.pipeline {
-            r = remake(r, ReduceContract::FixedOrder, 2 * world, args.chunk_elems);
+        // Two logical ranks per process (pipeline).
+        let mut pipeline = None;
+        let mut pipeline_sweep = Vec::new();
+        if args.pipeline || !args.pipeline_chunks.is_empty() {
             let mut two = [
                 upload(r.transport_mut(), &v)?,
                 upload(r.transport_mut(), &v)?,
             ];
-            Some(time_reducer(&mut r, &mut two, args.warmup, reps)?)
-        } else {
-            None
-        };
+            if args.pipeline {
+                r = remake(r, ReduceContract::FixedOrder, 2 * world, args.chunk_elems);
+                let chunks = r.plan_for(len).map_err(|e| e.to_string())?.chunks();
+                pipeline = Some((time_reducer(&mut r, &mut two, warmup, reps)?, chunks));
+            }
+            for &c in &args.pipeline_chunks {
+                r = remake(r, ReduceContract::FixedOrder, 2 * world, count(c));
+                pipeline_sweep.push((c, time_reducer(&mut r, &mut two, warmup, reps)?));
+            }
+        }
         rows.push(Row {
             mib,
             nccl,
             fixed,
             lib,
+            serial,
             pipeline,
+            chunks: plan.chunks(),
             groups: cost.groups,
             launches: cost.fold_launches + cost.copies + cost.scale_launches,
+            sweep,
+            pipeline_sweep,
         });
         if rank == 0 {
             eprintln!("bench_reduce: {mib} MiB done");
@@ -331,74 +396,178 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn render(rows: &[Row], world: usize, args: &Args) -> (String, String) {
-    let mut plain = format!(
-        "reduce benchmark: {world} ranks, median of repetitions (max over ranks), chunk {:?}\n",
-        args.chunk_elems
-    );
-    plain.push_str(&format!(
-        "{:>8} {:>10} {:>9} {:>10} {:>7} {:>10} {:>7} {:>7} {:>9}{}\n",
-        "MiB",
-        "nccl ms",
-        "GB/s",
-        "fixed ms",
-        "ratio",
-        "lib ms",
-        "ratio",
-        "groups",
-        "launches",
-        if args.pipeline {
-            "  fixed L=2P ms  ratio"
-        } else {
-            ""
+/// One table, as plain text (right-aligned columns) and markdown.
+struct Table {
+    title: String,
+    head: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn plain(&self) -> String {
+        let n = self.head.len();
+        let width: Vec<usize> = (0..n)
+            .map(|c| {
+                self.rows
+                    .iter()
+                    .map(|r| r[c].len())
+                    .chain([self.head[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: &[String]| {
+            let mut l = String::new();
+            for (c, cell) in cells.iter().enumerate() {
+                l.push_str(&format!("{:>w$}  ", cell, w = width[c]));
+            }
+            l.trim_end().to_string() + "\n"
+        };
+        let mut out = format!("{}\n", self.title);
+        out.push_str(&line(&self.head));
+        for r in &self.rows {
+            out.push_str(&line(r));
         }
-    ));
-    let mut md = String::from(
-        "| MiB | NCCL all-reduce ms | algbw GB/s | FixedOrder ms | ratio | NcclSum ms | ratio | groups | launches |",
-    );
-    md.push_str(if args.pipeline {
-        " FixedOrder L=2P ms | ratio |\n"
-    } else {
-        "\n"
-    });
-    md.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    md.push_str(if args.pipeline { "---:|---:|\n" } else { "\n" });
+        out
+    }
+
+    fn markdown(&self) -> String {
+        let mut out = format!("{}\n\n| {} |\n", self.title, self.head.join(" | "));
+        out.push_str(&format!("|{}\n", "---:|".repeat(self.head.len())));
+        for r in &self.rows {
+            out.push_str(&format!("| {} |\n", r.join(" | ")));
+        }
+        out
+    }
+}
+
+fn render(rows: &[Row], world: usize, args: &Args) -> (String, String) {
+    let f = |d: Duration| format!("{:.3}", ms(d));
+    let ratio = |d: Duration, r: &Row| format!("{:.2}", ms(d) / ms(r.nccl));
+    let mut head: Vec<String> = [
+        "MiB", "nccl ms", "GB/s", "fixed ms", "ratio", "lib ms", "ratio", "C", "groups", "launches",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if args.serial {
+        head.extend(["serial ms".into(), "ratio".into()]);
+    }
+    if args.pipeline {
+        head.extend(["L=2P ms".into(), "ratio".into(), "C".into()]);
+    }
+    let mut main = Table {
+        title: format!(
+            "reduce benchmark: {world} ranks, median of repetitions (max over ranks), chunk \
+             {:?}; ratios against nccl",
+            args.chunk_elems
+        ),
+        head,
+        rows: Vec::new(),
+    };
     for r in rows {
         let bytes = (r.mib as f64) * (1u64 << 20) as f64;
         let gbs = bytes / r.nccl.as_secs_f64() / 1e9;
-        let ratio = |d: Duration| ms(d) / ms(r.nccl);
-        let pipe_plain = r.pipeline.map_or(String::new(), |p| {
-            format!("  {:>13.3} {:>6.2}", ms(p), ratio(p))
-        });
-        let pipe_md = r.pipeline.map_or(String::new(), |p| {
-            format!(" {:.3} | {:.2} |", ms(p), ratio(p))
-        });
-        plain.push_str(&format!(
-            "{:>8} {:>10.3} {:>9.1} {:>10.3} {:>7.2} {:>10.3} {:>7.2} {:>7} {:>9}{}\n",
-            r.mib,
-            ms(r.nccl),
-            gbs,
-            ms(r.fixed),
-            ratio(r.fixed),
-            ms(r.lib),
-            ratio(r.lib),
-            r.groups,
-            r.launches,
-            pipe_plain
-        ));
-        md.push_str(&format!(
-            "| {} | {:.3} | {:.1} | {:.3} | {:.2} | {:.3} | {:.2} | {} | {} |{}\n",
-            r.mib,
-            ms(r.nccl),
-            gbs,
-            ms(r.fixed),
-            ratio(r.fixed),
-            ms(r.lib),
-            ratio(r.lib),
-            r.groups,
-            r.launches,
-            pipe_md
+        let mut cells = vec![
+            r.mib.to_string(),
+            f(r.nccl),
+            format!("{gbs:.1}"),
+            f(r.fixed),
+            ratio(r.fixed, r),
+            f(r.lib),
+            ratio(r.lib, r),
+            r.chunks.to_string(),
+            r.groups.to_string(),
+            r.launches.to_string(),
+        ];
+        if let Some(s) = r.serial {
+            cells.extend([f(s), ratio(s, r)]);
+        }
+        if let Some((p, c)) = r.pipeline {
+            cells.extend([f(p), ratio(p, r), c.to_string()]);
+        }
+        main.rows.push(cells);
+    }
+    let mut tables = vec![main];
+    let sweep = |title: &str, counts: &[usize], pick: &dyn Fn(&Row) -> &[(usize, Duration)]| {
+        let mut head = vec!["MiB".to_string(), "nccl ms".to_string()];
+        head.extend(counts.iter().map(|c| format!("C={c} ms (ratio)")));
+        Table {
+            title: title.to_string(),
+            head,
+            rows: rows
+                .iter()
+                .map(|r| {
+                    let mut cells = vec![r.mib.to_string(), f(r.nccl)];
+                    cells.extend(
+                        pick(r)
+                            .iter()
+                            .map(|&(_, d)| format!("{} ({})", f(d), ratio(d, r))),
+                    );
+                    cells
+                })
+                .collect(),
+        }
+    };
+    if !args.chunks.is_empty() {
+        tables.push(sweep(
+            "FixedOrder P = L by chunk count",
+            &args.chunks,
+            &|r: &Row| &r.sweep,
         ));
     }
+    if !args.pipeline_chunks.is_empty() {
+        tables.push(sweep(
+            "FixedOrder L = 2P by chunk count",
+            &args.pipeline_chunks,
+            &|r: &Row| &r.pipeline_sweep,
+        ));
+    }
+    let plain = tables
+        .iter()
+        .map(Table::plain)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let md = tables
+        .iter()
+        .map(Table::markdown)
+        .collect::<Vec<_>>()
+        .join("\n");
     (plain, md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_have_one_cell_per_column() {
+        let d = |us| Duration::from_micros(us);
+        let row = Row {
+            mib: 4,
+            nccl: d(100),
+            fixed: d(150),
+            lib: d(110),
+            serial: Some(d(200)),
+            pipeline: Some((d(300), 2)),
+            chunks: 1,
+            groups: 2,
+            launches: 1,
+            sweep: vec![(1, d(150)), (2, d(170))],
+            pipeline_sweep: vec![(4, d(310))],
+        };
+        let mut args = default_args();
+        args.serial = true;
+        args.pipeline = true;
+        args.chunks = vec![1, 2];
+        args.pipeline_chunks = vec![4];
+        let (plain, md) = render(&[row], 2, &args);
+        assert!(plain.contains("FixedOrder P = L by chunk count"), "{plain}");
+        assert!(plain.contains("0.170 (1.70)"), "{plain}");
+        for table in md.split("\n\n").filter(|t| t.starts_with('|')) {
+            let cols: Vec<usize> = table.lines().map(|l| l.matches('|').count()).collect();
+            assert!(cols.windows(2).all(|w| w[0] == w[1]), "{table}");
+        }
+        assert!(md.contains("| 4 | 0.100 | 41.9 | 0.150 | 1.50 |"), "{md}");
+    }
 }

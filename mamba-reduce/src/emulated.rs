@@ -32,6 +32,13 @@ pub struct EmulateOptions {
     pub chunk_elems: Option<usize>,
     /// Message delivery order.
     pub delivery: Delivery,
+    /// `None`: run the plans step by step (the sequential meaning).
+    /// `Some(seed)`: run every rank as two lanes, groups on one and folds
+    /// on the other, in a pseudo-random interleaving from `seed` that only
+    /// keeps the waits the plan's lane dependencies prescribe — what the
+    /// NCCL executor's two streams may do. Every seed must give the bits
+    /// of the sequential run.
+    pub lanes: Option<u64>,
 }
 
 /// One process playing a whole world: `L` logical arenas, spread over any
@@ -144,49 +151,176 @@ impl EmulatedWorld {
             Delivery::Shuffled(seed) => Some(SplitMix64(seed)),
             _ => None,
         };
-        let n_steps = plans.iter().map(|p| p.steps.len()).max().unwrap_or(0);
-        for t in 0..n_steps {
-            let mut deliveries = match_messages(&plans, t)?;
-            match opts.delivery {
-                Delivery::InOrder => {}
-                Delivery::Reversed => deliveries.reverse(),
-                Delivery::Shuffled(_) => {
-                    if let Some(rng) = rng.as_mut() {
-                        for i in (1..deliveries.len()).rev() {
-                            let j = (rng.next() % (i as u64 + 1)) as usize;
-                            deliveries.swap(i, j);
+        match opts.lanes {
+            None => {
+                let n_steps = plans.iter().map(|p| p.steps.len()).max().unwrap_or(0);
+                for t in 0..n_steps {
+                    deliver(&plans, &mut ranks, mem, t, opts.delivery, &mut rng)?;
+                    for (plan, state) in plans.iter().zip(ranks.iter_mut()) {
+                        if let Some(step) = plan.steps.get(t) {
+                            for op in &step.compute {
+                                apply(mem, op, &mut state.locals, &mut state.scratch)?;
+                            }
                         }
                     }
                 }
             }
-            // Direct copies are as good as snapshots taken before the
-            // group: validated plans never receive into a region that is
-            // sent from (or received into twice) in the same step.
-            for d in deliveries {
-                let (src_state, dst_state) = two_ranks(&mut ranks, d.from, d.to)?;
-                let src = match d.src_buf {
-                    BufId::Scratch => &src_state.scratch,
-                    BufId::Local(j) => &src_state.locals[j],
-                };
-                let dst = match d.dst_buf {
-                    BufId::Scratch => &mut dst_state.scratch,
-                    BufId::Local(j) => &mut dst_state.locals[j],
-                };
-                mem.copy(src, d.src_start, dst, d.dst_start, d.len)?;
-            }
-            for (plan, state) in plans.iter().zip(ranks.iter_mut()) {
-                if let Some(step) = plan.steps.get(t) {
-                    for op in &step.compute {
-                        apply(mem, op, &mut state.locals, &mut state.scratch)?;
-                    }
-                }
-            }
+            Some(seed) => run_lanes(&plans, &mut ranks, mem, opts.delivery, &mut rng, seed, true)?,
         }
         mem.finish()?;
         ranks
             .iter()
             .map(|s| s.locals.first().map_or(Ok(Vec::new()), |b| mem.store(b)))
             .collect()
+    }
+}
+
+/// Deliver step `t`'s messages of every rank in the chosen order.
+fn deliver<B, M: EmulatorMemory<B>>(
+    plans: &[RankPlan],
+    ranks: &mut [RankState<B>],
+    mem: &mut M,
+    t: usize,
+    delivery: Delivery,
+    rng: &mut Option<SplitMix64>,
+) -> Result<()> {
+    let mut deliveries = match_messages(plans, t)?;
+    match delivery {
+        Delivery::InOrder => {}
+        Delivery::Reversed => deliveries.reverse(),
+        Delivery::Shuffled(_) => {
+            if let Some(rng) = rng.as_mut() {
+                for i in (1..deliveries.len()).rev() {
+                    let j = (rng.next() % (i as u64 + 1)) as usize;
+                    deliveries.swap(i, j);
+                }
+            }
+        }
+    }
+    // Direct copies are as good as snapshots taken before the group:
+    // validated plans never receive into a region that is sent from (or
+    // received into twice) in the same step.
+    for d in deliveries {
+        let (src_state, dst_state) = two_ranks(ranks, d.from, d.to)?;
+        let src = match d.src_buf {
+            BufId::Scratch => &src_state.scratch,
+            BufId::Local(j) => &src_state.locals[j],
+        };
+        let dst = match d.dst_buf {
+            BufId::Scratch => &mut dst_state.scratch,
+            BufId::Local(j) => &mut dst_state.locals[j],
+        };
+        mem.copy(src, d.src_start, dst, d.dst_start, d.len)?;
+    }
+    Ok(())
+}
+
+/// The steps of `plan` that have messages (`comm`) or fold operations.
+fn lane_steps(plan: &RankPlan, comm: bool) -> Vec<usize> {
+    (0..plan.steps.len())
+        .filter(|&t| {
+            let s = &plan.steps[t];
+            if comm {
+                !s.comm.is_empty()
+            } else {
+                !s.compute.is_empty()
+            }
+        })
+        .collect()
+}
+
+/// Whether a lane that has finished its steps up to `done` has passed the
+/// step `dep` another lane waits for.
+fn passed(dep: Option<usize>, done: Option<usize>) -> bool {
+    dep.is_none_or(|d| done.is_some_and(|x| x >= d))
+}
+
+/// Run every rank as a comm lane and a compute lane (see
+/// [`EmulateOptions::lanes`]): at each point pick, pseudo-randomly from
+/// `seed`, one runnable action — a whole group of some step (all its ranks'
+/// comm lanes have reached it and may start it) or one rank's fold
+/// operations of its next step. With `respect_deps` false the lanes ignore
+/// the plan's waits (a negative control: the tests show that then the bits
+/// change, so the waits are what keeps them).
+fn run_lanes<B, M: EmulatorMemory<B>>(
+    plans: &[RankPlan],
+    ranks: &mut [RankState<B>],
+    mem: &mut M,
+    delivery: Delivery,
+    delivery_rng: &mut Option<SplitMix64>,
+    seed: u64,
+    respect_deps: bool,
+) -> Result<()> {
+    let mut rng = SplitMix64(seed);
+    let comm: Vec<Vec<usize>> = plans.iter().map(|p| lane_steps(p, true)).collect();
+    let compute: Vec<Vec<usize>> = plans.iter().map(|p| lane_steps(p, false)).collect();
+    let world = plans.len();
+    let (mut comm_pos, mut compute_pos) = (vec![0usize; world], vec![0usize; world]);
+    let done = |steps: &[usize], pos: usize| pos.checked_sub(1).map(|i| steps[i]);
+    loop {
+        // (Some(t), _): the group of step t; (None, r): rank r's next folds.
+        let mut actions: Vec<(Option<usize>, usize)> = Vec::new();
+        let mut groups: Vec<usize> = (0..world)
+            .filter_map(|r| comm[r].get(comm_pos[r]).copied())
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        for t in groups {
+            let ready = (0..world).all(|r| {
+                let member = plans[r].steps.get(t).is_some_and(|s| !s.comm.is_empty());
+                !member
+                    || (comm[r].get(comm_pos[r]) == Some(&t)
+                        && (!respect_deps
+                            || passed(
+                                plans[r].lanes[t].comm_after,
+                                done(&compute[r], compute_pos[r]),
+                            )))
+            });
+            if ready {
+                actions.push((Some(t), 0));
+            }
+        }
+        for r in 0..world {
+            if let Some(&t) = compute[r].get(compute_pos[r]) {
+                if !respect_deps
+                    || passed(plans[r].lanes[t].compute_after, done(&comm[r], comm_pos[r]))
+                {
+                    actions.push((None, r));
+                }
+            }
+        }
+        if actions.is_empty() {
+            let finished = (0..world)
+                .all(|r| comm_pos[r] == comm[r].len() && compute_pos[r] == compute[r].len());
+            if finished {
+                return Ok(());
+            }
+            return Err(ReduceError::invariant(format!(
+                "the lanes deadlocked: comm lanes at {comm_pos:?} of {:?}, compute lanes at \
+                 {compute_pos:?} of {:?}",
+                comm.iter().map(Vec::len).collect::<Vec<_>>(),
+                compute.iter().map(Vec::len).collect::<Vec<_>>()
+            )));
+        }
+        let pick = (rng.next() % actions.len() as u64) as usize;
+        match actions[pick] {
+            (Some(t), _) => {
+                deliver(plans, ranks, mem, t, delivery, delivery_rng)?;
+                for r in 0..world {
+                    if comm[r].get(comm_pos[r]) == Some(&t) {
+                        comm_pos[r] += 1;
+                    }
+                }
+            }
+            (None, r) => {
+                let t = compute[r][compute_pos[r]];
+                let state = &mut ranks[r];
+                for op in &plans[r].steps[t].compute {
+                    apply(mem, op, &mut state.locals, &mut state.scratch)?;
+                }
+                compute_pos[r] += 1;
+            }
+        }
     }
 }
 
@@ -318,5 +452,88 @@ impl SplitMix64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fold::host_mean;
+
+    fn arenas(logical: usize, len: usize) -> Vec<Vec<f32>> {
+        let mut rng = SplitMix64(len as u64 * 31 + logical as u64);
+        (0..logical)
+            .map(|_| {
+                (0..len)
+                    .map(|_| (rng.next() >> 40) as f32 * 2f32.powi((rng.next() % 40) as i32 - 40))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Run the lanes of `world` ranks over `a`, optionally ignoring the waits.
+    fn lanes(
+        a: &[Vec<f32>],
+        world: usize,
+        chunk: usize,
+        seed: u64,
+        respect: bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        let (logical, len) = (a.len(), a[0].len());
+        let plans = (0..world)
+            .map(|r| RankPlan::new(r, world, logical, len, Some(chunk)))
+            .collect::<Result<Vec<_>>>()?;
+        let blocks = logical / world;
+        let mut mem = HostFold;
+        let mut ranks: Vec<RankState<Vec<f32>>> = plans
+            .iter()
+            .enumerate()
+            .map(|(r, p)| RankState {
+                locals: a[r * blocks..(r + 1) * blocks].to_vec(),
+                scratch: vec![f32::NAN; p.scratch_len().max(1)],
+            })
+            .collect();
+        run_lanes(
+            &plans,
+            &mut ranks,
+            &mut mem,
+            Delivery::InOrder,
+            &mut None,
+            seed,
+            respect,
+        )?;
+        Ok(ranks.into_iter().map(|s| s.locals[0].clone()).collect())
+    }
+
+    #[test]
+    fn lane_schedules_keep_the_bits_and_ignoring_the_waits_does_not() {
+        for (logical, world) in [(2, 2), (3, 3), (4, 2), (6, 3)] {
+            let a = arenas(logical, 2000);
+            let refs: Vec<&[f32]> = a.iter().map(|v| v.as_slice()).collect();
+            let want: Vec<u32> = host_mean(&refs)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            let mut broken = 0;
+            for seed in 0..40 {
+                for got in lanes(&a, world, 256, seed, true).unwrap() {
+                    let bits: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
+                    assert!(bits == want, "L={logical} P={world} seed {seed}");
+                }
+                // Without the waits a fold may read a slot before its group
+                // filled it (NaN) or a group may send a shard before its
+                // fold: some schedule must show it.
+                let wrong = lanes(&a, world, 256, seed, false)
+                    .unwrap()
+                    .iter()
+                    .any(|got| got.iter().map(|x| x.to_bits()).collect::<Vec<_>>() != want);
+                broken += usize::from(wrong);
+            }
+            assert!(
+                broken > 0,
+                "L={logical} P={world}: no schedule without waits went wrong"
+            );
+        }
     }
 }

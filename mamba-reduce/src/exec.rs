@@ -10,14 +10,17 @@
 
 use mamba_comm::{CommError, Transport};
 
-use crate::fold::FoldOps;
-use crate::plan::{BufId, CommOp, ComputeOp, RankPlan};
+use crate::fold::{ChainTerm, FoldOps};
+use crate::plan::{BufId, CommOp, ComputeOp, RankPlan, Step, Term};
 use crate::{ReduceError, Result};
 
-/// Run `plan` on this rank: `locals` are the caller's `L/P` arenas (logical
-/// ranks `rank*B .. rank*B + B`, ascending), `scratch` holds at least
-/// `plan.scratch_len()` elements. Afterwards `locals[0]` holds the mean on
-/// every rank; the other locals are unchanged; scratch holds garbage.
+/// Run `plan` on this rank, step by step (the plan's sequential meaning):
+/// `locals` are the caller's `L/P` arenas (logical ranks `rank*B .. rank*B +
+/// B`, ascending), `scratch` holds at least `plan.scratch_len()` elements.
+/// Afterwards `locals[0]` holds the mean on every rank; the other locals are
+/// unchanged; scratch holds garbage. Every group is waited for before the
+/// step's fold operations (host transports, and the device path's serial
+/// mode).
 pub(crate) fn execute<T, F>(
     plan: &RankPlan,
     transport: &mut T,
@@ -31,38 +34,47 @@ where
 {
     check_buffers::<T>(plan, locals, scratch)?;
     for step in &plan.steps {
-        if !step.comm.is_empty() {
-            transport.group(|t| {
-                for op in step
-                    .comm
-                    .iter()
-                    .filter(|op| matches!(op, CommOp::Send { .. }))
-                {
-                    if let CommOp::Send { buf, range, peer } = op {
-                        t.send(
-                            buf_ref(locals, scratch, *buf).map_err(comm_bug)?,
-                            range.clone(),
-                            *peer,
-                        )?;
-                    }
-                }
-                for op in &step.comm {
-                    if let CommOp::Recv { buf, range, peer } = op {
-                        t.recv(
-                            buf_mut(locals, scratch, *buf).map_err(comm_bug)?,
-                            range.clone(),
-                            *peer,
-                        )?;
-                    }
-                }
-                Ok(())
-            })?;
-        }
+        run_group(transport, step, locals, scratch)?;
         for op in &step.compute {
             apply(fold, op, locals, scratch)?;
         }
     }
     fold.finish()
+}
+
+/// The step's messages as one `Transport::group` (nothing when it has
+/// none), every send issued before every receive.
+pub(crate) fn run_group<T: Transport>(
+    transport: &mut T,
+    step: &Step,
+    locals: &mut [T::Buffer],
+    scratch: &mut T::Buffer,
+) -> Result<()> {
+    if step.comm.is_empty() {
+        return Ok(());
+    }
+    transport.group(|t| {
+        for op in &step.comm {
+            if let CommOp::Send { buf, range, peer } = op {
+                t.send(
+                    buf_ref(locals, scratch, *buf).map_err(comm_bug)?,
+                    range.clone(),
+                    *peer,
+                )?;
+            }
+        }
+        for op in &step.comm {
+            if let CommOp::Recv { buf, range, peer } = op {
+                t.recv(
+                    buf_mut(locals, scratch, *buf).map_err(comm_bug)?,
+                    range.clone(),
+                    *peer,
+                )?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(())
 }
 
 /// Every local arena has the plan's length, there are `L/P` of them, and
@@ -163,6 +175,66 @@ fn read_write<'a, B>(
     }
 }
 
+/// Every buffer but a chain's output, shared.
+struct Others<'a, B> {
+    /// Locals below the output (all of them when the output is scratch).
+    before: &'a [B],
+    /// Locals above the output.
+    after: &'a [B],
+    /// Index of the output among the locals, if it is one.
+    out: Option<usize>,
+    scratch: Option<&'a B>,
+}
+
+impl<'a, B> Others<'a, B> {
+    fn get(&self, id: BufId) -> Option<&'a B> {
+        match (id, self.out) {
+            (BufId::Scratch, _) => self.scratch,
+            (BufId::Local(i), None) => self.before.get(i),
+            (BufId::Local(i), Some(j)) if i < j => self.before.get(i),
+            (BufId::Local(i), Some(j)) if i > j => self.after.get(i - j - 1),
+            (BufId::Local(_), Some(_)) => None,
+        }
+    }
+}
+
+/// The output buffer `dst` mutably, and every other buffer shared (a
+/// chain's terms never name their own output buffer: plans are validated
+/// for it).
+fn split_out<'a, B>(
+    locals: &'a mut [B],
+    scratch: &'a mut B,
+    dst: BufId,
+) -> Result<(&'a mut B, Others<'a, B>)> {
+    let n = locals.len();
+    match dst {
+        BufId::Scratch => Ok((
+            scratch,
+            Others {
+                before: locals,
+                after: &[],
+                out: None,
+                scratch: None,
+            },
+        )),
+        BufId::Local(j) => {
+            let (before, rest) = locals.split_at_mut(j.min(n));
+            let (out, after) = rest.split_first_mut().ok_or_else(|| {
+                ReduceError::invariant(format!("plan names local arena {j} of {n}"))
+            })?;
+            Ok((
+                out,
+                Others {
+                    before,
+                    after,
+                    out: Some(j),
+                    scratch: Some(scratch),
+                },
+            ))
+        }
+    }
+}
+
 /// Apply one fold operation to this rank's buffers.
 pub(crate) fn apply<B, F: FoldOps<B>>(
     fold: &mut F,
@@ -170,30 +242,30 @@ pub(crate) fn apply<B, F: FoldOps<B>>(
     locals: &mut [B],
     scratch: &mut B,
 ) -> Result<()> {
-    match *op {
-        ComputeOp::Sum {
-            slots,
-            slots_off,
-            n_slots,
-            stride,
+    match op {
+        ComputeOp::Chain {
+            dst,
+            dst_off,
+            terms,
             len,
-            out,
-            out_off,
+            factor,
         } => {
-            let (s, o) = read_write(locals, scratch, slots, out)?;
-            fold.sum_slots(s, slots_off, n_slots, stride, len, o, out_off)
-        }
-        ComputeOp::Accumulate {
-            acc,
-            acc_off,
-            slots,
-            slots_off,
-            n_slots,
-            stride,
-            len,
-        } => {
-            let (s, a) = read_write(locals, scratch, slots, acc)?;
-            fold.accumulate(a, acc_off, s, slots_off, n_slots, stride, len)
+            let (out, others) = split_out(locals, scratch, *dst)?;
+            let terms = terms
+                .iter()
+                .map(|t| match *t {
+                    Term::Dst => Ok(ChainTerm::Dst),
+                    Term::Buf(id, off) => others
+                        .get(id)
+                        .map(|b| ChainTerm::Buf(b, off))
+                        .ok_or_else(|| {
+                            ReduceError::invariant(format!(
+                                "chain term {id:?} is missing or is its own output {dst:?}"
+                            ))
+                        }),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            fold.chain(out, *dst_off, &terms, *len, *factor)
         }
         ComputeOp::Copy {
             src,
@@ -202,14 +274,8 @@ pub(crate) fn apply<B, F: FoldOps<B>>(
             dst_off,
             len,
         } => {
-            let (s, d) = read_write(locals, scratch, src, dst)?;
-            fold.copy(s, src_off, d, dst_off, len)
+            let (s, d) = read_write(locals, scratch, *src, *dst)?;
+            fold.copy(s, *src_off, d, *dst_off, *len)
         }
-        ComputeOp::Scale {
-            buf,
-            off,
-            len,
-            factor,
-        } => fold.scale(buf_mut(locals, scratch, buf)?, off, len, factor),
     }
 }

@@ -82,6 +82,15 @@ fn add_into(acc: &mut [f32], a: &[f32]) {
     }
 }
 
+/// One addend of [`FoldOps::chain`].
+#[derive(Debug)]
+pub enum ChainTerm<'a, B> {
+    /// The output region's own values (read before they are overwritten).
+    Dst,
+    /// `len` elements of another buffer, from this offset.
+    Buf(&'a B, usize),
+}
+
 /// The arithmetic the fixed-order dataflow needs next to byte movement:
 /// the seam between the transport-generic dataflow and the memory the
 /// transport moves (host `Vec<f32>`, or device memory with the kernels).
@@ -135,6 +144,21 @@ pub trait FoldOps<B> {
 
     /// `buf[off + i] = buf[off + i] * factor`, one rounding each.
     fn scale(&mut self, buf: &mut B, off: usize, len: usize, factor: f32) -> Result<()>;
+
+    /// `dst[dst_off + i] = ((t_0[i] + t_1[i]) + ...) + t_{n-1}[i]`, then
+    /// `* factor` when `factor` is `Some` (one more rounding of the finished
+    /// sum: the same bits as [`FoldOps::scale`] afterwards), for `i < len`.
+    /// [`ChainTerm::Dst`] (at most once) stands for `dst`'s own values at
+    /// `dst_off + i` before the call; [`ChainTerm::Buf`] terms name other
+    /// buffers. Needs at least one term.
+    fn chain(
+        &mut self,
+        dst: &mut B,
+        dst_off: usize,
+        terms: &[ChainTerm<'_, B>],
+        len: usize,
+        factor: Option<f32>,
+    ) -> Result<()>;
 
     /// Wait until every operation called so far has completed.
     fn finish(&mut self) -> Result<()>;
@@ -229,8 +253,72 @@ impl FoldOps<Vec<f32>> for HostFold {
         Ok(())
     }
 
+    fn chain(
+        &mut self,
+        dst: &mut Vec<f32>,
+        dst_off: usize,
+        terms: &[ChainTerm<'_, Vec<f32>>],
+        len: usize,
+        factor: Option<f32>,
+    ) -> Result<()> {
+        check_terms(terms)?;
+        let out = region_mut(dst, dst_off, len, "chain output")?;
+        // None stands for the output's own values.
+        let sources = terms
+            .iter()
+            .map(|t| match t {
+                ChainTerm::Dst => Ok(None),
+                ChainTerm::Buf(b, off) => region(b, *off, len, "chain term").map(Some),
+            })
+            .collect::<Result<Vec<Option<&[f32]>>>>()?;
+        host_chain(out, &sources, factor);
+        Ok(())
+    }
+
     fn finish(&mut self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// At least one term, and [`ChainTerm::Dst`] at most once.
+pub(crate) fn check_terms<B>(terms: &[ChainTerm<'_, B>]) -> Result<()> {
+    let dsts = terms.iter().filter(|t| matches!(t, ChainTerm::Dst)).count();
+    if terms.is_empty() || dsts > 1 {
+        return Err(ReduceError::invariant(format!(
+            "a chain needs at least one term and the output at most once; got {} terms, {dsts} \
+             of them the output",
+            terms.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Elements per block of [`host_chain`]: the running sums of one block live
+/// on the stack while every term is added to them, term by term.
+const CHAIN_BLOCK: usize = 256;
+
+/// `out[i] = ((s_0[i] + s_1[i]) + ...) * factor` where a `None` source is
+/// `out`'s own value. Blocked so each addition is a vectorisable loop over
+/// elements (each lane keeps its own ascending chain).
+fn host_chain(out: &mut [f32], sources: &[Option<&[f32]>], factor: Option<f32>) {
+    let mut acc = [0.0f32; CHAIN_BLOCK];
+    let mut start = 0;
+    while start < out.len() {
+        let n = CHAIN_BLOCK.min(out.len() - start);
+        let acc = &mut acc[..n];
+        for (k, s) in sources.iter().enumerate() {
+            let src = s.map_or(&out[start..start + n], |v| &v[start..start + n]);
+            if k == 0 {
+                acc.copy_from_slice(src);
+            } else {
+                add_into(acc, src);
+            }
+        }
+        if let Some(f) = factor {
+            host_scale(acc, f);
+        }
+        out[start..start + n].copy_from_slice(acc);
+        start += n;
     }
 }
 
@@ -287,6 +375,45 @@ mod tests {
         let m = host_mean(&[&a, &a]).unwrap();
         assert_eq!(bits(&m), bits(&a));
         assert_eq!(mean_factor(3), 1.0 / 3.0);
+    }
+
+    #[test]
+    fn chain_puts_the_output_at_its_position() {
+        // a = 1e8 (f32 spacing 8 there), b = c = 3: (a + b) + c rounds each
+        // 3 away, (b + c) + a rounds 6 up to 8.
+        let mut f = HostFold;
+        let b = vec![3.0f32; 300];
+        let c = vec![3.0f32; 300];
+        for (pos, want) in [(0usize, 1.0e8f32), (1, 1.0e8), (2, 100_000_008.0)] {
+            let mut dst = vec![1.0e8f32; 300];
+            let mut terms = vec![ChainTerm::Buf(&b, 0), ChainTerm::Buf(&c, 0)];
+            terms.insert(pos, ChainTerm::Dst);
+            f.chain(&mut dst, 0, &terms, 300, None).unwrap();
+            let mut order: Vec<&[f32]> = vec![&b, &c];
+            let a = vec![1.0e8f32; 300];
+            order.insert(pos, &a);
+            let mut reference = vec![0.0; 300];
+            host_fold(&order, &mut reference).unwrap();
+            assert_eq!(bits(&dst), bits(&reference), "dst at {pos}");
+            assert_eq!(dst[299], want, "dst at {pos}");
+        }
+        // Scaled: one more rounding, as host_scale after.
+        let mut dst = vec![3.0f32; 5];
+        f.chain(
+            &mut dst,
+            1,
+            &[ChainTerm::Dst, ChainTerm::Buf(&b, 0)],
+            3,
+            Some(1.0 / 3.0),
+        )
+        .unwrap();
+        let third = 6.0f32 * (1.0 / 3.0);
+        assert_eq!(dst, vec![3.0, third, third, third, 3.0]);
+        assert!(f.chain(&mut dst, 0, &[], 3, None).is_err());
+        assert!(f
+            .chain(&mut dst, 0, &[ChainTerm::Dst, ChainTerm::Dst], 3, None)
+            .is_err());
+        assert!(f.chain(&mut dst, 3, &[ChainTerm::Dst], 3, None).is_err());
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {

@@ -32,65 +32,92 @@
 //! - [`host_fold`], [`host_accumulate`], [`host_mean`]: the reference
 //!   arithmetic; `kernels::FoldKernel` reproduces it bit for bit on GPUs.
 //! - [`RankPlan`]: one rank's fixed-order dataflow as data (messages and
-//!   fold operations per step), with its [`PlanCost`].
+//!   fold operations per step, and the waits between a comm lane and a
+//!   compute lane), with its [`PlanCost`].
 //! - [`EmulatedWorld`]: one process running every rank's plan, with chosen
-//!   message delivery orders; the oracle every live world is tested
-//!   against.
+//!   message delivery orders and, optionally, random two-lane schedules;
+//!   the oracle every live world is tested against.
 //! - [`Reducer`]: the seam the trainer uses and a research reducer
 //!   replaces; [`TransportReducer`] implements it over any
-//!   [`mamba_comm::Transport`] and a [`FoldOps`]: [`HostReducer`] (host
-//!   memory) and [`NcclReducer`] (device memory, NCCL, the fold kernel).
+//!   [`mamba_comm::Transport`] and a [`PlanRunner`] (a [`FoldOps`] that
+//!   can run a whole plan): [`HostReducer`] (host memory, step by step)
+//!   and [`NcclReducer`] (device memory, NCCL, the fold kernel, two lanes).
 //! - [`RunIdentity`] and the agreement check every rank runs before its
 //!   first reduction.
 //!
 //! # The fixed-order dataflow
 //!
-//! **`P = L`** (one logical rank per process): the arena is cut into
-//! `P` contiguous shards (per chunk; one chunk by default). One group of
-//! sends and receives gives each owner every peer's copy of its shard in a
-//! slot indexed by source rank; the owner folds ascending and scales, in
-//! place in its arena; a second group sends the reduced shard to every
-//! peer, straight into their arenas. Delivery order cannot matter: no
-//! region is written by two messages, and the fold starts only when the
-//! group is complete.
+//! **`P = L`** (one logical rank per process): the arena is cut into `C`
+//! chunks and each chunk into `P` contiguous shards. Per chunk, one group
+//! of sends and receives gives each owner every peer's copy of its shard in
+//! a slot indexed by source rank (the scatter); the owner folds ascending
+//! and scales in one `det_chain` launch, in place in its arena, its own
+//! shard joining the chain at its rank's position (no copy); two steps
+//! later a group sends the reduced shard to every peer, straight into their
+//! arenas (the gather). Delivery order cannot matter: no region is written
+//! by two messages, and a fold starts only when its group is complete.
 //!
 //! **`L > P`** (`P` divides `L`; process `p` holds logical ranks
 //! `p*L/P ..` in ascending order): a per-source partial sum would change
 //! the association, so the *running prefix* travels: rank 0 folds its
-//! block, rank 1 continues the chain with its block
-//! (`det_accumulate_ranks`), ..., the last rank holds the sum, scales it,
-//! and the result is relayed to every rank. Chunked, so all ranks work on
-//! different chunks at once. The per-element chain is exactly the one of
-//! `P = L`, so the result is bit-identical for every `P` at fixed `L`.
+//! block, rank 1 continues the chain with its block, ..., the last rank
+//! holds the sum, scales it (fused), and the result is relayed to every
+//! rank. Chunked, so all ranks work on different chunks at once. The
+//! per-element chain is exactly the one of `P = L`, so the result is
+//! bit-identical for every `P` at fixed `L`.
 //!
-//! # Bytes, launches, memory (`N` elements of 4 bytes, `C` chunks)
+//! **On GPUs** ([`NcclReducer`]) the whole plan is queued at once: groups
+//! on the communicator's stream, folds on a second stream, with an event
+//! wait only where a group and a fold touch the same elements (which keeps
+//! every result of the step-by-step order; the emulated world checks it
+//! with random schedules), and one host wait at the end under the
+//! communicator's watchdog (`NcclComm::window`). So the fold of chunk `t`
+//! runs while the next chunk moves, and no host round-trip sits between
+//! groups. [`KernelFold::set_overlap`]`(false)` runs the same plan step by
+//! step instead (a host wait per group), for comparison.
 //!
-//! | | `P = L` | `L > P` (`B = L/P`) |
+//! # Bytes, launches, memory (`N` elements of 4 bytes, `C` chunks, `B = L/P`)
+//!
+//! | | `P = L` | `L > P` |
 //! |---|---|---|
-//! | bytes sent per rank | `2 (P-1)/P N` (a ring all-reduce's) | `N` on ranks `P-2`, `P-1`; `2N` on the others |
-//! | point-to-point groups | `C + 1` (2 by default) | `C + 2P - 3` |
-//! | fold launches | `C` per rank (+`C` copies on ranks `>= 2`) | `C (B - 1)` on rank 0, `C B` on others |
-//! | scale launches | `C` per rank | `C` on rank `P-1` |
-//! | scratch memory | `(P-1)` slots (`P` on ranks `>= 2`) of `ceil(N/(CP))` rounded to 4: about `N (P-1)/P` by default | one chunk, `N/16` (min 1 MiB) by default, none on rank 0 |
+//! | bytes sent per rank | `2 (P-1)/P N` x 4 (a ring all-reduce's) | `2N` x 4; `N` x 4 on ranks `P-2`, `P-1` |
+//! | point-to-point groups | `C + 2` (`2` for `C = 1`) | at most `C + 3P - 4` (`P >= 2`) |
+//! | fold launches per rank (scale fused) | `C` | `C` |
+//! | fold HBM bytes per rank | `(P+1)/P N` x 4 | `(B+1) N` x 4 on rank 0, `(B+2) N` x 4 on the others |
+//! | host waits | 1 | 1 |
+//! | scratch memory | `min(C,2)` sets of `P-1` slots of `~N/(CP)`: `~(P-1)/P N` x 4 | `min(C,2)` chunks, none on rank 0 |
+//! | default `C` ([`RankPlan::default_chunk`]) | 1 below 64 MiB, else 2 | `sqrt((3P-3) T_link / 10 us)`, 1..=64 |
 //!
-//! On two GPUs a fixed-order reduction of one chunk is therefore exactly:
-//! one group moving `N/2` each way, one fold kernel reading `N` and writing
-//! `N/2` (ranks 0 and 1 accumulate into their own shard, no copy), one
-//! scale kernel over `N/2`, one group moving `N/2` each way; the same bytes
-//! on the links as NCCL's ring all-reduce, plus `2.5 N` elements (`10 N`
-//! bytes) of HBM traffic per rank for the arithmetic, and two host waits
-//! (the communicator completes each group before returning). Everything
-//! runs on the communicator's stream. Under `NcclSum`: one library
-//! all-reduce plus one scale launch (and `B - 1` block folds for `L > P`).
+//! What this means on two H200s (NVLink ~360 GB/s per direction for NCCL
+//! point-to-point, HBM ~4 TB/s, ~10 us device-side cost per queued group;
+//! PyTorch's NCCL all-reduce there: 1 GiB in 3.39 ms, 256 MiB in 0.94 ms):
+//!
+//! - `P = L = 2`, 1 GiB, `C = 2`: each direction carries 1 GiB (0.5 GiB
+//!   scatter + 0.5 GiB gather, exactly a ring all-reduce's), ~2.98 ms of
+//!   link time; four groups (~40 us); two folds reading 1 GiB and writing
+//!   0.5 GiB in all (~0.4 ms), both hidden behind transfers (the second
+//!   runs during the third group, which gathers the first chunk).
+//!   Expected ~3.0-3.1 ms. The
+//!   version before this one ran one group, a fold, a separate scale pass
+//!   (another 1 GiB of HBM traffic, ~0.27 ms) and a second group, with two
+//!   host waits that slept up to 1 ms past completion (5.1 ms measured).
+//! - `P = L = 2`, 4 MiB, `C = 1`: two groups (~12 us of link time, ~20-30 us
+//!   of fixed cost), one fold (~2 us + launch), one host wait.
+//! - `L = 2P = 4`, 1 GiB, `C = 30`: both directions busy with one chunk
+//!   each per step for 30 of 33 steps: `(C + 2)/C` x 2.98 ms + 33 x ~10 us
+//!   ~ 3.5 ms; the per-chunk fold on ranks `>= 1` (4 passes over a 34 MiB
+//!   chunk, ~35 us) hides behind that chunk's ~95 us transfer.
 //!
 //! Memory with `L > P`: the caller holds its `L/P` arenas (that is what a
 //! process running `L/P` logical ranks needs anyway); the reducer adds only
-//! the one-chunk prefix buffer, and `local[0]` is overwritten with the
+//! the prefix buffer (two chunks), and `local[0]` is overwritten with the
 //! mean while the other arenas are left as they were.
 //!
-//! `any` is one `i32` max all-reduce. `all_reduce_host` and the agreement
-//! check all-gather the values with one group (`P - 1` sends and receives
-//! per rank) and fold ascending on the host.
+//! Under `NcclSum`: one library all-reduce plus one scale launch (and
+//! `B - 1` block folds for `L > P`). `any` is one `i32` max all-reduce.
+//! `all_reduce_host` and the agreement check all-gather the values with one
+//! group (`P - 1` sends and receives per rank) and fold ascending on the
+//! host.
 
 mod contract;
 mod device;
@@ -100,6 +127,7 @@ mod exec;
 mod fold;
 mod host;
 mod identity;
+mod lanes;
 mod nccl;
 mod plan;
 mod reducer;
@@ -109,10 +137,14 @@ pub use contract::ReduceContract;
 pub use device::KernelFold;
 pub use emulated::{Delivery, EmulateOptions, EmulatedWorld, EmulatorMemory};
 pub use error::{ReduceError, Result};
-pub use fold::{host_accumulate, host_fold, host_mean, host_scale, mean_factor, FoldOps, HostFold};
+pub use fold::{
+    host_accumulate, host_fold, host_mean, host_scale, mean_factor, ChainTerm, FoldOps, HostFold,
+};
 pub use host::HostReducer;
 pub use identity::RunIdentity;
 pub use nccl::NcclReducer;
-pub use plan::{Dataflow, PlanCost, RankPlan};
-pub use reducer::{Reducer, ReducerOptions, TransportReducer};
+pub use plan::{
+    Dataflow, PlanCost, RankPlan, GROUP_OVERHEAD_SEC, LINK_BYTES_PER_SEC, SHARDED_SPLIT_BYTES,
+};
+pub use reducer::{PlanRunner, Reducer, ReducerOptions, TransportReducer};
 pub use shard::ShardPlan;

@@ -12,10 +12,13 @@ use crate::Result;
 /// contracts; under `FixedOrder` its bits equal the host reducer's and the
 /// [`EmulatedWorld`](crate::EmulatedWorld)'s.
 ///
-/// Streams: everything the reducer does runs on [`NcclComm::stream`], and
-/// every operation takes buffers through cudarc's event tracking, so
-/// gradients written on another stream of the same context are waited
-/// for. `reduce_mean` returns when the mean is complete on the device.
+/// Streams: under `FixedOrder` the groups run on [`NcclComm::stream`] and
+/// the folds on a second stream of the same context, all queued in one
+/// [`NcclComm::window`] (see [`KernelFold`]); under `NcclSum` everything
+/// runs on the communicator's stream. Buffers are taken through cudarc's
+/// event tracking first, so gradients written on another stream of the
+/// same context are waited for. `reduce_mean` returns when the mean is
+/// complete on the device (one host wait, under the watchdog).
 pub type NcclReducer = TransportReducer<NcclComm, KernelFold>;
 
 impl TransportReducer<NcclComm, KernelFold> {

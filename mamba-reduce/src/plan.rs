@@ -1,68 +1,92 @@
 //! The fixed-order dataflow as data: a per-rank list of steps, each a group
 //! of point-to-point messages followed by fold operations.
 //!
-//! One plan drives every executor: the live one over any
-//! [`Transport`](mamba_comm::Transport) (host threads, loopback processes,
-//! NCCL on device memory) and the [`EmulatedWorld`](crate::EmulatedWorld)
-//! oracle. That is how "the same dataflow" is meant literally.
+//! One plan drives every executor: the step-by-step one over any
+//! [`Transport`](mamba_comm::Transport) (host threads, loopback processes),
+//! the two-stream one over NCCL (`device::run`), and the
+//! [`EmulatedWorld`](crate::EmulatedWorld) oracle. That is how "the same
+//! dataflow" is meant literally.
 //!
-//! Executor contract: a step's messages run as one group that is complete
-//! before the step's fold operations start, and a step's fold operations
-//! complete before the next step's messages start (both executors run
-//! steps strictly in order; on a GPU everything is on the communicator's
-//! stream and a group is complete when `Transport::group` returns). Within
-//! one step a rank never receives into a region it also sends from or
-//! receives into twice ([`RankPlan::validate`] checks it), so the order in
-//! which a group's messages are delivered cannot change a bit.
+//! # Executor contract
+//!
+//! The *sequential* meaning of a plan: step by step, a step's messages run
+//! as one group that completes before the step's fold operations, which
+//! complete before the next step's messages. Within one step a rank never
+//! receives into a region it also sends from or receives into twice
+//! ([`RankPlan::validate`] checks it), so the order in which a group's
+//! messages are delivered cannot change a bit.
+//!
+//! The *two-lane* meaning, which the NCCL executor uses to overlap the fold
+//! of one chunk with the transfer of the next: messages run on a comm lane
+//! and fold operations on a compute lane, each lane in step order, and a
+//! lane waits for the other only where the plan's regions conflict (a
+//! write against a read or write of an overlapping element range of the
+//! same buffer). [`lanes`](crate::lanes) derives those waits from the plan
+//! (`LaneDeps`); because every conflicting pair keeps its sequential
+//! order, every two-lane schedule computes exactly what the sequential one
+//! does. The emulated world checks it by running random two-lane schedules
+//! ([`EmulateOptions::lanes`](crate::EmulateOptions)).
 //!
 //! # Two dataflows
 //!
 //! **Sharded (`P = L`, one logical rank per process).** The arena is cut
-//! into chunks (by default one chunk: the whole arena), each chunk into `P`
-//! contiguous shards in rank order ([`ShardPlan`]). Step `t` sends every
-//! peer its shard of chunk `t` from the local arena and receives every
-//! peer's copy of this rank's shard into a slot indexed by source rank; the
-//! fold then writes `((g0 + g1) + ...) * fl(1/L)` over the shard, in place
-//! in the arena. Step `t` also carries chunk `t - 1`'s reduced shards back
-//! (each owner sends its shard to every peer, straight into the peers'
-//! arenas). Ranks 0 and 1 fold with `acc = own shard` and the `P - 1`
-//! received slots in ascending source order: `g0 + g1 == g1 + g0` bit for bit
-//! (IEEE addition is commutative), so the chain is still the ascending one
-//! and no copy is needed. Ranks `r >= 2` copy their own shard into slot `r`
-//! and fold all `P` slots.
+//! into `C` chunks, each chunk into `P` contiguous shards in rank order
+//! ([`ShardPlan`]). Step `t` sends every peer its shard of chunk `t` from
+//! the local arena and receives every peer's copy of this rank's shard of
+//! chunk `t` into a slot indexed by source rank (the *scatter*); its fold
+//! writes `((g0 + g1) + ...) * fl(1/L)` over the shard, in place: one
+//! `det_chain` whose addends are the slots in ascending source order with
+//! the arena's own shard at this rank's position (no copy; ranks
+//! `>= MAX_CHAIN_ADDENDS` copy their shard into a slot first). The reduced
+//! shards of chunk `a` travel back in step `a + 2` (the *gather*; step
+//! `a + 1` when there is one chunk), straight into the peers' arenas. The
+//! lag of two steps is what lets the fold of chunk `t - 1` run during the
+//! transfers of step `t`; the slots are double-buffered (chunk `a` in set
+//! `a % 2`) for the same reason.
 //!
 //! **Pipeline (`L > P`, `B = L / P` logical ranks per process in
 //! contiguous blocks).** A per-source partial sum would change the
-//! association, so the running prefix travels instead. Per chunk `a`: rank
-//! 0 folds its block in place, `((g0 + g1) + ...) + g_{B-1}`, and sends it to
-//! rank 1; rank `p` continues the chain with `prefix + g_{pB}` (commuted
-//! into `g_{pB} + prefix`, again exact) and then `+ g_{pB+1} + ...`; the last
-//! rank scales by `fl(1/L)`. The finished chunk is relayed `P-1 -> 0 -> 1 ->
-//! ... -> P-2` into the arenas. Rank `p` works on chunk `t - p` in step `t`,
-//! so all ranks are busy on different chunks once the pipeline is full, and
-//! the relay shares the steps with the forward chain.
+//! association, so the running prefix travels instead. Chunk `a`: rank 0
+//! folds its block in place at step `a`, `((g0 + g1) + ...) + g_{B-1}`, and
+//! sends it to rank 1 at step `a + 1`. Rank `p >= 1` receives the prefix at
+//! step `a + 2p - 1` into scratch set `a % 2` and continues the chain in one
+//! `det_chain`: `g_{pB} + prefix` (IEEE addition commutes exactly, so this
+//! is `prefix + g_{pB}`), then `+ g_{pB+1} + ...`; it forwards the prefix
+//! two steps later (again so that its fold of the next chunk overlaps the
+//! transfer). The last rank also multiplies by `fl(1/L)` (fused), and
+//! relays the finished chunk `P-1 -> 0 -> 1 -> ... -> P-2`, one step per
+//! hop. The per-element chain is exactly the one of `P = L`, so the result
+//! is bit-identical for every `P` at fixed `L`.
 //!
 //! # Cost per reduction (`N` elements, `P` processes, `B = L/P`, `C` chunks)
 //!
 //! | | sharded (`B = 1`) | pipeline (`B > 1`) |
 //! |---|---|---|
-//! | bytes sent per rank | `2 (P-1)/P N` x 4 (ring all-reduce's) | `2 N` x 4 (ranks `P-2`, `P-1`: `N` x 4) |
-//! | groups | `C + 1` | `C + 2P - 3` (`P >= 2`) |
-//! | fold launches per rank | `C` (+`C` copies on ranks `>= 2`) | `C (B - 1 + [p > 0])` |
-//! | scale launches per rank | `C` | `C` on rank `P-1` |
-//! | scratch per rank | `n_slots * stride`, `~ (P-1)/P` chunk | one chunk (ranks `> 0`) |
+//! | bytes sent per rank | `2 (P-1)/P N` x 4 (a ring all-reduce's) | `2 N` x 4 (ranks `P-2`, `P-1`: `N` x 4) |
+//! | steps | `C + 2` (`2` for `C = 1`) | `C + 3P - 3` (`C` for `P = 1`) |
+//! | point-to-point groups | every step | at most `C + 3P - 4` (none for `P = 1`) |
+//! | fold launches per rank | `C` (`det_chain`, scale fused) | `C` |
+//! | fold HBM bytes per rank | `(P + 1) N/P` x 4 | rank 0: `(B + 1) N` x 4; others `(B + 2) N` x 4 |
+//! | scratch per rank | `min(C, 2) (P-1)` slots of `~N/(CP)` | `min(C, 2)` chunks (ranks `> 0`) |
 //!
-//! With one chunk (the default for the sharded dataflow) a `P = 2`
-//! reduction is exactly two groups, one fold and one scale launch.
+//! See the crate docs for what this means in time on two H200s.
 
 use std::ops::Range;
 
 use crate::fold::mean_factor;
+use crate::lanes::{lane_deps, LaneDeps};
 use crate::shard::ShardPlan;
 use crate::{ReduceError, Result};
 
+/// Position limit of the arena's own shard in a sharded chain: the fold
+/// kernel takes [`kernels::MAX_CHAIN_ADDENDS`] addends per launch and
+/// continues longer chains from the output, so the output's own values must
+/// be among the first that many. Ranks at or past it copy their shard into a
+/// slot first.
+pub(crate) const CHAIN_DST_LIMIT: usize = kernels::MAX_CHAIN_ADDENDS;
+
 /// Which buffer an operation names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum BufId {
     /// The caller's `j`-th local arena (logical rank `rank * B + j`).
     Local(usize),
@@ -85,39 +109,33 @@ pub(crate) enum CommOp {
     },
 }
 
+/// One addend of a chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Term {
+    /// The output region's own values (read before they are overwritten).
+    Dst,
+    /// `len` elements of another buffer from this offset.
+    Buf(BufId, usize),
+}
+
 /// One fold operation (see [`FoldOps`](crate::FoldOps) for the semantics).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum ComputeOp {
-    Sum {
-        slots: BufId,
-        slots_off: usize,
-        n_slots: usize,
-        stride: usize,
+    /// `dst[dst_off + i] = ((t0[i] + t1[i]) + ...) * factor`.
+    Chain {
+        dst: BufId,
+        dst_off: usize,
+        terms: Vec<Term>,
         len: usize,
-        out: BufId,
-        out_off: usize,
+        factor: Option<f32>,
     },
-    Accumulate {
-        acc: BufId,
-        acc_off: usize,
-        slots: BufId,
-        slots_off: usize,
-        n_slots: usize,
-        stride: usize,
-        len: usize,
-    },
+    /// `dst[dst_off..][..len] = src[src_off..][..len]`.
     Copy {
         src: BufId,
         src_off: usize,
         dst: BufId,
         dst_off: usize,
         len: usize,
-    },
-    Scale {
-        buf: BufId,
-        off: usize,
-        len: usize,
-        factor: f32,
     },
 }
 
@@ -137,14 +155,27 @@ pub enum Dataflow {
     Pipeline,
 }
 
-/// Default chunk for the pipeline: 16 chunks, but none below 256 Ki
-/// elements (1 MiB), where a group's fixed cost would dominate.
-const PIPELINE_MIN_CHUNK: usize = 1 << 18;
-const PIPELINE_CHUNKS: usize = 16;
+/// Sustained NCCL point-to-point bandwidth the default chunks are sized
+/// for: one direction of an NVLink pair of H200s (~360 GB/s measured).
+pub const LINK_BYTES_PER_SEC: f64 = 360e9;
+/// Fixed device-side cost of one queued point-to-point group (kernel
+/// launch gap and NCCL's handshake, ~10 us).
+pub const GROUP_OVERHEAD_SEC: f64 = 10e-6;
+/// Arenas from this size on use two chunks in the sharded dataflow: below
+/// it the fold that two chunks would hide (`~(P+1)/P` of the arena read and
+/// written at ~4 TB/s) costs less than the two extra groups.
+pub const SHARDED_SPLIT_BYTES: usize = 64 << 20;
+/// Chunk lengths are rounded up to a multiple of this many elements (4 KiB),
+/// so chunk and (for even `P`) shard boundaries keep 16-byte alignment.
+const CHUNK_ALIGN: usize = 1024;
+/// Most chunks a default pipeline plan uses.
+const MAX_PIPELINE_CHUNKS: usize = 64;
 
 /// What one rank's reduction moves and launches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanCost {
+    /// Steps of the plan (with or without messages).
+    pub steps: usize,
     /// Steps with at least one message (point-to-point groups).
     pub groups: usize,
     /// Messages sent.
@@ -153,18 +184,21 @@ pub struct PlanCost {
     pub bytes_sent: u64,
     /// Bytes received by this rank.
     pub bytes_received: u64,
-    /// Fold launches (`sum_slots` and `accumulate`).
+    /// Fold kernel launches (`det_chain`; a chain of more than
+    /// [`kernels::MAX_CHAIN_ADDENDS`] addends takes several).
     pub fold_launches: usize,
     /// Device-to-device copies.
     pub copies: usize,
-    /// Scale launches.
+    /// Separate scale launches (0: the scale is fused into the fold).
     pub scale_launches: usize,
+    /// Bytes the fold operations read and write in device memory.
+    pub fold_bytes: u64,
     /// Scratch memory this rank needs, in bytes.
     pub scratch_bytes: u64,
 }
 
 /// One rank's fixed-order reduction of `len`-element arenas: every message
-/// and fold operation, in order.
+/// and fold operation, in order, and the waits between the two lanes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RankPlan {
     rank: usize,
@@ -175,20 +209,40 @@ pub struct RankPlan {
     dataflow: Dataflow,
     scratch_len: usize,
     pub(crate) steps: Vec<Step>,
+    pub(crate) lanes: Vec<LaneDeps>,
 }
 
 impl RankPlan {
     /// The plan of `rank` in a world of `world` processes reducing
     /// `logical_world` arenas of `len` elements (`world` must divide
-    /// `logical_world`). `chunk_elems` overrides the chunk size (`None`:
-    /// the whole arena for the sharded dataflow, [`RankPlan::default_chunk`]
-    /// for the pipeline).
+    /// `logical_world`). `chunk_elems` overrides the chunk length (`None`:
+    /// [`RankPlan::default_chunk`]).
     pub fn new(
         rank: usize,
         world: usize,
         logical_world: usize,
         len: usize,
         chunk_elems: Option<usize>,
+    ) -> Result<Self> {
+        Self::with_dst_limit(
+            rank,
+            world,
+            logical_world,
+            len,
+            chunk_elems,
+            CHAIN_DST_LIMIT,
+        )
+    }
+
+    /// [`RankPlan::new`] with another own-shard position limit (tests use a
+    /// small one to exercise the copy fallback of large worlds).
+    pub(crate) fn with_dst_limit(
+        rank: usize,
+        world: usize,
+        logical_world: usize,
+        len: usize,
+        chunk_elems: Option<usize>,
+        dst_limit: usize,
     ) -> Result<Self> {
         check_world(world, logical_world)?;
         if rank >= world {
@@ -206,11 +260,9 @@ impl RankPlan {
         } else {
             Dataflow::Pipeline
         };
-        let chunk = match (chunk_elems, dataflow) {
-            (Some(c), _) => c,
-            (None, Dataflow::Sharded) => len.max(1),
-            (None, Dataflow::Pipeline) => Self::default_chunk(len),
-        };
+        let chunk = chunk_elems
+            .unwrap_or_else(|| Self::default_chunk(len, world, logical_world))
+            .max(1);
         let mut plan = RankPlan {
             rank,
             world,
@@ -220,18 +272,50 @@ impl RankPlan {
             dataflow,
             scratch_len: 0,
             steps: Vec::new(),
+            lanes: Vec::new(),
         };
         match dataflow {
-            Dataflow::Sharded => plan.build_sharded(),
+            Dataflow::Sharded => plan.build_sharded(dst_limit.max(1)),
             Dataflow::Pipeline => plan.build_pipeline(),
         }
         plan.validate()?;
+        plan.lanes = lane_deps(&plan);
         Ok(plan)
     }
 
-    /// The pipeline's default chunk for a `len`-element arena.
-    pub fn default_chunk(len: usize) -> usize {
-        len.div_ceil(PIPELINE_CHUNKS).max(PIPELINE_MIN_CHUNK)
+    /// The default chunk length for `len`-element arenas reduced by `world`
+    /// processes over `logical_world` logical ranks (counts in the crate
+    /// docs):
+    /// - sharded (`P = L`): the whole arena below
+    ///   [`SHARDED_SPLIT_BYTES`], two chunks from it on (two are enough to
+    ///   hide every fold but the last one's behind the transfers, and more
+    ///   only add groups);
+    /// - pipeline (`L > P`, `P >= 2`): `C = sqrt(F T / o)` chunks, which
+    ///   minimises `T (C + F) / C + (C + F) o` — the link time `T` of the
+    ///   arena at [`LINK_BYTES_PER_SEC`] stretched by the `F = 3P - 3`
+    ///   steps of filling and draining, plus [`GROUP_OVERHEAD_SEC`] per
+    ///   step. For two H200s: 1 GiB gives 30 chunks of ~34 MiB, 256 MiB 15,
+    ///   16 MiB 4, 4 MiB 2;
+    /// - one process (`P = 1`): the whole arena.
+    ///
+    /// Rounded up to a multiple of 1024 elements; never changes bits.
+    pub fn default_chunk(len: usize, world: usize, logical_world: usize) -> usize {
+        let bytes = 4 * len;
+        let chunks = if world <= 1 {
+            1
+        } else if logical_world == world {
+            if bytes >= SHARDED_SPLIT_BYTES {
+                2
+            } else {
+                1
+            }
+        } else {
+            let fill = (3 * world - 3) as f64;
+            let link = bytes as f64 / LINK_BYTES_PER_SEC;
+            let c = (fill * link / GROUP_OVERHEAD_SEC).sqrt().round();
+            (c as usize).clamp(1, MAX_PIPELINE_CHUNKS)
+        };
+        len.div_ceil(chunks).next_multiple_of(CHUNK_ALIGN).max(1)
     }
 
     /// This rank.
@@ -262,6 +346,10 @@ impl RankPlan {
     pub fn chunk(&self) -> usize {
         self.chunk
     }
+    /// Number of chunks.
+    pub fn chunks(&self) -> usize {
+        self.len.div_ceil(self.chunk)
+    }
     /// Which dataflow the plan uses.
     pub fn dataflow(&self) -> Dataflow {
         self.dataflow
@@ -274,6 +362,7 @@ impl RankPlan {
     /// Bytes, messages and launches of this rank's reduction.
     pub fn cost(&self) -> PlanCost {
         let mut c = PlanCost {
+            steps: self.steps.len(),
             scratch_bytes: 4 * self.scratch_len as u64,
             ..PlanCost::default()
         };
@@ -292,9 +381,14 @@ impl RankPlan {
             }
             for op in &step.compute {
                 match op {
-                    ComputeOp::Sum { .. } | ComputeOp::Accumulate { .. } => c.fold_launches += 1,
-                    ComputeOp::Copy { .. } => c.copies += 1,
-                    ComputeOp::Scale { .. } => c.scale_launches += 1,
+                    ComputeOp::Chain { terms, len, .. } => {
+                        c.fold_launches += chain_launches(terms.len());
+                        c.fold_bytes += 4 * (*len as u64) * (terms.len() as u64 + 1);
+                    }
+                    ComputeOp::Copy { len, .. } => {
+                        c.copies += 1;
+                        c.fold_bytes += 8 * *len as u64;
+                    }
                 }
             }
         }
@@ -306,234 +400,202 @@ impl RankPlan {
         start..(start + self.chunk).min(self.len)
     }
 
-    fn n_chunks(&self) -> usize {
-        self.len.div_ceil(self.chunk)
+    fn factor(&self) -> Option<f32> {
+        (self.logical_world > 1).then(|| mean_factor(self.logical_world))
     }
 
-    fn scale_op(&self, off: usize, len: usize) -> Option<ComputeOp> {
-        (self.logical_world > 1 && len > 0).then(|| ComputeOp::Scale {
-            buf: BufId::Local(0),
-            off,
-            len,
-            factor: mean_factor(self.logical_world),
-        })
-    }
-
-    fn build_sharded(&mut self) {
+    fn build_sharded(&mut self, dst_limit: usize) {
         let (p_world, rank) = (self.world, self.rank);
-        let n_chunks = self.n_chunks();
+        let n_chunks = self.chunks();
         if p_world == 1 || n_chunks == 0 {
             // One process holding its one logical rank: the mean is the arena.
             return;
         }
-        let commute = rank <= 1;
-        let n_slots = if commute { p_world - 1 } else { p_world };
+        // Ranks whose own shard would sit past the kernel's first launch
+        // copy it into slot `rank` and fold P slots instead of P-1 + itself.
+        let copy_own = rank >= dst_limit;
+        let n_slots = if copy_own { p_world } else { p_world - 1 };
         // Slot stride: the largest shard of the largest chunk, rounded up to
         // 4 elements so every slot row is 16-byte aligned (the kernel's
         // vector path).
         let largest = ShardPlan::of(self.chunk.min(self.len), p_world).max_shard_len();
-        let stride = largest.div_ceil(4) * 4;
-        self.scratch_len = n_slots * stride;
-        let slot_of = |src: usize| if commute && src > rank { src - 1 } else { src };
+        let stride = largest.next_multiple_of(4);
+        let sets = n_chunks.min(2);
+        let set_len = n_slots * stride;
+        self.scratch_len = sets * set_len;
+        let slot_of = |src: usize| {
+            if copy_own || src < rank {
+                src
+            } else {
+                src - 1
+            }
+        };
+        let lag = n_chunks.min(2);
         let shards = |a: usize| ShardPlan::of(self.chunk_range(a).len(), p_world);
-        let mut steps = Vec::with_capacity(n_chunks + 1);
-        for t in 0..=n_chunks {
-            let mut step = Step::default();
-            if t < n_chunks {
-                // Scatter: every peer's shard of chunk t goes to its owner;
-                // this rank's shard from every peer lands in its slot.
-                let base = self.chunk_range(t).start;
-                let plan = shards(t);
-                let own = plan.range(rank);
-                for peer in (0..p_world).filter(|&p| p != rank) {
-                    let theirs = plan.range(peer);
-                    if !theirs.is_empty() {
-                        step.comm.push(CommOp::Send {
-                            buf: BufId::Local(0),
-                            range: base + theirs.start..base + theirs.end,
-                            peer,
-                        });
-                    }
-                    if !own.is_empty() {
-                        let s = slot_of(peer) * stride;
-                        step.comm.push(CommOp::Recv {
-                            buf: BufId::Scratch,
-                            range: s..s + own.len(),
-                            peer,
-                        });
-                    }
+        let mut steps = vec![Step::default(); n_chunks + lag];
+        for a in 0..n_chunks {
+            let base = self.chunk_range(a).start;
+            let plan = shards(a);
+            let own = plan.range(rank);
+            let set = (a % sets) * set_len;
+            // Scatter of chunk a at step a: every peer's shard goes to its
+            // owner; this rank's shard from every peer lands in its slot.
+            let step = &mut steps[a];
+            for peer in (0..p_world).filter(|&p| p != rank) {
+                let theirs = plan.range(peer);
+                if !theirs.is_empty() {
+                    step.comm.push(CommOp::Send {
+                        buf: BufId::Local(0),
+                        range: base + theirs.start..base + theirs.end,
+                        peer,
+                    });
                 }
                 if !own.is_empty() {
-                    let off = base + own.start;
-                    if commute {
-                        step.compute.push(ComputeOp::Accumulate {
-                            acc: BufId::Local(0),
-                            acc_off: off,
-                            slots: BufId::Scratch,
-                            slots_off: 0,
-                            n_slots,
-                            stride,
-                            len: own.len(),
-                        });
-                    } else {
-                        step.compute.push(ComputeOp::Copy {
-                            src: BufId::Local(0),
-                            src_off: off,
-                            dst: BufId::Scratch,
-                            dst_off: rank * stride,
-                            len: own.len(),
-                        });
-                        step.compute.push(ComputeOp::Sum {
-                            slots: BufId::Scratch,
-                            slots_off: 0,
-                            n_slots,
-                            stride,
-                            len: own.len(),
-                            out: BufId::Local(0),
-                            out_off: off,
-                        });
-                    }
-                    step.compute.extend(self.scale_op(off, own.len()));
+                    let s = set + slot_of(peer) * stride;
+                    step.comm.push(CommOp::Recv {
+                        buf: BufId::Scratch,
+                        range: s..s + own.len(),
+                        peer,
+                    });
                 }
             }
-            if t >= 1 {
-                // Gather: chunk t-1's reduced shards go back to every rank.
-                let base = self.chunk_range(t - 1).start;
-                let plan = shards(t - 1);
-                let own = plan.range(rank);
-                for peer in (0..p_world).filter(|&p| p != rank) {
-                    if !own.is_empty() {
-                        step.comm.push(CommOp::Send {
-                            buf: BufId::Local(0),
-                            range: base + own.start..base + own.end,
-                            peer,
-                        });
-                    }
-                    let theirs = plan.range(peer);
-                    if !theirs.is_empty() {
-                        step.comm.push(CommOp::Recv {
-                            buf: BufId::Local(0),
-                            range: base + theirs.start..base + theirs.end,
-                            peer,
-                        });
-                    }
+            if !own.is_empty() {
+                let off = base + own.start;
+                if copy_own {
+                    step.compute.push(ComputeOp::Copy {
+                        src: BufId::Local(0),
+                        src_off: off,
+                        dst: BufId::Scratch,
+                        dst_off: set + rank * stride,
+                        len: own.len(),
+                    });
+                }
+                let terms = (0..p_world)
+                    .map(|src| {
+                        if src == rank && !copy_own {
+                            Term::Dst
+                        } else {
+                            Term::Buf(BufId::Scratch, set + slot_of(src) * stride)
+                        }
+                    })
+                    .collect();
+                step.compute.push(ComputeOp::Chain {
+                    dst: BufId::Local(0),
+                    dst_off: off,
+                    terms,
+                    len: own.len(),
+                    factor: self.factor(),
+                });
+            }
+            // Gather of chunk a at step a + lag: the reduced shards go back
+            // to every rank, straight into the arenas.
+            let step = &mut steps[a + lag];
+            for peer in (0..p_world).filter(|&p| p != rank) {
+                if !own.is_empty() {
+                    step.comm.push(CommOp::Send {
+                        buf: BufId::Local(0),
+                        range: base + own.start..base + own.end,
+                        peer,
+                    });
+                }
+                let theirs = plan.range(peer);
+                if !theirs.is_empty() {
+                    step.comm.push(CommOp::Recv {
+                        buf: BufId::Local(0),
+                        range: base + theirs.start..base + theirs.end,
+                        peer,
+                    });
                 }
             }
-            steps.push(step);
         }
         self.steps = steps;
     }
 
     fn build_pipeline(&mut self) {
         let (p_world, rank, blocks) = (self.world, self.rank, self.blocks());
-        let n_chunks = self.n_chunks();
+        let n_chunks = self.chunks();
         if n_chunks == 0 {
             return;
         }
+        let sets = n_chunks.min(2);
+        let chunk_cap = self.chunk.min(self.len);
         if rank > 0 {
-            self.scratch_len = self.chunk.min(self.len);
+            self.scratch_len = sets * chunk_cap;
         }
         let n_steps = if p_world == 1 {
             n_chunks
         } else {
-            n_chunks + 2 * p_world - 2
+            n_chunks + 3 * p_world - 3
         };
-        // Chunk index `t - d` if it exists.
-        let at = |t: usize, d: usize| t.checked_sub(d).filter(|&a| a < n_chunks);
-        let mut steps = Vec::with_capacity(n_steps);
-        for t in 0..n_steps {
-            let mut step = Step::default();
-            if p_world > 1 {
-                // Forward chain: the prefix of chunk t-rank arrives from the
-                // left; the prefix finished last step leaves to the right.
-                if rank > 0 {
-                    if let Some(a) = at(t, rank) {
-                        let n = self.chunk_range(a).len();
-                        step.comm.push(CommOp::Recv {
-                            buf: BufId::Scratch,
-                            range: 0..n,
-                            peer: rank - 1,
-                        });
-                    }
-                }
-                if rank < p_world - 1 {
-                    if let Some(a) = at(t, rank + 1) {
-                        step.comm.push(CommOp::Send {
-                            buf: BufId::Local(0),
-                            range: self.chunk_range(a),
-                            peer: rank + 1,
-                        });
-                    }
-                }
-                // Relay of finished chunks: P-1 -> 0 -> 1 -> ... -> P-2.
-                if rank == p_world - 1 {
-                    if let Some(a) = at(t, p_world) {
-                        step.comm.push(CommOp::Send {
-                            buf: BufId::Local(0),
-                            range: self.chunk_range(a),
-                            peer: 0,
-                        });
-                    }
-                } else {
-                    if let Some(a) = at(t, p_world + rank) {
-                        let from = if rank == 0 { p_world - 1 } else { rank - 1 };
-                        step.comm.push(CommOp::Recv {
-                            buf: BufId::Local(0),
-                            range: self.chunk_range(a),
-                            peer: from,
-                        });
-                    }
-                    if rank + 2 < p_world {
-                        if let Some(a) = at(t, p_world + rank + 1) {
-                            step.comm.push(CommOp::Send {
-                                buf: BufId::Local(0),
-                                range: self.chunk_range(a),
-                                peer: rank + 1,
-                            });
-                        }
-                    }
-                }
+        let mut steps = vec![Step::default(); n_steps];
+        let last = p_world - 1;
+        for a in 0..n_chunks {
+            let r = self.chunk_range(a);
+            let n = r.len();
+            let set = (a % sets) * chunk_cap;
+            // The step at which this rank folds chunk a (and, for p >= 1,
+            // receives its prefix).
+            let fold_at = if rank == 0 { a } else { a + 2 * rank - 1 };
+            let mut terms = vec![Term::Dst];
+            if rank > 0 {
+                // prefix + g_{rank*B}, computed as g_{rank*B} + prefix.
+                steps[fold_at].comm.push(CommOp::Recv {
+                    buf: BufId::Scratch,
+                    range: set..set + n,
+                    peer: rank - 1,
+                });
+                terms.push(Term::Buf(BufId::Scratch, set));
             }
-            if let Some(a) = at(t, rank) {
-                let r = self.chunk_range(a);
-                let n = r.len();
-                if rank > 0 {
-                    // prefix + g_{rank*B}, computed as g_{rank*B} + prefix.
-                    step.compute.push(ComputeOp::Accumulate {
-                        acc: BufId::Local(0),
-                        acc_off: r.start,
-                        slots: BufId::Scratch,
-                        slots_off: 0,
-                        n_slots: 1,
-                        stride: n,
-                        len: n,
+            terms.extend((1..blocks).map(|j| Term::Buf(BufId::Local(j), r.start)));
+            steps[fold_at].compute.push(ComputeOp::Chain {
+                dst: BufId::Local(0),
+                dst_off: r.start,
+                terms,
+                len: n,
+                factor: if rank == last { self.factor() } else { None },
+            });
+            if p_world == 1 {
+                continue;
+            }
+            // Forward the prefix (rank 0 one step after its fold, which has
+            // no incoming data to wait for; the others two steps after, so
+            // the fold of the next chunk overlaps the transfer), or relay the
+            // finished chunk from the last rank to rank 0.
+            let send_at = if rank == 0 { a + 1 } else { fold_at + 2 };
+            let to = if rank == last { 0 } else { rank + 1 };
+            steps[send_at].comm.push(CommOp::Send {
+                buf: BufId::Local(0),
+                range: r.clone(),
+                peer: to,
+            });
+            // The relay 0 -> 1 -> ... -> P-2 of the finished chunk, one step
+            // per hop, starting when rank 0 receives it from the last rank.
+            if rank < last {
+                let got_at = a + 2 * p_world - 1 + rank;
+                let from = if rank == 0 { last } else { rank - 1 };
+                steps[got_at].comm.push(CommOp::Recv {
+                    buf: BufId::Local(0),
+                    range: r.clone(),
+                    peer: from,
+                });
+                if rank + 2 < p_world {
+                    steps[got_at + 1].comm.push(CommOp::Send {
+                        buf: BufId::Local(0),
+                        range: r.clone(),
+                        peer: rank + 1,
                     });
                 }
-                for j in 1..blocks {
-                    step.compute.push(ComputeOp::Accumulate {
-                        acc: BufId::Local(0),
-                        acc_off: r.start,
-                        slots: BufId::Local(j),
-                        slots_off: r.start,
-                        n_slots: 1,
-                        stride: n,
-                        len: n,
-                    });
-                }
-                if rank == p_world - 1 {
-                    step.compute.extend(self.scale_op(r.start, n));
-                }
             }
-            steps.push(step);
         }
         self.steps = steps;
     }
 
     /// Check the plan's own invariants: every range inside its buffer, no
-    /// message to self, and within a step no received region overlapping
+    /// message to self, within a step no received region overlapping
     /// another received or a sent region of the same buffer (so delivery
-    /// order cannot matter), and no fold operation whose output aliases its
-    /// input buffer.
+    /// order cannot matter), and every fold operation in bounds with its
+    /// output disjoint from its inputs except as the output's own term, at a
+    /// position the kernel's first launch covers.
     pub fn validate(&self) -> Result<()> {
         let bad = |step: usize, what: String| {
             Err(ReduceError::invariant(format!(
@@ -564,10 +626,9 @@ impl RankPlan {
                 }
                 list.push((buf, range.clone()));
             }
-            let overlap = |a: &Range<usize>, b: &Range<usize>| a.start < b.end && b.start < a.end;
             for (i, (b, r)) in recvs.iter().enumerate() {
                 let clash = recvs[i + 1..].iter().chain(sends.iter());
-                if clash.clone().any(|(b2, r2)| b2 == b && overlap(r, r2)) {
+                if clash.clone().any(|(b2, r2)| b2 == b && overlaps(r, r2)) {
                     return bad(
                         t,
                         format!("received region {b:?} {r:?} overlaps another message"),
@@ -576,39 +637,26 @@ impl RankPlan {
             }
             for op in &step.compute {
                 let ok = match op {
-                    ComputeOp::Sum {
-                        slots,
-                        slots_off,
-                        n_slots,
-                        stride,
+                    ComputeOp::Chain {
+                        dst,
+                        dst_off,
+                        terms,
                         len,
-                        out,
-                        out_off,
+                        ..
                     } => {
-                        *n_slots >= 1
-                            && slots != out
-                            && within(
-                                *slots,
-                                &(*slots_off..slots_off + (n_slots - 1) * stride + len),
-                            )
-                            && within(*out, &(*out_off..out_off + len))
-                    }
-                    ComputeOp::Accumulate {
-                        acc,
-                        acc_off,
-                        slots,
-                        slots_off,
-                        n_slots,
-                        stride,
-                        len,
-                    } => {
-                        slots != acc
-                            && (*n_slots == 0
-                                || within(
-                                    *slots,
-                                    &(*slots_off..slots_off + (n_slots - 1) * stride + len),
-                                ))
-                            && within(*acc, &(*acc_off..acc_off + len))
+                        let dsts = terms.iter().filter(|t| **t == Term::Dst).count();
+                        let dst_pos = terms.iter().position(|t| *t == Term::Dst);
+                        !terms.is_empty()
+                            && dsts <= 1
+                            && dst_pos.is_none_or(|k| {
+                                terms.len() <= kernels::MAX_CHAIN_ADDENDS
+                                    || k < kernels::MAX_CHAIN_ADDENDS
+                            })
+                            && within(*dst, &(*dst_off..dst_off + len))
+                            && terms.iter().all(|t| match t {
+                                Term::Dst => true,
+                                Term::Buf(b, off) => b != dst && within(*b, &(*off..off + len)),
+                            })
                     }
                     ComputeOp::Copy {
                         src,
@@ -621,7 +669,6 @@ impl RankPlan {
                             && within(*src, &(*src_off..src_off + len))
                             && within(*dst, &(*dst_off..dst_off + len))
                     }
-                    ComputeOp::Scale { buf, off, len, .. } => within(*buf, &(*off..off + len)),
                 };
                 if !ok {
                     return bad(
@@ -632,6 +679,23 @@ impl RankPlan {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether two element ranges share an element.
+pub(crate) fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end && !a.is_empty() && !b.is_empty()
+}
+
+/// Kernel launches of one chain of `n` addends: the first launch takes
+/// [`kernels::MAX_CHAIN_ADDENDS`], every further one that many minus one
+/// (it starts from the output).
+pub(crate) fn chain_launches(n: usize) -> usize {
+    let max = kernels::MAX_CHAIN_ADDENDS;
+    if n <= max {
+        1
+    } else {
+        1 + (n - max).div_ceil(max - 1)
     }
 }
 
@@ -658,29 +722,63 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn two_ranks_one_chunk_is_two_groups_one_fold_one_scale() {
+    fn two_ranks_one_chunk_is_two_groups_and_one_fused_fold() {
         for rank in 0..2 {
             let p = RankPlan::new(rank, 2, 2, 1 << 20, None).unwrap();
             let c = p.cost();
             assert_eq!(p.dataflow(), Dataflow::Sharded);
+            assert_eq!(p.chunks(), 1);
             assert_eq!(
-                (c.groups, c.fold_launches, c.scale_launches, c.copies),
-                (2, 1, 1, 0)
+                (
+                    c.steps,
+                    c.groups,
+                    c.fold_launches,
+                    c.scale_launches,
+                    c.copies
+                ),
+                (2, 2, 1, 0, 0)
             );
             // Half the arena out in each phase: one all-reduce's bytes.
             assert_eq!(c.bytes_sent, 4 << 20);
             assert_eq!(c.bytes_received, 4 << 20);
             assert_eq!(c.scratch_bytes, 2 << 20);
+            // Fold: own shard + one slot read, own shard written.
+            assert_eq!(c.fold_bytes, 3 * (2 << 20));
         }
+    }
+
+    #[test]
+    fn large_sharded_arenas_take_two_chunks_and_double_buffered_slots() {
+        let len = SHARDED_SPLIT_BYTES / 4;
+        let p = RankPlan::new(1, 2, 2, len, None).unwrap();
+        assert_eq!(p.chunks(), 2);
+        let c = p.cost();
+        assert_eq!((c.steps, c.groups, c.fold_launches), (4, 4, 2));
+        assert_eq!(c.bytes_sent, 4 * len as u64);
+        // Two slot sets of half a chunk's shard: still half the arena.
+        assert_eq!(c.scratch_bytes, 2 * len as u64);
+        let small = RankPlan::new(1, 2, 2, len - 1, None).unwrap();
+        assert_eq!(small.chunks(), 1);
     }
 
     #[test]
     fn sharded_bytes_match_ring_all_reduce() {
         let (world, len) = (8, 8 * 1000);
         for rank in 0..world {
-            let c = RankPlan::new(rank, world, world, len, None).unwrap().cost();
+            let c = RankPlan::new(rank, world, world, len, Some(1000))
+                .unwrap()
+                .cost();
             assert_eq!(c.bytes_sent, 4 * 2 * 7 * 1000);
-            assert_eq!(c.copies, usize::from(rank >= 2));
+            assert_eq!(c.copies, 0);
+        }
+    }
+
+    #[test]
+    fn ranks_past_the_chain_limit_copy_their_shard() {
+        let (world, len) = (5, 1000);
+        for rank in 0..world {
+            let p = RankPlan::with_dst_limit(rank, world, world, len, None, 3).unwrap();
+            assert_eq!(p.cost().copies, usize::from(rank >= 3), "rank {rank}");
         }
     }
 
@@ -692,48 +790,57 @@ mod tests {
             assert_eq!(p.dataflow(), Dataflow::Pipeline);
             let c = p.cost();
             assert_eq!(c.bytes_sent, 4 * len as u64);
-            assert_eq!(c.groups, 16 + 2 * 2 - 3);
-            assert_eq!(c.fold_launches, 16 * (1 + usize::from(rank > 0)));
+            assert_eq!(c.steps, 16 + 3);
+            assert_eq!(c.groups, 16 + 2);
+            assert_eq!(c.fold_launches, 16);
+            assert_eq!(c.scale_launches, 0);
+            assert_eq!(
+                c.scratch_bytes,
+                if rank == 0 {
+                    0
+                } else {
+                    2 * 4 * len as u64 / 16
+                }
+            );
         }
+    }
+
+    #[test]
+    fn default_chunks_follow_the_documented_counts() {
+        let chunks = |mib: usize, p: usize, l: usize| {
+            let len = mib * (1 << 20) / 4;
+            len.div_ceil(RankPlan::default_chunk(len, p, l))
+        };
+        assert_eq!(chunks(1024, 2, 4), 30);
+        assert_eq!(chunks(256, 2, 4), 15);
+        assert_eq!(chunks(16, 2, 4), 4);
+        assert_eq!(chunks(4, 2, 4), 2);
+        assert_eq!(chunks(1024, 2, 2), 2);
+        assert_eq!(chunks(32, 2, 2), 1);
+        assert_eq!(chunks(1024, 1, 4), 1);
+        assert_eq!(RankPlan::default_chunk(0, 2, 4), 1);
+        assert_eq!(RankPlan::default_chunk(5000, 2, 4) % CHUNK_ALIGN, 0);
     }
 
     #[test]
     fn pipeline_sends_at_most_twice_the_arena() {
         let len = 1000;
-        let sent: Vec<u64> = (0..4)
-            .map(|r| {
-                RankPlan::new(r, 4, 8, len, Some(64))
-                    .unwrap()
-                    .cost()
-                    .bytes_sent
-            })
-            .collect();
-        assert_eq!(
-            sent,
-            vec![
-                8 * len as u64,
-                8 * len as u64,
-                4 * len as u64,
-                4 * len as u64
-            ]
-        );
-        let got: Vec<u64> = (0..4)
-            .map(|r| {
-                RankPlan::new(r, 4, 8, len, Some(64))
-                    .unwrap()
-                    .cost()
-                    .bytes_received
-            })
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                4 * len as u64,
-                8 * len as u64,
-                8 * len as u64,
-                4 * len as u64
-            ]
-        );
+        let cost = |r| RankPlan::new(r, 4, 8, len, Some(64)).unwrap().cost();
+        let sent: Vec<u64> = (0..4).map(|r| cost(r).bytes_sent).collect();
+        let l = 4 * len as u64;
+        assert_eq!(sent, vec![2 * l, 2 * l, l, l]);
+        let got: Vec<u64> = (0..4).map(|r| cost(r).bytes_received).collect();
+        assert_eq!(got, vec![l, 2 * l, 2 * l, l]);
+    }
+
+    #[test]
+    fn chain_launch_counts() {
+        let max = kernels::MAX_CHAIN_ADDENDS;
+        assert_eq!(chain_launches(1), 1);
+        assert_eq!(chain_launches(max), 1);
+        assert_eq!(chain_launches(max + 1), 2);
+        assert_eq!(chain_launches(2 * max - 1), 2);
+        assert_eq!(chain_launches(2 * max), 3);
     }
 
     #[test]
@@ -754,10 +861,12 @@ mod tests {
             blocks in 1usize..=3,
             len in 0usize..300,
             chunk in proptest::option::of(1usize..64),
+            dst_limit in 1usize..=9,
         ) {
             let l = world * blocks;
-            let plans: Vec<RankPlan> =
-                (0..world).map(|r| RankPlan::new(r, world, l, len, chunk).unwrap()).collect();
+            let plans: Vec<RankPlan> = (0..world)
+                .map(|r| RankPlan::with_dst_limit(r, world, l, len, chunk, dst_limit).unwrap())
+                .collect();
             let steps = plans.iter().map(|p| p.steps.len()).max().unwrap_or(0);
             for t in 0..steps {
                 for a in 0..world {

@@ -4,7 +4,7 @@ use mamba_comm::Transport;
 
 use crate::contract::ReduceContract;
 use crate::exec::execute;
-use crate::fold::{host_fold, mean_factor, FoldOps};
+use crate::fold::{host_fold, mean_factor, FoldOps, HostFold};
 use crate::identity::{all_gather, encode, verdict, Record, RunIdentity, VALUES};
 use crate::plan::RankPlan;
 use crate::{ReduceError, Result};
@@ -102,6 +102,40 @@ pub trait Reducer {
     }
 }
 
+/// How a fold runs a whole fixed-order plan over a transport: the seam
+/// between the plan (what moves and what is added, in which order) and the
+/// machinery that runs it.
+///
+/// Every implementation must compute what the plan's sequential meaning
+/// computes (see [`RankPlan`]), bit for bit: [`HostFold`] runs it step by
+/// step over any host-memory transport; [`KernelFold`](crate::KernelFold)
+/// queues it over NCCL as two overlapping stream lanes with one wait.
+pub trait PlanRunner<T: Transport>: FoldOps<T::Buffer> {
+    /// Run `plan` on this rank: `locals` are the caller's `L/P` arenas
+    /// (ascending logical ranks), `scratch` holds at least
+    /// `plan.scratch_len()` elements. Afterwards `locals[0]` holds the mean
+    /// on every rank and every operation has completed.
+    fn run_plan(
+        &mut self,
+        plan: &RankPlan,
+        transport: &mut T,
+        locals: &mut [T::Buffer],
+        scratch: &mut T::Buffer,
+    ) -> Result<()>;
+}
+
+impl<T: Transport<Buffer = Vec<f32>>> PlanRunner<T> for HostFold {
+    fn run_plan(
+        &mut self,
+        plan: &RankPlan,
+        transport: &mut T,
+        locals: &mut [Vec<f32>],
+        scratch: &mut Vec<f32>,
+    ) -> Result<()> {
+        execute(plan, transport, self, locals, scratch)
+    }
+}
+
 /// Settings of a [`TransportReducer`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReducerOptions {
@@ -109,9 +143,9 @@ pub struct ReducerOptions {
     pub contract: ReduceContract,
     /// `L`; must be a multiple of the number of processes.
     pub logical_world: usize,
-    /// Fixed-order chunk size in elements (`None`: one chunk for `P = L`,
-    /// [`RankPlan::default_chunk`] for the pipeline). Changes speed and
-    /// scratch memory, never bits.
+    /// Fixed-order chunk length in elements (`None`:
+    /// [`RankPlan::default_chunk`]). Changes speed and scratch memory,
+    /// never bits.
     pub chunk_elems: Option<usize>,
 }
 
@@ -175,6 +209,11 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
         &self.fold
     }
 
+    /// The fold arithmetic, mutably (e.g. `KernelFold::set_overlap`).
+    pub fn fold_mut(&mut self) -> &mut F {
+        &mut self.fold
+    }
+
     /// The identity every rank agreed on, once checked.
     pub fn agreed(&self) -> Option<&RunIdentity> {
         self.agreed.as_ref()
@@ -216,22 +255,6 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
         Ok(())
     }
 
-    fn run_fixed_order(&mut self, local: &mut [T::Buffer], len: usize) -> Result<()> {
-        if self.plan.as_ref().is_none_or(|p| p.len() != len) {
-            self.plan = Some(self.plan_for(len)?);
-        }
-        let Some(plan) = self.plan.as_ref() else {
-            return Err(ReduceError::invariant("plan missing after construction"));
-        };
-        let need = plan.scratch_len().max(1);
-        let scratch = match self.scratch.take() {
-            Some(b) if T::buffer_len(&b) >= need => b,
-            _ => self.transport.alloc(need)?,
-        };
-        let scratch = self.scratch.insert(scratch);
-        execute(plan, &mut self.transport, &mut self.fold, local, scratch)
-    }
-
     fn run_library_sum(&mut self, local: &mut [T::Buffer], len: usize) -> Result<()> {
         let Some((first, rest)) = local.split_first_mut() else {
             return Err(ReduceError::config("reduce_mean got no local arenas"));
@@ -252,7 +275,26 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
     }
 }
 
-impl<T: Transport, F: FoldOps<T::Buffer>> Reducer for TransportReducer<T, F> {
+impl<T: Transport, F: PlanRunner<T>> TransportReducer<T, F> {
+    fn run_fixed_order(&mut self, local: &mut [T::Buffer], len: usize) -> Result<()> {
+        if self.plan.as_ref().is_none_or(|p| p.len() != len) {
+            self.plan = Some(self.plan_for(len)?);
+        }
+        let Some(plan) = self.plan.as_ref() else {
+            return Err(ReduceError::invariant("plan missing after construction"));
+        };
+        let need = plan.scratch_len().max(1);
+        let scratch = match self.scratch.take() {
+            Some(b) if T::buffer_len(&b) >= need => b,
+            _ => self.transport.alloc(need)?,
+        };
+        let scratch = self.scratch.insert(scratch);
+        self.fold
+            .run_plan(plan, &mut self.transport, local, scratch)
+    }
+}
+
+impl<T: Transport, F: PlanRunner<T>> Reducer for TransportReducer<T, F> {
     type Buffer = T::Buffer;
 
     fn contract(&self) -> ReduceContract {

@@ -42,13 +42,38 @@ proptest! {
         seed in any::<u64>(),
         chunk in proptest::option::of(1usize..=3000),
         delivery in deliveries(),
+        lanes in proptest::option::of(any::<u64>()),
     ) {
         let a = arenas(seed, logical, len);
         let want = host_mean(&refs(&a)).unwrap();
         let world = EmulatedWorld::new(a).unwrap();
         for p in divisors(logical) {
-            let got = world.reduce_mean(p, &EmulateOptions { chunk_elems: chunk, delivery }).unwrap();
-            assert_bits_eq(&got, &want, &format!("L={logical} P={p} len={len} chunk={chunk:?} {delivery:?}"));
+            let opts = EmulateOptions { chunk_elems: chunk, delivery, lanes };
+            let got = world.reduce_mean(p, &opts).unwrap();
+            assert_bits_eq(&got, &want, &format!("L={logical} P={p} len={len} {opts:?}"));
+        }
+    }
+
+    /// The two-lane schedules the NCCL executor may run (folds overlapping
+    /// later groups, within the plan's waits) give the sequential bits, for
+    /// many chunks (so many steps overlap) and every physical world.
+    #[test]
+    fn two_lane_schedules_give_the_reference_bits(
+        logical in 1usize..=8,
+        len in 0usize..=2000,
+        chunks in 1usize..=12,
+        seed in any::<u64>(),
+    ) {
+        let a = arenas(seed, logical, len);
+        let want = host_mean(&refs(&a)).unwrap();
+        let world = EmulatedWorld::new(a).unwrap();
+        let chunk = len.div_ceil(chunks).max(1);
+        for p in divisors(logical) {
+            let opts = EmulateOptions { chunk_elems: Some(chunk), lanes: Some(seed ^ p as u64), ..Default::default() };
+            let per_rank = world.reduce_mean_per_rank(p, &opts).unwrap();
+            for (r, got) in per_rank.iter().enumerate() {
+                assert_bits_eq(got, &want, &format!("L={logical} P={p} len={len} rank {r} {opts:?}"));
+            }
         }
     }
 
@@ -130,10 +155,11 @@ fn small_lengths_and_tiny_chunks() {
             let world = EmulatedWorld::new(a).unwrap();
             for p in divisors(logical) {
                 for chunk in [None, Some(1), Some(2), Some(5)] {
-                    for delivery in [
-                        Delivery::InOrder,
-                        Delivery::Reversed,
-                        Delivery::Shuffled(len as u64),
+                    for (delivery, lanes) in [
+                        (Delivery::InOrder, None),
+                        (Delivery::Reversed, None),
+                        (Delivery::Shuffled(len as u64), None),
+                        (Delivery::InOrder, Some(len as u64)),
                     ] {
                         let got = world
                             .reduce_mean(
@@ -141,6 +167,7 @@ fn small_lengths_and_tiny_chunks() {
                                 &EmulateOptions {
                                     chunk_elems: chunk,
                                     delivery,
+                                    lanes,
                                 },
                             )
                             .unwrap();

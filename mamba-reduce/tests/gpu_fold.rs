@@ -7,8 +7,8 @@ mod common;
 
 use common::{arenas, assert_bits_eq, divisors, gpu_stream, Rng};
 use mamba_reduce::{
-    host_accumulate, host_fold, host_mean, host_scale, mean_factor, Delivery, EmulateOptions,
-    EmulatedWorld, EmulatorMemory, FoldOps, KernelFold,
+    host_accumulate, host_fold, host_mean, host_scale, mean_factor, ChainTerm, Delivery,
+    EmulateOptions, EmulatedWorld, EmulatorMemory, FoldOps, HostFold, KernelFold,
 };
 
 #[test]
@@ -62,6 +62,21 @@ fn kernel_fold_equals_host_fold_bit_for_bit() {
                 host_scale(&mut want[out_off..], mean_factor(logical));
                 assert_bits_eq(&got, &want, &format!("scale by 1/{logical}, {what}"));
 
+                // The chain: slots in order with the output's own values at
+                // position n_slots / 2, scaled by 1/(n_slots + 1) (fused).
+                let at = n_slots / 2;
+                let factor = Some(mean_factor(n_slots + 1));
+                let mut ch_d = fold.load(&out0).unwrap();
+                let terms = slot_terms(&slots_d, slots_off, n_slots, stride, at);
+                fold.chain(&mut ch_d, out_off, &terms, len, factor).unwrap();
+                let got = fold.store(&ch_d).unwrap();
+                let mut want = out0.clone();
+                let terms = slot_terms(&slots_h, slots_off, n_slots, stride, at);
+                HostFold
+                    .chain(&mut want, out_off, &terms, len, factor)
+                    .unwrap();
+                assert_bits_eq(&got, &want, &format!("chain, output at {at}, {what}"));
+
                 let mut cp_d = fold.load(&out0).unwrap();
                 fold.copy(&slots_d, slots_off, &mut cp_d, out_off, len)
                     .unwrap();
@@ -72,6 +87,21 @@ fn kernel_fold_equals_host_fold_bit_for_bit() {
             }
         }
     }
+}
+
+/// `n_slots` strided slots of `b` as chain terms, the output at `at`.
+fn slot_terms<B>(
+    b: &B,
+    slots_off: usize,
+    n_slots: usize,
+    stride: usize,
+    at: usize,
+) -> Vec<ChainTerm<'_, B>> {
+    let mut t: Vec<ChainTerm<'_, B>> = (0..n_slots)
+        .map(|k| ChainTerm::Buf(b, slots_off + k * stride))
+        .collect();
+    t.insert(at, ChainTerm::Dst);
+    t
 }
 
 #[test]
@@ -87,10 +117,12 @@ fn loopback_worlds_on_one_gpu_equal_the_host_oracle() {
                 for (chunk, delivery) in [
                     (None, Delivery::InOrder),
                     (Some(997), Delivery::Shuffled(p as u64)),
+                    (Some(1024), Delivery::Reversed),
                 ] {
                     let opts = EmulateOptions {
                         chunk_elems: chunk,
                         delivery,
+                        lanes: None,
                     };
                     let per_rank = world.reduce_mean_per_rank_on(p, &opts, &mut fold).unwrap();
                     for (r, got) in per_rank.iter().enumerate() {

@@ -80,6 +80,7 @@ fn reduce(
     a: &[Vec<f32>],
     contract: ReduceContract,
     chunk: Option<usize>,
+    overlap: bool,
 ) -> (NcclComm, Vec<f32>) {
     let logical = a.len();
     let opts = ReducerOptions {
@@ -87,6 +88,7 @@ fn reduce(
         ..ReducerOptions::new(contract, logical)
     };
     let mut r = NcclReducer::new(comm, opts).expect("load kernels");
+    r.fold_mut().set_overlap(overlap);
     let (rank, world) = (r.rank(), r.world());
     let blocks = logical / world;
     let t = r.transport_mut();
@@ -121,24 +123,34 @@ fn rank_side() {
     .expect("NCCL init");
     let world = place.world;
     let mut fold = KernelFold::load(comm.stream()).expect("kernels");
-    for (seed, logical, len, chunk) in [
-        (1u64, 2usize, 1usize, None),
-        (2, 2, 1009, None),
-        (3, 2, (1 << 20) + 3, None),
-        (4, 2, 1 << 20, Some(100_003)),
-        (5, 4, 1009, None),
-        (6, 4, (1 << 20) + 3, None),
-        (7, 4, 1 << 20, Some(65_536)),
+    // (seed, L, len, chunk, two-lane executor): P = L and L = 2P, default
+    // chunking (one chunk, and two from 64 MiB on), many chunks (with odd
+    // lengths: misaligned shards, the kernels' scalar path), and the serial
+    // executor once each.
+    for (seed, logical, len, chunk, overlap) in [
+        (1u64, 2usize, 1usize, None, true),
+        (2, 2, 1009, None, true),
+        (3, 2, (1 << 20) + 3, None, true),
+        (4, 2, 1 << 20, Some(100_003), true),
+        (5, 2, 1 << 20, Some(100_003), false),
+        (6, 2, (1 << 24) + 7, None, true),
+        (7, 2, (1 << 22) + 5, Some(77_777), true),
+        (8, 4, 1009, None, true),
+        (9, 4, (1 << 20) + 3, None, true),
+        (10, 4, 1 << 20, Some(65_536), true),
+        (11, 4, 1 << 20, Some(65_536), false),
+        (12, 4, (1 << 22) + 5, Some(50_001), true),
+        (13, 8, (1 << 20) + 1, None, true),
     ] {
         let a = arenas(seed, logical, len);
         let em = EmulatedWorld::new(a.clone()).unwrap();
         let want = em.reduce_mean(world, &EmulateOptions::default()).unwrap();
         let what = format!(
-            "rank {} L={logical} P={world} len={len} chunk={chunk:?}",
+            "rank {} L={logical} P={world} len={len} chunk={chunk:?} two lanes {overlap}",
             place.rank
         );
 
-        let (c, got) = reduce(comm, &a, ReduceContract::FixedOrder, chunk);
+        let (c, got) = reduce(comm, &a, ReduceContract::FixedOrder, chunk, overlap);
         comm = c;
         assert_bits_eq(&got, &want, &format!("FixedOrder vs host oracle, {what}"));
 
@@ -158,7 +170,7 @@ fn rank_side() {
             &format!("L={logical} on P=1 (one GPU) vs P={world}, {what}"),
         );
 
-        let (c, lib) = reduce(comm, &a, ReduceContract::NcclSum, None);
+        let (c, lib) = reduce(comm, &a, ReduceContract::NcclSum, None, true);
         comm = c;
         let scale = a
             .iter()

@@ -55,7 +55,8 @@ impl Drop for ProcessSlot {
 ///
 /// Every operation is host-synchronous: it returns once the stream has
 /// completed it (a group returns once the whole group has completed), so
-/// results are ready for any stream when a call returns. Buffers used inside
+/// results are ready for any stream when a call returns. The one exception
+/// is a group inside [`NcclComm::window`], which the window's end waits for. Buffers used inside
 /// a [`Transport::group`] body must outlive the `group` call: NCCL runs the
 /// group's operations only when it closes.
 ///
@@ -209,6 +210,54 @@ impl NcclComm {
         self.core.shutdown()
     }
 
+    /// Run `body` as one collective window with a single wait at its end.
+    ///
+    /// Inside the window, [`Transport::group`] enqueues its group on
+    /// [`NcclComm::stream`] and returns without waiting for it, so `body`
+    /// can queue many groups, and make the stream wait for work on other
+    /// streams of this context (`stream().wait(&event)`), with no host
+    /// round-trip in between. Operations outside groups still wait for the
+    /// stream (and with it for everything queued before them). When `body`
+    /// returns `Ok`, the window waits under the watchdog until the stream
+    /// has completed everything enqueued so far; the deadline is the
+    /// collective timeout counted from the window's start, and on expiry the
+    /// communicator is aborted as for any window.
+    ///
+    /// When `body` fails after a group was enqueued, the communicator is
+    /// aborted (the peers would wait for the rest of the sequence) and the
+    /// error says so; a body that failed before enqueuing anything leaves
+    /// the communicator usable and its error is returned as is.
+    ///
+    /// Buffers used by the window's groups must stay alive until `window`
+    /// returns (NCCL reads and writes them until the final wait), just as a
+    /// group's buffers must outlive the group. Windows do not nest and
+    /// cannot open inside a group.
+    pub fn window<R, E>(
+        &mut self,
+        body: impl FnOnce(&mut Self) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E>
+    where
+        E: From<CommError> + std::fmt::Display,
+    {
+        self.bind("window")?;
+        self.core.window_begin()?;
+        let result = body(self);
+        let text = result.as_ref().err().map(|e| e.to_string());
+        let completion = StreamCompletion {
+            stream: &self.stream,
+        };
+        let end = self.core.window_finish(&completion, text.as_deref());
+        match (result, end) {
+            (Ok(v), Ok(())) => {
+                self.check_cuda("window")?;
+                Ok(v)
+            }
+            (Err(e), Ok(())) => Err(e),
+            // The abort's error repeats the body's.
+            (_, Err(e)) => Err(e.into()),
+        }
+    }
+
     /// Make the communicator's context current on the calling thread (the
     /// communicator may have moved threads since the last call).
     fn bind(&self, op: &'static str) -> Result<()> {
@@ -320,6 +369,8 @@ impl Transport for NcclComm {
         self.stream.synchronize().map_err(cuda("download"))
     }
 
+    /// Inside [`NcclComm::window`] the group is only enqueued: it returns
+    /// once NCCL has queued it on the stream, and the window's end waits.
     fn group<R>(&mut self, body: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
         self.bind("group")?;
         self.core.group_begin()?;

@@ -18,6 +18,12 @@
 //!   before the communicator is aborted. The failure poisons the core
 //!   (`aborted` set, no further calls) and the abort follows the group's
 //!   close.
+//! - A *window* ([`CommCore::window_begin`] .. [`CommCore::window_finish`])
+//!   makes a sequence of groups one collective window: closing a group
+//!   inside it enqueues the group without waiting for the stream, and the
+//!   window's end waits once, under the watchdog, with a deadline counted
+//!   from the window's start. A failed window body that had enqueued
+//!   operations aborts (peers would wait for the rest), like a group body.
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +55,13 @@ struct GroupState {
     failure: Option<String>,
 }
 
+/// The open window (see [`CommCore::window_begin`]).
+struct WindowState {
+    deadline: Instant,
+    /// Operations of groups closed in the window, not yet waited for.
+    pending: usize,
+}
+
 /// How the communicator is identified in messages.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Place {
@@ -66,6 +79,7 @@ pub(crate) struct CommCore {
     device: c_int,
     collective_timeout: Duration,
     group: Option<GroupState>,
+    window: Option<WindowState>,
 }
 
 impl std::fmt::Debug for CommCore {
@@ -154,6 +168,7 @@ impl CommCore {
             device: -1,
             collective_timeout,
             group: None,
+            window: None,
         };
         let hint = format!(
             "a rank never arrived: all {world} ranks must call init within {init_timeout:?}; a crashed \
@@ -219,6 +234,20 @@ impl CommCore {
     /// True while a group is open.
     pub(crate) fn in_group(&self) -> bool {
         self.group.is_some()
+    }
+
+    /// True while a window is open.
+    #[cfg(test)]
+    pub(crate) fn in_window(&self) -> bool {
+        self.window.is_some()
+    }
+
+    /// Deadline of a new wait that is not inside a group: the open
+    /// window's, or the collective timeout from now.
+    fn window_or_new_deadline(&self) -> Instant {
+        self.window
+            .as_ref()
+            .map_or_else(|| Instant::now() + self.collective_timeout, |w| w.deadline)
     }
 
     /// Fail `op` for a reason found outside NCCL (e.g. a CUDA error around a
@@ -387,7 +416,7 @@ impl CommCore {
         let h = self.usable(op)?;
         let deadline = match &self.group {
             Some(g) => g.deadline,
-            None => Instant::now() + self.collective_timeout,
+            None => self.window_or_new_deadline(),
         };
         let rc = call(&*self.api, h);
         match rc {
@@ -418,12 +447,13 @@ impl CommCore {
             let d = describe(&*self.api, rc);
             return Err(self.fail("group", format!("ncclGroupStart returned {d}")));
         }
+        let deadline = self.window_or_new_deadline();
         match self.group.as_mut() {
             Some(g) => g.depth += 1,
             None => {
                 self.group = Some(GroupState {
                     depth: 1,
-                    deadline: Instant::now() + self.collective_timeout,
+                    deadline,
                     ops: 0,
                     failure: None,
                 })
@@ -439,7 +469,9 @@ impl CommCore {
     ///   peers would wait for the rest) and the error says so; a body that
     ///   failed before enqueuing anything leaves the communicator usable;
     /// - otherwise the whole group is one collective window, waited for under
-    ///   the watchdog.
+    ///   the watchdog; inside an open window the wait is left to the
+    ///   window's end (the group is enqueued on the stream when this
+    ///   returns).
     pub(crate) fn group_finish<R>(
         &mut self,
         completion: &dyn Completion,
@@ -506,10 +538,72 @@ impl CommCore {
                     )?;
                 }
                 if g.ops > 0 {
-                    self.wait_complete("group", completion, g.deadline)?;
+                    match self.window.as_mut() {
+                        Some(w) => w.pending += g.ops,
+                        None => self.wait_complete("group", completion, g.deadline)?,
+                    }
                 }
                 Ok(v)
             }
+        }
+    }
+
+    /// Open a window: until [`CommCore::window_finish`], closing a group
+    /// enqueues it without waiting for the stream, so the caller can queue
+    /// several groups (and its own stream work between them) and wait once.
+    /// Every wait inside the window, and the final one, shares one deadline:
+    /// the collective timeout from now. Windows do not nest and cannot open
+    /// inside a group.
+    pub(crate) fn window_begin(&mut self) -> Result<()> {
+        self.usable("window")?;
+        if self.group.is_some() {
+            return Err(CommError::config(
+                "a window cannot open inside a group; open the window first and run groups in it",
+            ));
+        }
+        if self.window.is_some() {
+            return Err(CommError::config(
+                "windows do not nest: finish the open window before opening another",
+            ));
+        }
+        self.window = Some(WindowState {
+            deadline: Instant::now() + self.collective_timeout,
+            pending: 0,
+        });
+        Ok(())
+    }
+
+    /// Close the window. `body_error` is the text of the body's error, if
+    /// it failed.
+    /// - The body failed after groups were enqueued in the window: abort
+    ///   (peers would wait for the rest), and the error says so.
+    /// - The body failed before enqueuing anything (or the communicator is
+    ///   already aborted): nothing more happens here; the caller returns the
+    ///   body's error.
+    /// - The body succeeded: wait under the watchdog, until the window's
+    ///   deadline, for everything enqueued on the stream so far (NCCL's
+    ///   groups and any work the caller made the stream wait for).
+    pub(crate) fn window_finish(
+        &mut self,
+        completion: &dyn Completion,
+        body_error: Option<&str>,
+    ) -> Result<()> {
+        let Some(w) = self.window.take() else {
+            return Err(CommError::config(
+                "window_finish without window_begin (a bug in mamba-comm)",
+            ));
+        };
+        match body_error {
+            Some(e) if w.pending > 0 && !self.is_aborted() => Err(self.fail(
+                "window",
+                format!(
+                    "the window body failed after enqueuing {} operation(s), which peers would \
+                     wait for: {e}",
+                    w.pending
+                ),
+            )),
+            Some(_) => Ok(()),
+            None => self.wait_complete("window", completion, w.deadline),
         }
     }
 

@@ -1,81 +1,74 @@
-//! The fold seam on device memory: `kernels::FoldKernel` for the folds, a
-//! device copy, and a scale kernel, all enqueued on one stream (the
-//! communicator's), so they are ordered with the NCCL groups around them.
+//! The fold seam on device memory: `kernels::FoldKernel` for the folds and
+//! the scale, plus device copies.
+//!
+//! Two ways to run a plan (see [`KernelFold::set_overlap`]):
+//! - **two lanes** (the default, `run`): the whole plan is queued in one
+//!   [`NcclComm::window`](mamba_comm::nccl::NcclComm::window) — groups on
+//!   the communicator's stream, folds on a second stream of the same
+//!   context, ordered by events exactly where the plan's lane dependencies
+//!   say — and waited for once, under the communicator's watchdog;
+//! - **serial**: step by step on the communicator's stream, every group
+//!   waited for before its folds (the generic executor; a reference point
+//!   for benchmarks).
+//!
+//! As a [`FoldOps`] (the emulated world, the library-sum contract) every
+//! operation is enqueued on the one stream given to [`KernelFold::load`].
+
+mod run;
 
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
-    PushKernelArg,
-};
-use cudarc::nvrtc::Ptx;
-use kernels::{FoldKernel, LaunchShape};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut};
+use kernels::FoldKernel;
 
 use crate::emulated::EmulatorMemory;
-use crate::fold::FoldOps;
+use crate::fold::{check_terms, ChainTerm, FoldOps};
 use crate::{ReduceError, Result};
 
-/// `scale.ptx`: `buf[i] = buf[i] * factor` as one `mul.rn.f32` per element
-/// (IEEE round-to-nearest, subnormals kept: no `.ftz`), grid-stride with
-/// 64-bit indices; a float4 variant for 16-byte aligned views. Hand-written
-/// PTX so that the multiply is exactly the host's `x * factor` whatever the
-/// compiler flags; the driver JIT-compiles it once per context.
-const SCALE_PTX: &str = include_str!("scale.ptx");
-const SCALE_SYMBOL: &str = "mamba_reduce_scale_f32";
-const SCALE4_SYMBOL: &str = "mamba_reduce_scale_f32x4";
-
-/// [`FoldOps`] on `CudaSlice<f32>`: the fold kernels of `kernels` plus a
-/// device copy and a scale kernel, all on `stream`.
+/// [`FoldOps`] on `CudaSlice<f32>`: the fold kernels of `kernels` (the
+/// scale is `det_scale`, or fused into `det_chain`) and device copies, all
+/// on `stream`; and the two-lane executor of fixed-order plans over NCCL.
 ///
-/// Holds the loaded modules (and through them the context) alive. Every
-/// operation is asynchronous on `stream`; [`FoldOps::finish`] synchronises
-/// it. Use the communicator's stream, so that the NCCL groups of the
-/// dataflow and these operations are ordered by the stream alone.
+/// Holds the loaded module (and through it the context) alive, the second
+/// stream of the two-lane executor (made on first use) and its events
+/// (reused from call to call: a call returns only once all its work has
+/// completed). Every [`FoldOps`] operation is asynchronous on `stream`;
+/// [`FoldOps::finish`] synchronises it. Use the communicator's stream, so
+/// that the NCCL groups and these operations are ordered by the stream
+/// alone.
 pub struct KernelFold {
     kernel: FoldKernel,
     stream: Arc<CudaStream>,
-    _scale_module: Arc<CudaModule>,
-    scale: CudaFunction,
-    scale4: CudaFunction,
-    shape: LaunchShape,
+    /// The compute lane of the two-lane executor.
+    lane: Option<Arc<CudaStream>>,
+    events: Vec<CudaEvent>,
+    overlap: bool,
 }
 
 impl std::fmt::Debug for KernelFold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KernelFold")
             .field("device", &self.stream.context().ordinal())
-            .field("shape", &self.shape)
+            .field("shape", &self.kernel.shape())
+            .field("overlap", &self.overlap)
             .finish()
     }
 }
 
 impl KernelFold {
-    /// Load the fold and scale kernels into `stream`'s context.
+    /// Load the fold kernels into `stream`'s context.
     pub fn load(stream: &Arc<CudaStream>) -> Result<Self> {
-        let ctx = stream.context();
-        let kernel = FoldKernel::load(ctx)?;
-        let module = ctx
-            .load_module(Ptx::from_src(SCALE_PTX))
-            .map_err(|e| ReduceError::device("loading the scale kernel (PTX JIT)", e))?;
-        let function = |symbol: &str| {
-            module
-                .load_function(symbol)
-                .map_err(|e| ReduceError::device(format!("looking up {symbol}"), e))
-        };
-        let scale = function(SCALE_SYMBOL)?;
-        let scale4 = function(SCALE4_SYMBOL)?;
-        let shape = kernel.shape();
+        let kernel = FoldKernel::load(stream.context())?;
         Ok(KernelFold {
             kernel,
             stream: stream.clone(),
-            _scale_module: module,
-            scale,
-            scale4,
-            shape,
+            lane: None,
+            events: Vec::new(),
+            overlap: true,
         })
     }
 
-    /// The stream every operation is enqueued on.
+    /// The stream every [`FoldOps`] operation is enqueued on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
@@ -83,6 +76,18 @@ impl KernelFold {
     /// The fold kernels.
     pub fn kernel(&self) -> &FoldKernel {
         &self.kernel
+    }
+
+    /// Whether fixed-order plans over NCCL run as two overlapping lanes in
+    /// one window (`true`, the default) or step by step with a host wait
+    /// per group (`false`). Never changes bits; only speed.
+    pub fn set_overlap(&mut self, overlap: bool) {
+        self.overlap = overlap;
+    }
+
+    /// See [`KernelFold::set_overlap`].
+    pub fn overlap(&self) -> bool {
+        self.overlap
     }
 }
 
@@ -202,37 +207,31 @@ impl FoldOps<CudaSlice<f32>> for KernelFold {
         if len == 0 {
             return Ok(());
         }
-        let aligned = {
-            let v = view_mut(buf, off, len, "scale")?;
-            let (ptr, _record) = v.device_ptr(&self.stream);
-            ptr % 16 == 0
-        };
-        // Vector body over whole float4s when aligned, scalar tail (or the
-        // whole view when not aligned). Same multiply either way.
-        let n4 = if aligned { len / 4 } else { 0 };
-        if n4 > 0 {
-            let mut body = view_mut(buf, off, n4 * 4, "scale body")?;
-            let n4_arg = n4 as u64;
-            let cfg = self.shape.config(n4_arg);
-            let mut launch = self.stream.launch_builder(&self.scale4);
-            launch.arg(&mut body).arg(&n4_arg).arg(&factor);
-            // SAFETY: mamba_reduce_scale_f32x4(float* buf, u64 n4, f32
-            // factor) reads and writes buf[0 .. 4*n4), which is exactly the
-            // view; the view's address is 16-byte aligned (checked above).
-            unsafe { launch.launch(cfg) }
-                .map_err(|e| ReduceError::device("launching scale (float4)", e))?;
-        }
-        let tail = len - n4 * 4;
-        if tail > 0 {
-            let mut rest = view_mut(buf, off + n4 * 4, tail, "scale tail")?;
-            let tail_arg = tail as u64;
-            let cfg = self.shape.config(tail_arg);
-            let mut launch = self.stream.launch_builder(&self.scale);
-            launch.arg(&mut rest).arg(&tail_arg).arg(&factor);
-            // SAFETY: mamba_reduce_scale_f32(float* buf, u64 len, f32
-            // factor) touches buf[0 .. len), exactly the view.
-            unsafe { launch.launch(cfg) }.map_err(|e| ReduceError::device("launching scale", e))?;
-        }
+        let mut v = view_mut(buf, off, len, "scale")?;
+        self.kernel.det_scale(&self.stream, &mut v, len, factor)?;
+        Ok(())
+    }
+
+    fn chain(
+        &mut self,
+        dst: &mut CudaSlice<f32>,
+        dst_off: usize,
+        terms: &[ChainTerm<'_, CudaSlice<f32>>],
+        len: usize,
+        factor: Option<f32>,
+    ) -> Result<()> {
+        check_terms(terms)?;
+        let dst_at = terms.iter().position(|t| matches!(t, ChainTerm::Dst));
+        let srcs = terms
+            .iter()
+            .filter_map(|t| match t {
+                ChainTerm::Dst => None,
+                ChainTerm::Buf(b, off) => Some(view(b, *off, len, "chain term")),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut d = view_mut(dst, dst_off, len, "chain output")?;
+        self.kernel
+            .det_chain(&self.stream, &mut d, dst_at, &srcs, len, factor)?;
         Ok(())
     }
 

@@ -9,6 +9,7 @@ mod real;
 mod teardown;
 mod version;
 mod watchdog;
+mod window;
 
 use std::ffi::c_void;
 use std::sync::Arc;
