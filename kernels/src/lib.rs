@@ -37,6 +37,7 @@ pub mod embedded;
 pub mod error;
 pub mod fold;
 pub mod launch;
+pub mod mamba;
 
 // The build script's nvcc search, compiled here so it has unit tests.
 #[cfg(test)]

@@ -3,7 +3,13 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mamba-train");
+/// The binary under test: cargo's path, or `MAMBA_TRAIN_BIN` when the test
+/// runs from a bundle on a host where cargo's target directory does not exist.
+fn bin() -> std::path::PathBuf {
+    std::env::var_os("MAMBA_TRAIN_BIN")
+        .map(Into::into)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_mamba-train").into())
+}
 
 /// A tiny selective-copy run: 1 block of width 16, a few steps.
 const TINY: &[&str] = &[
@@ -25,7 +31,7 @@ const TINY: &[&str] = &[
 
 /// Run `train` with [`TINY`] (less the flags `extra` sets itself), `--out`, and `extra`.
 fn train(out: &Path, extra: &[&str]) -> Output {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(bin());
     c.arg("train");
     for pair in TINY.chunks(2) {
         if !extra.contains(&pair[0]) {
@@ -161,7 +167,7 @@ fn stop_and_resume_lands_on_the_unbroken_bits() {
     assert!(first.contains("stopped at step 3"), "{first}");
     assert_ne!(digest(&first), unbroken);
     // Resume with no run flags at all: the checkpoint's run continues.
-    let o = Command::new(BIN)
+    let o = Command::new(bin())
         .args(["train", "--eval-batches", "1", "--resume"])
         .arg(&out)
         .arg("--out")
@@ -185,7 +191,7 @@ fn stop_and_resume_lands_on_the_unbroken_bits() {
     );
 
     // Resuming a finished run runs nothing and changes nothing.
-    let o = Command::new(BIN)
+    let o = Command::new(bin())
         .args(["train", "--eval-batches", "1", "--resume"])
         .arg(&out)
         .arg("--out")
@@ -226,7 +232,7 @@ fn bad_input_gets_clear_errors() {
     let e = err(&train(&out, &["--batch", "0"]));
     assert!(e.contains("batch must be at least 1"), "{e}");
 
-    let e = err(&Command::new(BIN)
+    let e = err(&Command::new(bin())
         .args(["train", "--task", "sorting"])
         .output()
         .unwrap());
@@ -297,7 +303,7 @@ fn text_task_trains_and_refuses_missing_or_short_files() {
         .collect()
     };
     let run = |extra: &[String], out: &Path| {
-        Command::new(BIN)
+        Command::new(bin())
             .arg("train")
             .args(extra)
             .arg("--out")
@@ -312,7 +318,7 @@ fn text_task_trains_and_refuses_missing_or_short_files() {
     );
     digest(&stdout);
 
-    let e = err(&Command::new(BIN)
+    let e = err(&Command::new(bin())
         .args(["train", "--task", "text", "--data"])
         .arg(dir.path().join("missing.txt"))
         .output()
@@ -323,13 +329,13 @@ fn text_task_trains_and_refuses_missing_or_short_files() {
     );
     let short = dir.path().join("short.txt");
     std::fs::write(&short, "tiny").unwrap();
-    let e = err(&Command::new(BIN)
+    let e = err(&Command::new(bin())
         .args(["train", "--task", "text", "--seq-len", "16", "--data"])
         .arg(&short)
         .output()
         .unwrap());
     assert!(e.contains("4 bytes") && e.contains("at least 17"), "{e}");
-    let e = err(&Command::new(BIN)
+    let e = err(&Command::new(bin())
         .args(["train", "--task", "text"])
         .output()
         .unwrap());
@@ -339,7 +345,7 @@ fn text_task_trains_and_refuses_missing_or_short_files() {
 #[test]
 fn induction_task_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let o = Command::new(BIN)
+    let o = Command::new(bin())
         .args([
             "train",
             "--task",

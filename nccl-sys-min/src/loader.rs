@@ -1,10 +1,13 @@
 //! Finding and opening `libnccl` at run time.
 //!
 //! Invariant: a [`Nccl`] holds an open library whose every bound entry point
-//! resolved, and the library is never unloaded while the value lives (the
-//! `libloading::Library` inside [`NcclLib`] closes it on drop, so keep a
-//! `Nccl` for the life of every communicator made with it; `mamba-comm`
-//! keeps one for the life of the process).
+//! resolved, and the library is never unloaded, not even when the value is
+//! dropped. NCCL starts threads of its own (bootstrap, proxy) from calls such
+//! as `ncclGetUniqueId` that outlive the call; closing the library would unmap
+//! the code those threads run. On the GPU hosts that was a segfault right
+//! after a test dropped its `Nccl`. So the `libloading::Library` inside
+//! [`NcclLib`] is held in a `ManuallyDrop` and deliberately leaked: the cost
+//! is one loader reference per successful open.
 
 use std::ffi::{CStr, OsStr, OsString};
 
@@ -63,7 +66,8 @@ pub fn search_list(env: impl Fn(&str) -> Option<OsString>) -> Vec<OsString> {
 
 /// An opened NCCL library with every bound entry point resolved.
 pub struct Nccl {
-    lib: NcclLib,
+    /// Never dropped: see the module docs.
+    lib: std::mem::ManuallyDrop<NcclLib>,
     path: String,
     version: NcclVersion,
 }
@@ -156,7 +160,11 @@ impl Nccl {
                 version: Some(version),
                 detail: e.to_string(),
             })?;
-        Ok(Nccl { lib, path, version })
+        Ok(Nccl {
+            lib: std::mem::ManuallyDrop::new(lib),
+            path,
+            version,
+        })
     }
 
     /// The file that was opened (resolved through the loader when it can

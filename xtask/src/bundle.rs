@@ -52,11 +52,16 @@ pub fn run(dir: &Path) -> TaskResult {
 
     // Kernels must be in the bundle: a GPU host cannot compile them.
     let mut test_build = cargo(&root);
-    test_build.args(["test", "--release", "--no-run", "--message-format=json-render-diagnostics"]);
+    test_build.args([
+        "test",
+        "--release",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
     for p in TEST_PACKAGES {
         test_build.args(["-p", p]);
     }
-    for exe in built_executables(test_build)? {
+    for exe in built_executables(test_build, true)? {
         let name = exe
             .file_name()
             .and_then(|n| n.to_str())
@@ -74,7 +79,7 @@ pub fn run(dir: &Path) -> TaskResult {
         "--bin",
         "mamba-train",
     ]);
-    for exe in built_executables(bin_build)? {
+    for exe in built_executables(bin_build, false)? {
         copy_stripped(&exe, &bin_dir.join("mamba-train"))?;
     }
     for (pkg, ex) in EXAMPLES {
@@ -84,8 +89,16 @@ pub fn run(dir: &Path) -> TaskResult {
             continue;
         }
         let mut b = cargo(&root);
-        b.args(["build", "--release", "--message-format=json-render-diagnostics", "-p", pkg, "--example", ex]);
-        for exe in built_executables(b)? {
+        b.args([
+            "build",
+            "--release",
+            "--message-format=json-render-diagnostics",
+            "-p",
+            pkg,
+            "--example",
+            ex,
+        ]);
+        for exe in built_executables(b, false)? {
             copy_stripped(&exe, &bin_dir.join(ex))?;
         }
     }
@@ -105,8 +118,10 @@ fn cargo(root: &Path) -> Command {
     c
 }
 
-/// Run a cargo build with JSON messages and return the executables it made.
-fn built_executables(mut cmd: Command) -> Result<Vec<PathBuf>, String> {
+/// Run a cargo build with JSON messages and return the executables it made;
+/// with `tests_only`, only test harnesses (`cargo test --no-run` also builds
+/// the examples and binaries, which are not test suites).
+fn built_executables(mut cmd: Command, tests_only: bool) -> Result<Vec<PathBuf>, String> {
     let shown = format!("{cmd:?}");
     let out = cmd
         .stdout(Stdio::piped())
@@ -118,8 +133,13 @@ fn built_executables(mut cmd: Command) -> Result<Vec<PathBuf>, String> {
     }
     let mut exes = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
         if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        if tests_only && msg["profile"]["test"] != true {
             continue;
         }
         if let Some(exe) = msg["executable"].as_str() {
@@ -130,11 +150,15 @@ fn built_executables(mut cmd: Command) -> Result<Vec<PathBuf>, String> {
 }
 
 fn copy_stripped(src: &Path, dst: &Path) -> TaskResult {
-    fs::copy(src, dst).map_err(|e| format!("cannot copy {} to {}: {e}", src.display(), dst.display()))?;
+    fs::copy(src, dst)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", src.display(), dst.display()))?;
     // Debug info is most of a test binary's size and the transfer is capped.
     let stripped = Command::new("strip").arg("--strip-debug").arg(dst).status();
     if !matches!(stripped, Ok(s) if s.success()) {
-        eprintln!("bundle: could not strip {} (kept unstripped)", dst.display());
+        eprintln!(
+            "bundle: could not strip {} (kept unstripped)",
+            dst.display()
+        );
     }
     set_executable(dst)
 }

@@ -15,7 +15,10 @@ mod test_multigpu;
 mod util;
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "Project tasks for the mamba deterministic trainer")]
+#[command(
+    name = "cargo xtask",
+    about = "Project tasks for the mamba deterministic trainer"
+)]
 struct Cli {
     #[command(subcommand)]
     task: Task,

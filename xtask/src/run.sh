@@ -11,6 +11,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 export MAMBA_REQUIRE_GPU="${MAMBA_REQUIRE_GPU:-1}"
 # The GPU machines require NVLink SHARP off; children inherit it.
 export NCCL_NVLS_ENABLE=0
+# Tests that run the CLI find it here (cargo's target dir is not on this host).
+export MAMBA_TRAIN_BIN="$here/bin/mamba-train"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 log="${MAMBA_LOG_DIR:-$here/logs}"
 mkdir -p "$log"

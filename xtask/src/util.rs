@@ -15,7 +15,9 @@ pub fn workspace_root() -> PathBuf {
 /// Run `cmd`, failing with its rendering when it does not exit 0.
 pub fn run_checked(cmd: &mut Command) -> TaskResult {
     let shown = format!("{cmd:?}");
-    let status = cmd.status().map_err(|e| format!("could not start {shown}: {e}"))?;
+    let status = cmd
+        .status()
+        .map_err(|e| format!("could not start {shown}: {e}"))?;
     if status.success() {
         Ok(())
     } else {

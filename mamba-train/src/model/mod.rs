@@ -2,6 +2,7 @@
 //! path, both over the flat arenas of [`crate::params`].
 
 pub mod cpu;
+pub mod cuda;
 pub mod init;
 
 /// Target value that contributes nothing to the loss (Hugging Face's

@@ -1,0 +1,74 @@
+// Shared device helpers of the Mamba kernels (mamba_ops.cu, mamba_scan.cu,
+// mamba_optim.cu). Each .cu file is its own module, so everything here is
+// `static __device__ __forceinline__` (internal linkage, no symbol clashes).
+//
+// Determinism rules every Mamba kernel follows (SPEC.md, issue 7):
+//   - no float atomics anywhere; every sum has a fixed association that
+//     depends only on the problem shape (never on the grid the hardware
+//     picks, the SM count or the scheduling);
+//   - block reductions are trees over a fixed block size in shared memory, or
+//     xor-butterflies over a fixed lane group (every lane ends with the same
+//     bits because IEEE addition is commutative);
+//   - the build passes --fmad=false, so `a * b + c` is two roundings exactly
+//     where the source says so. Where a kernel promises bit-equality with the
+//     CPU code it also spells the operations out with __fmul_rn/__fadd_rn.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mamba {
+
+// Threads of every block-reduction kernel. Fixed: reduction trees depend on it.
+constexpr int kReduceThreads = 256;
+
+// Rows summed by one block of the two-stage column reductions: the partial
+// count is ceil(rows / kColSlab), a function of the shape alone.
+constexpr int kColSlab = 256;
+
+static __device__ __forceinline__ float sigmoidf_(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+
+// x * sigmoid(x), as torch's SiLU.
+static __device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
+
+// d/dx SiLU(x) = s (1 + x (1 - s)), s = sigmoid(x).
+static __device__ __forceinline__ float dsiluf_(float x) {
+    float s = sigmoidf_(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+
+// torch.nn.functional.softplus(x) with beta 1 and threshold 20.
+static __device__ __forceinline__ float softplusf_(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+
+// Tree sum of one value per thread over a block of exactly kReduceThreads
+// threads; every thread gets the result. `sh` holds kReduceThreads floats.
+// The association is fixed by kReduceThreads alone.
+static __device__ __forceinline__ float block_sum(float v, float* sh) {
+    const int tid = threadIdx.x;
+    sh[tid] = v;
+    __syncthreads();
+#pragma unroll
+    for (int s = kReduceThreads / 2; s > 0; s >>= 1) {
+        if (tid < s) sh[tid] = sh[tid] + sh[tid + s];
+        __syncthreads();
+    }
+    float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+// Xor-butterfly sum over aligned groups of `width` lanes (a power of two,
+// <= 32). All 32 lanes of the warp must call it; each lane of a group ends
+// with the same bits.
+static __device__ __forceinline__ float group_sum(float v, int width) {
+    for (int off = width >> 1; off > 0; off >>= 1) {
+        v = v + __shfl_xor_sync(0xffffffffu, v, off);
+    }
+    return v;
+}
+
+}  // namespace mamba

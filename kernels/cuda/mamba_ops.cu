@@ -1,0 +1,366 @@
+// Element-wise and row/column kernels of the Mamba-1 model (everything but
+// the selective scan, the GEMMs and the optimizer), forward and backward.
+//
+// Layout conventions (shared with kernels/src/mamba/ops.rs, which checks every
+// bound on the host before a launch):
+//   - activations are row-major [M, width] with M = batch * seq_len and row
+//     m = b * seq_len + t; a column block of a wider matrix is addressed by a
+//     base pointer plus a leading dimension `ld` (e.g. x = xz[:, :D] and
+//     z = xz[:, D:2D] with ld = 2D);
+//   - parameters use the Hugging Face shapes of mamba-train/src/params.rs
+//     (conv1d.weight [D, 1, K] -> w[c * K + k]).
+// Determinism: see mamba_common.cuh. Column sums over rows go through fixed
+// slabs of kColSlab rows (stage 1, a fixed tree inside the block) and an
+// ascending serial sum over slabs (stage 2).
+
+#include "mamba_common.cuh"
+
+using namespace mamba;
+
+// ---------------------------------------------------------------- embedding
+
+// h[m, :] = emb[tok[m], :]. An out-of-range token (the host validates, so
+// this is a bug guard) writes NaN so it cannot pass unnoticed.
+// grid (M, ceil(d / 128)), block 128.
+extern "C" __global__ void mamba_embed_fwd(const unsigned* __restrict__ tok,
+                                           const float* __restrict__ emb,
+                                           float* __restrict__ h, int d, int vocab) {
+    const long long m = blockIdx.x;
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= d) return;
+    const unsigned v = tok[m];
+    h[m * d + j] = v < (unsigned)vocab ? emb[(long long)v * d + j] : __int_as_float(0x7fc00000);
+}
+
+// dE[v, :] += dh[p0, :] + ... for each distinct token v, over its positions
+// p0 < p1 < ... in ascending order: acc = ((dE + dh[p0]) + dh[p1]) + ...
+// `uniq` lists the distinct tokens, `row_ptr[u]..row_ptr[u+1]` indexes `pos`
+// (a CSR built on the host from the batch). Each dE row has one owner block
+// column, so there are no atomics and the order is fixed.
+// grid (U, ceil(d / 128)), block 128.
+extern "C" __global__ void mamba_embed_bwd(const unsigned* __restrict__ uniq,
+                                           const unsigned* __restrict__ row_ptr,
+                                           const unsigned* __restrict__ pos,
+                                           const float* __restrict__ dh,
+                                           float* __restrict__ demb, int d) {
+    const int u = blockIdx.x;
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= d) return;
+    const long long v = uniq[u];
+    float acc = demb[v * d + j];
+    for (unsigned p = row_ptr[u]; p < row_ptr[u + 1]; ++p) {
+        acc = acc + dh[(long long)pos[p] * d + j];
+    }
+    demb[v * d + j] = acc;
+}
+
+// ------------------------------------------------------------------ RMSNorm
+
+// y = w * (x * r), r = 1 / sqrt(mean(x^2) + eps) (Hugging Face MambaRMSNorm).
+// One warp per row: lane-strided serial sums, then a xor butterfly.
+// grid ceil(M / 8), block 256.
+extern "C" __global__ void mamba_rmsnorm_fwd(const float* __restrict__ x,
+                                             const float* __restrict__ w,
+                                             float* __restrict__ y, float* __restrict__ rstd,
+                                             long long M, int d, float eps) {
+    const long long m = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (m >= M) return;  // whole warp leaves together
+    const float* xr = x + m * d;
+    float ss = 0.0f;
+    for (int j = lane; j < d; j += 32) ss = ss + xr[j] * xr[j];
+    ss = group_sum(ss, 32);
+    const float r = 1.0f / sqrtf(ss / (float)d + eps);
+    float* yr = y + m * d;
+    for (int j = lane; j < d; j += 32) yr[j] = w[j] * (xr[j] * r);
+    if (lane == 0) rstd[m] = r;
+}
+
+// dx = r * w * dy - x * r^3 * (sum_k dy_k w_k x_k) / d; written (accumulate
+// = 0) or added to dx (accumulate = 1: the residual stream's gradient).
+// grid ceil(M / 8), block 256.
+extern "C" __global__ void mamba_rmsnorm_bwd(const float* __restrict__ dy,
+                                             const float* __restrict__ x,
+                                             const float* __restrict__ w,
+                                             const float* __restrict__ rstd,
+                                             float* __restrict__ dx, long long M, int d,
+                                             int accumulate) {
+    const long long m = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (m >= M) return;
+    const float* xr = x + m * d;
+    const float* gr = dy + m * d;
+    float s = 0.0f;
+    for (int j = lane; j < d; j += 32) s = s + gr[j] * w[j] * xr[j];
+    s = group_sum(s, 32);
+    const float r = rstd[m];
+    const float k = r * r * r * s / (float)d;
+    float* out = dx + m * d;
+    for (int j = lane; j < d; j += 32) {
+        const float v = r * w[j] * gr[j] - xr[j] * k;
+        out[j] = accumulate ? out[j] + v : v;
+    }
+}
+
+// ------------------------------------------------------- causal conv + SiLU
+
+// pre[b, t, c] = bias[c] + sum_k w[c, k] x[b, t - (K-1) + k, c] (zero before
+// the start of each sequence); the sum runs k = 0..K-1 in order.
+static __device__ __forceinline__ float conv_pre(const float* __restrict__ x, long long ldx,
+                                                 const float* __restrict__ w,
+                                                 const float* __restrict__ bias, long long m,
+                                                 int t, int c, int K) {
+    float acc = bias[c];
+    for (int k = 0; k < K; ++k) {
+        const int back = K - 1 - k;
+        if (t - back >= 0) acc = acc + w[c * K + k] * x[(m - back) * ldx + c];
+    }
+    return acc;
+}
+
+// u = SiLU(conv(x)), x = xz[:, :D] (ld ldx). grid (M, ceil(D / 128)), block 128.
+extern "C" __global__ void mamba_conv_fwd(const float* __restrict__ x, long long ldx,
+                                          const float* __restrict__ w,
+                                          const float* __restrict__ bias,
+                                          float* __restrict__ u, int T, int D, int K) {
+    const long long m = blockIdx.x;
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= D) return;
+    const int t = (int)(m % T);
+    u[m * D + c] = siluf_(conv_pre(x, ldx, w, bias, m, t, c, K));
+}
+
+// In place: g <- g * SiLU'(pre), turning d u into d pre (pre recomputed).
+// grid (M, ceil(D / 128)), block 128.
+extern "C" __global__ void mamba_conv_bwd_pre(const float* __restrict__ x, long long ldx,
+                                              const float* __restrict__ w,
+                                              const float* __restrict__ bias,
+                                              float* __restrict__ g, int T, int D, int K) {
+    const long long m = blockIdx.x;
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= D) return;
+    const int t = (int)(m % T);
+    const float pre = conv_pre(x, ldx, w, bias, m, t, c, K);
+    g[m * D + c] = g[m * D + c] * dsiluf_(pre);
+}
+
+// dx[b, t, c] = sum_k w[c, k] dpre[b, t + (K-1) - k, c] over the positions
+// inside the sequence, k = 0..K-1 in order; written to dx (ld ldo).
+// grid (M, ceil(D / 128)), block 128.
+extern "C" __global__ void mamba_conv_bwd_dx(const float* __restrict__ dpre,
+                                             const float* __restrict__ w,
+                                             float* __restrict__ dx, long long ldo, int T,
+                                             int D, int K) {
+    const long long m = blockIdx.x;
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= D) return;
+    const int t = (int)(m % T);
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) {
+        const int fwd = K - 1 - k;
+        if (t + fwd < T) acc = acc + w[c * K + k] * dpre[(m + fwd) * D + c];
+    }
+    dx[m * ldo + c] = acc;
+}
+
+// Stage 1 of the conv weight/bias gradients. For slab s (rows
+// [s*kColSlab, ...)) writes part[s * (D*K + D) + c*K + k] = sum over its rows
+// of dpre[m, c] * x[m - (K-1) + k, c] (inside the sequence) and
+// part[s * (D*K + D) + D*K + c] = sum of dpre[m, c]. Block: 32 channels x 8
+// row lanes; each lane sums rows lane, lane+8, ... in order, then the 8 lanes
+// are added in a fixed tree. K <= 8 (checked on the host).
+// grid (nslabs, ceil(D / 32)), block 256.
+extern "C" __global__ void mamba_conv_wgrad_partial(const float* __restrict__ dpre,
+                                                    const float* __restrict__ x, long long ldx,
+                                                    float* __restrict__ part, long long M,
+                                                    int T, int D, int K) {
+    __shared__ float sh[9][8][32];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const int c = blockIdx.y * 32 + tx;
+    const long long r0 = (long long)blockIdx.x * kColSlab;
+    const long long r1 = min(M, r0 + kColSlab);
+    float acc[9];
+#pragma unroll
+    for (int k = 0; k < 9; ++k) acc[k] = 0.0f;
+    if (c < D) {
+        for (long long m = r0 + ty; m < r1; m += 8) {
+            const float g = dpre[m * D + c];
+            const int t = (int)(m % T);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const int back = K - 1 - k;
+                if (k < K && t - back >= 0) acc[k] = acc[k] + g * x[(m - back) * ldx + c];
+            }
+            acc[8] = acc[8] + g;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 9; ++k) sh[k][ty][tx] = acc[k];
+    __syncthreads();
+    if (ty == 0 && c < D) {
+        const long long stride = (long long)D * K + D;
+        float* out = part + (long long)blockIdx.x * stride;
+#pragma unroll
+        for (int k = 0; k < 9; ++k) {
+            const float s = ((sh[k][0][tx] + sh[k][1][tx]) + (sh[k][2][tx] + sh[k][3][tx])) +
+                            ((sh[k][4][tx] + sh[k][5][tx]) + (sh[k][6][tx] + sh[k][7][tx]));
+            if (k < K) out[(long long)c * K + k] = s;
+            if (k == 8) out[(long long)D * K + c] = s;
+        }
+    }
+}
+
+// ---------------------------------------------------- dt, gating, reductions
+
+// dt <- softplus(dt + bias[c]) in place, [M, D]. grid (M, ceil(D / 128)), block 128.
+extern "C" __global__ void mamba_dt_softplus(float* __restrict__ dt,
+                                             const float* __restrict__ bias, int D) {
+    const long long m = blockIdx.x;
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= D) return;
+    dt[m * D + c] = softplusf_(dt[m * D + c] + bias[c]);
+}
+
+// Backward of out = y * SiLU(z): dy = dout * SiLU(z) -> dy (ld D);
+// dz = dout * y * SiLU'(z) -> dz (ld ldz). z is read with ld ldz.
+// grid (M, ceil(D / 128)), block 128.
+extern "C" __global__ void mamba_gate_bwd(const float* __restrict__ dout,
+                                          const float* __restrict__ y,
+                                          const float* __restrict__ z, long long ldz,
+                                          float* __restrict__ dy, float* __restrict__ dz,
+                                          int D) {
+    const long long m = blockIdx.x;
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= D) return;
+    const float zv = z[m * ldz + c];
+    const float s = sigmoidf_(zv);
+    const float g = dout[m * D + c];
+    dy[m * D + c] = g * (zv * s);
+    dz[m * ldz + c] = g * y[m * D + c] * (s * (1.0f + zv * (1.0f - s)));
+}
+
+// Stage 1 of a column sum over rows: part[s * C + c] = sum over slab s of
+//   mode 0: a[m, c]
+//   mode 1: a[m, c] * b[m, c]
+//   mode 2: a[m, c] * b[m, c] * rs[m]
+// (a with ld lda, b with ld ldb; unused operands may be any valid pointer).
+// Block: 32 columns x 8 row lanes, fixed tree over the lanes.
+// grid (nslabs, ceil(C / 32)), block 256.
+extern "C" __global__ void mamba_colsum_partial(const float* __restrict__ a, long long lda,
+                                                const float* __restrict__ b, long long ldb,
+                                                const float* __restrict__ rs, int mode,
+                                                float* __restrict__ part, long long M, int C) {
+    __shared__ float sh[8][32];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const int c = blockIdx.y * 32 + tx;
+    const long long r0 = (long long)blockIdx.x * kColSlab;
+    const long long r1 = min(M, r0 + kColSlab);
+    float acc = 0.0f;
+    if (c < C) {
+        for (long long m = r0 + ty; m < r1; m += 8) {
+            float v = a[m * lda + c];
+            if (mode >= 1) v = v * b[m * ldb + c];
+            if (mode == 2) v = v * rs[m];
+            acc = acc + v;
+        }
+    }
+    sh[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        part[(long long)blockIdx.x * C + c] =
+            ((sh[0][tx] + sh[1][tx]) + (sh[2][tx] + sh[3][tx])) +
+            ((sh[4][tx] + sh[5][tx]) + (sh[6][tx] + sh[7][tx]));
+    }
+}
+
+// Stage 2: out[j] = part[0][col0 + j] + part[1][col0 + j] + ... (ascending,
+// serial), for j < ncols; rows of `part` are `stride` apart. mode 1 multiplies
+// the sum by -exp(aux[j]) (d loss / d A_log = d loss / d A * A, A = -exp(A_log)).
+// grid ceil(ncols / 256), block 256.
+extern "C" __global__ void mamba_reduce_partials(const float* __restrict__ part, int nparts,
+                                                 long long stride, long long col0,
+                                                 long long ncols,
+                                                 const float* __restrict__ aux, int mode,
+                                                 float* __restrict__ out) {
+    const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= ncols) return;
+    float s = 0.0f;
+    for (int p = 0; p < nparts; ++p) s = s + part[(long long)p * stride + col0 + j];
+    if (mode == 1) s = s * -expf(aux[j]);
+    out[j] = s;
+}
+
+// ------------------------------------------------------------ cross-entropy
+
+// One block per row of logits [M, V]. For target t != -100:
+//   row_loss[m] = logsumexp(l) - l[t]; l <- (softmax(l) - onehot(t)) * inv_count
+// (when write_grad); for target -100: row_loss = 0 and the row becomes 0.
+// The max and the sum of exponentials are merged online per thread (strided,
+// in order) and then in a fixed tree of (max, sum) pairs.
+// grid M, block 256.
+extern "C" __global__ void mamba_ce_fwd_bwd(float* __restrict__ logits,
+                                            const int* __restrict__ targets,
+                                            float* __restrict__ row_loss, float inv_count,
+                                            int V, int write_grad) {
+    __shared__ float smax[kReduceThreads];
+    __shared__ float ssum[kReduceThreads];
+    const long long m = blockIdx.x;
+    const int tid = threadIdx.x;
+    float* l = logits + m * V;
+    const int target = targets[m];
+    if (target < 0) {  // ignore index (the host rejects any other negative)
+        if (write_grad)
+            for (int j = tid; j < V; j += kReduceThreads) l[j] = 0.0f;
+        if (tid == 0) row_loss[m] = 0.0f;
+        return;
+    }
+    float mx = -INFINITY, s = 0.0f;
+    for (int j = tid; j < V; j += kReduceThreads) {
+        const float v = l[j];
+        if (v > mx) {
+            s = s * expf(mx - v) + 1.0f;
+            mx = v;
+        } else {
+            s = s + expf(v - mx);
+        }
+        if (v != v) mx = v;  // NaN propagates
+    }
+    smax[tid] = mx;
+    ssum[tid] = s;
+    __syncthreads();
+    for (int w = kReduceThreads / 2; w > 0; w >>= 1) {
+        if (tid < w) {
+            const float m1 = smax[tid], m2 = smax[tid + w];
+            const float s1 = ssum[tid], s2 = ssum[tid + w];
+            const float mm = fmaxf(m1, m2);
+            float t1 = s1 == 0.0f ? 0.0f : s1 * expf(m1 - mm);
+            float t2 = s2 == 0.0f ? 0.0f : s2 * expf(m2 - mm);
+            smax[tid] = (m1 != m1 || m2 != m2) ? __int_as_float(0x7fc00000) : mm;
+            ssum[tid] = t1 + t2;
+        }
+        __syncthreads();
+    }
+    const float gmax = smax[0], gsum = ssum[0];
+    const float lt = l[target];
+    __syncthreads();
+    if (tid == 0) row_loss[m] = (gmax + logf(gsum)) - lt;
+    if (write_grad) {
+        const float inv_sum = 1.0f / gsum;
+        for (int j = tid; j < V; j += kReduceThreads) {
+            float p = expf(l[j] - gmax) * inv_sum;
+            if (j == target) p = p - 1.0f;
+            l[j] = p * inv_count;
+        }
+    }
+}
+
+// out[0] = (sum of row_loss[0..M)) / count: lane-strided serial sums, then
+// the fixed block tree. grid 1, block 256.
+extern "C" __global__ void mamba_loss_mean(const float* __restrict__ row_loss, long long M,
+                                           float count, float* __restrict__ out) {
+    __shared__ float sh[kReduceThreads];
+    float s = 0.0f;
+    for (long long m = threadIdx.x; m < M; m += kReduceThreads) s = s + row_loss[m];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) out[0] = count > 0.0f ? s / count : 0.0f;
+}

@@ -1,0 +1,250 @@
+//! Typed launchers for the Mamba-1 model kernels (`kernels/cuda/mamba_*.cu`).
+//!
+//! [`MambaKernels::load`] loads the three modules of one context
+//! (`mamba_ops`, `mamba_scan`, `mamba_optim`); its methods enqueue kernels on
+//! a caller's stream (asynchronously, in stream order). Every launcher checks
+//! on the host that each index its kernel touches lies inside the buffers it
+//! was given, and refuses with [`KernelError::InvalidArgument`] otherwise.
+//!
+//! Conventions:
+//! - activations are row-major `[rows, width]` with `rows = batch *
+//!   seq_len` (row `b * seq_len + t`); a column block of a wider matrix is a
+//!   view starting at its first column plus a leading dimension `ld`;
+//! - parameters have the Hugging Face shapes of `mamba_train::params`.
+//!
+//! Determinism: no kernel here uses atomics, and every reduction has a fixed
+//! association that depends only on the problem shape (never on the device's
+//! multiprocessor count or on scheduling), so the same inputs give the same
+//! bits on every run of the same build on the same GPU model. The optimizer
+//! kernels go further and reproduce the CPU optimizer bit for bit
+//! ([`optim`]).
+
+mod check;
+pub mod ops;
+pub mod optim;
+pub mod scan;
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+
+use crate::device::load_module;
+use crate::error::KernelError;
+
+pub use ops::{ColSum, DeviceTokenCsr, TokenCsr, MAX_CONV_WIDTH};
+pub use optim::{check_decay_ranges, AdamWStep, NORM_CHUNK};
+pub use scan::{ScanBackward, ScanForward, ScanInputs, ScanShape, MAX_D_STATE, SCAN_CHUNK};
+
+/// Rows summed per block by the two-stage column reductions
+/// (`mamba_common.cuh`'s `kColSlab`): a column sum over `rows` rows writes
+/// `ceil(rows / COL_SLAB)` partials.
+pub const COL_SLAB: usize = 256;
+
+/// The loaded Mamba kernels of one context.
+///
+/// Holds the modules (and through them the context) alive; cheap to clone,
+/// and usable from any thread (launches go through the caller's stream,
+/// which must belong to the same context).
+#[derive(Debug, Clone)]
+pub struct MambaKernels {
+    ctx: Arc<CudaContext>,
+    modules: [Arc<CudaModule>; 3],
+    f: Functions,
+}
+
+/// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
+/// the order of [`Functions`]' fields.
+const SYMBOLS: [(usize, &str); 24] = [
+    (0, "mamba_embed_fwd"),
+    (0, "mamba_embed_bwd"),
+    (0, "mamba_rmsnorm_fwd"),
+    (0, "mamba_rmsnorm_bwd"),
+    (0, "mamba_conv_fwd"),
+    (0, "mamba_conv_bwd_pre"),
+    (0, "mamba_conv_bwd_dx"),
+    (0, "mamba_conv_wgrad_partial"),
+    (0, "mamba_dt_softplus"),
+    (0, "mamba_gate_bwd"),
+    (0, "mamba_colsum_partial"),
+    (0, "mamba_reduce_partials"),
+    (0, "mamba_ce_fwd_bwd"),
+    (0, "mamba_loss_mean"),
+    (1, "mamba_scan_fwd_local"),
+    (1, "mamba_scan_fwd_combine"),
+    (1, "mamba_scan_fwd_out"),
+    (1, "mamba_scan_bwd_local"),
+    (1, "mamba_scan_bwd_combine"),
+    (1, "mamba_scan_bwd"),
+    (1, "mamba_scan_dbc_reduce"),
+    (2, "mamba_adamw"),
+    (2, "mamba_sumsq_chunks"),
+    (2, "mamba_sum_f64_serial"),
+];
+
+#[derive(Debug, Clone)]
+struct Functions {
+    embed_fwd: CudaFunction,
+    embed_bwd: CudaFunction,
+    rmsnorm_fwd: CudaFunction,
+    rmsnorm_bwd: CudaFunction,
+    conv_fwd: CudaFunction,
+    conv_bwd_pre: CudaFunction,
+    conv_bwd_dx: CudaFunction,
+    conv_wgrad_partial: CudaFunction,
+    dt_softplus: CudaFunction,
+    gate_bwd: CudaFunction,
+    colsum_partial: CudaFunction,
+    reduce_partials: CudaFunction,
+    ce_fwd_bwd: CudaFunction,
+    loss_mean: CudaFunction,
+    scan_fwd_local: CudaFunction,
+    scan_fwd_combine: CudaFunction,
+    scan_fwd_out: CudaFunction,
+    scan_bwd_local: CudaFunction,
+    scan_bwd_combine: CudaFunction,
+    scan_bwd: CudaFunction,
+    scan_dbc_reduce: CudaFunction,
+    adamw: CudaFunction,
+    sumsq_chunks: CudaFunction,
+    sum_f64_serial: CudaFunction,
+}
+
+impl MambaKernels {
+    /// Module names (`kernels/cuda/<name>.cu`).
+    pub const MODULES: [&'static str; 3] = ["mamba_ops", "mamba_scan", "mamba_optim"];
+
+    /// Load the three Mamba modules into `ctx` and look up every kernel.
+    ///
+    /// Errors: [`KernelError::NotBuilt`] in a build without nvcc (the message
+    /// says how to get kernels), [`KernelError::Driver`] naming the module or
+    /// symbol the driver refused.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<MambaKernels, KernelError> {
+        let modules = [
+            load_module(ctx, Self::MODULES[0])?,
+            load_module(ctx, Self::MODULES[1])?,
+            load_module(ctx, Self::MODULES[2])?,
+        ];
+        let mut found = Vec::with_capacity(SYMBOLS.len());
+        for &(m, symbol) in SYMBOLS.iter() {
+            found.push(modules[m].load_function(symbol).map_err(|e| {
+                KernelError::driver(
+                    format!("looking up kernel {symbol} in module {}", Self::MODULES[m]),
+                    e,
+                )
+            })?);
+        }
+        let mut it = found.into_iter();
+        let mut next = || {
+            it.next().ok_or_else(|| {
+                KernelError::invalid("MambaKernels::load", "fewer kernels than Functions fields")
+            })
+        };
+        // Field order = SYMBOLS order.
+        let f = Functions {
+            embed_fwd: next()?,
+            embed_bwd: next()?,
+            rmsnorm_fwd: next()?,
+            rmsnorm_bwd: next()?,
+            conv_fwd: next()?,
+            conv_bwd_pre: next()?,
+            conv_bwd_dx: next()?,
+            conv_wgrad_partial: next()?,
+            dt_softplus: next()?,
+            gate_bwd: next()?,
+            colsum_partial: next()?,
+            reduce_partials: next()?,
+            ce_fwd_bwd: next()?,
+            loss_mean: next()?,
+            scan_fwd_local: next()?,
+            scan_fwd_combine: next()?,
+            scan_fwd_out: next()?,
+            scan_bwd_local: next()?,
+            scan_bwd_combine: next()?,
+            scan_bwd: next()?,
+            scan_dbc_reduce: next()?,
+            adamw: next()?,
+            sumsq_chunks: next()?,
+            sum_f64_serial: next()?,
+        };
+        Ok(MambaKernels {
+            ctx: ctx.clone(),
+            modules,
+            f,
+        })
+    }
+
+    /// The context the modules live in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The loaded modules, in [`Self::MODULES`] order.
+    pub fn modules(&self) -> &[Arc<CudaModule>; 3] {
+        &self.modules
+    }
+
+    fn check_stream(&self, kernel: &'static str, stream: &CudaStream) -> Result<(), KernelError> {
+        if stream.context().cu_ctx() == self.ctx.cu_ctx() {
+            Ok(())
+        } else {
+            Err(KernelError::invalid(
+                kernel,
+                format!(
+                    "stream belongs to the context of device {}, but the Mamba kernels were \
+                     loaded into device {}'s; load MambaKernels per context",
+                    stream.context().ordinal(),
+                    self.ctx.ordinal()
+                ),
+            ))
+        }
+    }
+}
+
+/// Map a failed launch to [`KernelError::Driver`] naming the kernel.
+fn launched<T>(
+    kernel: &'static str,
+    r: Result<T, cudarc::driver::DriverError>,
+) -> Result<(), KernelError> {
+    r.map(|_| ())
+        .map_err(|e| KernelError::driver(format!("launching {kernel}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_symbol_is_in_its_embedded_module() {
+        // Catches a renamed or missing `extern "C"` kernel without a GPU.
+        for &(m, symbol) in SYMBOLS.iter() {
+            let module = MambaKernels::MODULES[m];
+            assert!(
+                crate::source_names().contains(&module),
+                "kernels/cuda/{module}.cu is missing (build saw {:?})",
+                crate::source_names()
+            );
+            let Some(image) = crate::fatbin(module) else {
+                assert!(
+                    !crate::available(),
+                    "built with nvcc but {module} is not embedded"
+                );
+                continue;
+            };
+            let found = image.windows(symbol.len()).any(|w| w == symbol.as_bytes());
+            assert!(found, "the {module} fatbin lacks the kernel {symbol}");
+        }
+        // Negative control: a name that is not a kernel is not found.
+        if let Some(image) = crate::fatbin(MambaKernels::MODULES[0]) {
+            let bogus = b"mamba_no_such_kernel";
+            assert!(!image.windows(bogus.len()).any(|w| w == bogus));
+        }
+    }
+
+    #[test]
+    fn symbols_are_distinct() {
+        let mut names: Vec<&str> = SYMBOLS.iter().map(|s| s.1).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), SYMBOLS.len());
+    }
+}

@@ -1,0 +1,462 @@
+//! Training-step benchmark of the CUDA model on one GPU, with its floor.
+//!
+//! ```text
+//! cargo run --release -p mamba-train --example bench_cuda_step -- \
+//!     [--sizes small,130m,long] [--steps 10] [--warmup 3] [--json FILE]
+//! ```
+//!
+//! For each size it times, with CUDA events after warm-up (median of
+//! `--steps`): the whole step (forward + backward + AdamW with clipping),
+//! the forward pass alone, the optimizer alone, and the step's GEMMs alone
+//! (the same shapes through the same cuBLAS configuration, on scratch
+//! buffers), and reports tokens/s and the device-memory high-water mark.
+//!
+//! The floor (METHOD.md) is the larger of
+//! - the step's GEMM flops over the cuBLAS f32 rate measured here (the best
+//!   of a square 8192 product and the model's own largest shapes), and
+//! - the step's minimal bytes over the device-to-device copy bandwidth
+//!   measured here (read + write bytes of a 1 GiB copy). Minimal bytes: the
+//!   parameter arena read twice (forward, backward) and written once, the
+//!   gradients written and read, AdamW's moments read and written, every
+//!   activation the backward pass keeps written once and read once, and the
+//!   logits written, read by the loss, written as their gradient and read by
+//!   the two head GEMMs.
+//!
+//! Sizes (vocabulary 50280 throughout, the GPT-NeoX tokenizer's):
+//! - `small`: d_model 256, 4 layers, batch 8 x 1024 tokens;
+//! - `130m`:  d_model 768, 24 layers (Mamba-130m's shape), batch 8 x 1024;
+//! - `long`:  the 130m shape, batch 1 x 8192 tokens;
+//! - `tiny`:  d_model 64, 2 layers, vocab 512, batch 2 x 64 (a smoke test).
+
+use std::time::Instant;
+
+use clap::Parser;
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, CudaStream};
+use mamba_train::model::cuda::blas::{Blas, Operand};
+use mamba_train::model::cuda::{CudaModel, CudaOptimizer};
+use mamba_train::model::Batch;
+use mamba_train::optim::{AdamWConfig, Schedule};
+use mamba_train::seed::Rng;
+use mamba_train::{ModelConfig, TrainError};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Comma-separated sizes: small, 130m, long.
+    #[arg(long, default_value = "small,130m,long")]
+    sizes: String,
+    /// Timed steps per size (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Untimed warm-up steps per size.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Override the batch size of every size.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Override the sequence length of every size.
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Side of the square GEMM that measures the cuBLAS rate.
+    #[arg(long, default_value_t = 8192)]
+    gemm_side: usize,
+    /// MiB copied to measure the copy bandwidth.
+    #[arg(long, default_value_t = 1024)]
+    copy_mib: usize,
+    /// Also write the results as JSON lines to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn cuda_err(what: &str, e: impl std::fmt::Display) -> TrainError {
+    TrainError::Cuda {
+        what: what.to_string(),
+        detail: e.to_string(),
+    }
+}
+
+fn size(name: &str) -> Res<(ModelConfig, usize, usize)> {
+    let v = 50280;
+    Ok(match name {
+        "small" => (ModelConfig::new(v, 256, 4), 8, 1024),
+        "130m" => (ModelConfig::new(v, 768, 24), 8, 1024),
+        "long" => (ModelConfig::new(v, 768, 24), 1, 8192),
+        // A smoke-test size, not part of the report.
+        "tiny" => (ModelConfig::new(512, 64, 2), 2, 64),
+        other => {
+            return Err(
+                format!("unknown size {other:?}; expected small, 130m, long or tiny").into(),
+            )
+        }
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+/// Milliseconds of device time of `f`'s work on `stream`, by CUDA events.
+fn timed(stream: &std::sync::Arc<CudaStream>, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let start = stream
+        .record_event(flags)
+        .map_err(|e| cuda_err("recording an event", e))?;
+    f()?;
+    let end = stream
+        .record_event(flags)
+        .map_err(|e| cuda_err("recording an event", e))?;
+    Ok(start
+        .elapsed_ms(&end)
+        .map_err(|e| cuda_err("reading an event", e))? as f64)
+}
+
+fn random_dev(stream: &std::sync::Arc<CudaStream>, n: usize, seed: u64) -> Res<CudaSlice<f32>> {
+    let mut r = Rng::new(seed);
+    let host: Vec<f32> = (0..n).map(|_| (r.next_f64() * 2.0 - 1.0) as f32).collect();
+    Ok(stream
+        .clone_htod(&host)
+        .map_err(|e| cuda_err("uploading", e))?)
+}
+
+/// One GEMM of the step: row-major `[m, n] = op(A)[m, k] op(B)[k, n]`.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    m: usize,
+    n: usize,
+    k: usize,
+    ta: bool,
+    tb: bool,
+}
+
+/// Every GEMM of one training step (forward and backward), in order.
+fn step_gemms(cfg: &ModelConfig, rows: usize) -> Vec<Shape> {
+    let (d, e, r, v) = (cfg.d_model, cfg.d_inner(), cfg.dt_rank, cfg.vocab_size);
+    let ld = r + 2 * cfg.d_state;
+    let s = |m, n, k, ta, tb| Shape { m, n, k, ta, tb };
+    let mut out = Vec::new();
+    for _ in 0..cfg.n_layer {
+        out.extend([
+            s(rows, 2 * e, d, false, true),
+            s(rows, ld, e, false, true),
+            s(rows, e, r, false, true),
+            s(rows, d, e, false, true),
+        ]);
+    }
+    out.push(s(rows, v, d, false, true));
+    out.extend([s(rows, d, v, false, false), s(v, d, rows, true, false)]);
+    for _ in 0..cfg.n_layer {
+        out.extend([
+            s(d, e, rows, true, false),
+            s(rows, e, d, false, false),
+            s(e, r, rows, true, false),
+            s(rows, r, e, false, false),
+            s(ld, e, rows, true, false),
+            s(rows, e, ld, false, false),
+            s(2 * e, d, rows, true, false),
+            s(rows, d, 2 * e, false, false),
+        ]);
+    }
+    out
+}
+
+/// Run `shapes` once on scratch buffers large enough for every one.
+fn run_gemms(
+    blas: &Blas,
+    shapes: &[Shape],
+    a: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    c: &mut CudaSlice<f32>,
+) -> Res<()> {
+    for g in shapes {
+        let lda = if g.ta { g.m } else { g.k };
+        let ldb = if g.tb { g.k } else { g.n };
+        blas.gemm(
+            "bench",
+            g.m,
+            g.n,
+            g.k,
+            Operand {
+                data: &a.as_view(),
+                ld: lda,
+                trans: g.ta,
+            },
+            Operand {
+                data: &b.as_view(),
+                ld: ldb,
+                trans: g.tb,
+            },
+            0.0,
+            &mut c.as_view_mut(),
+            g.n,
+        )?;
+    }
+    Ok(())
+}
+
+fn used_bytes(model_ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> Res<usize> {
+    let (free, total) = model_ctx
+        .mem_get_info()
+        .map_err(|e| cuda_err("reading memory use", e))?;
+    Ok(total - free)
+}
+
+struct Ceilings {
+    gemm_flops_per_s: f64,
+    copy_bytes_per_s: f64,
+    square_rate: f64,
+}
+
+/// Measure the copy bandwidth (1 GiB device-to-device, read + write bytes)
+/// and the cuBLAS f32 rate (square 8192, random data).
+fn ceilings(
+    stream: &std::sync::Arc<CudaStream>,
+    blas: &Blas,
+    reps: usize,
+    side: usize,
+    copy_mib: usize,
+) -> Res<Ceilings> {
+    let n = (copy_mib << 20) / 4;
+    let src = random_dev(stream, n, 1)?;
+    let mut dst = stream
+        .alloc_zeros::<f32>(n)
+        .map_err(|e| cuda_err("allocating", e))?;
+    for _ in 0..2 {
+        stream
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(|e| cuda_err("copying", e))?;
+    }
+    let mut t = Vec::new();
+    for _ in 0..reps {
+        t.push(timed(stream, || {
+            Ok(stream
+                .memcpy_dtod(&src, &mut dst)
+                .map_err(|e| cuda_err("copying", e))?)
+        })?);
+    }
+    let copy = 2.0 * (n * 4) as f64 / (median(t) * 1e-3);
+    drop((src, dst));
+    let s = side;
+    let a = random_dev(stream, s * s, 2)?;
+    let b = random_dev(stream, s * s, 3)?;
+    let mut c = stream
+        .alloc_zeros::<f32>(s * s)
+        .map_err(|e| cuda_err("allocating", e))?;
+    let sq = [Shape {
+        m: s,
+        n: s,
+        k: s,
+        ta: false,
+        tb: false,
+    }];
+    run_gemms(blas, &sq, &a, &b, &mut c)?;
+    let mut t = Vec::new();
+    for _ in 0..reps.max(3) {
+        t.push(timed(stream, || run_gemms(blas, &sq, &a, &b, &mut c))?);
+    }
+    let square = 2.0 * (s * s * s) as f64 / (median(t) * 1e-3);
+    Ok(Ceilings {
+        gemm_flops_per_s: square,
+        copy_bytes_per_s: copy,
+        square_rate: square,
+    })
+}
+
+fn main() -> Res<()> {
+    let args = Args::parse();
+    let ctx = kernels::open_context(args.device)?;
+    let stream = ctx.default_stream();
+    let name = ctx.name().unwrap_or_else(|_| "?".into());
+    let blas = Blas::new(&stream)?;
+    let mut ceil = ceilings(
+        &stream,
+        &blas,
+        args.steps.max(3),
+        args.gemm_side,
+        args.copy_mib,
+    )?;
+    println!(
+        "device {} ({name}); copy bandwidth {:.0} GB/s (read+write of {} MiB); cuBLAS f32 {:.1} TFLOP/s ({}^3)",
+        args.device,
+        ceil.copy_bytes_per_s / 1e9,
+        args.copy_mib,
+        ceil.square_rate / 1e12,
+        args.gemm_side
+    );
+    let mut json = Vec::new();
+    for sz in args
+        .sizes
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let (cfg, b0, t0) = size(sz)?;
+        let (nb, t) = (args.batch.unwrap_or(b0), args.seq_len.unwrap_or(t0));
+        let rows = nb * t;
+
+        // The step's GEMMs alone, and the best rate among its large shapes.
+        let shapes = step_gemms(&cfg, rows);
+        let (mut amax, mut bmax, mut cmax) = (0, 0, 0);
+        for g in &shapes {
+            amax = amax.max(g.m * g.k);
+            bmax = bmax.max(g.k * g.n);
+            cmax = cmax.max(g.m * g.n);
+        }
+        let flops: f64 = shapes.iter().map(|g| 2.0 * (g.m * g.n * g.k) as f64).sum();
+        let gemm_ms = {
+            let a = random_dev(&stream, amax, 4)?;
+            let b = random_dev(&stream, bmax, 5)?;
+            let mut c = stream
+                .alloc_zeros::<f32>(cmax)
+                .map_err(|e| cuda_err("allocating", e))?;
+            run_gemms(&blas, &shapes, &a, &b, &mut c)?;
+            let mut t = Vec::new();
+            for _ in 0..args.steps.max(3) {
+                t.push(timed(&stream, || {
+                    run_gemms(&blas, &shapes, &a, &b, &mut c)
+                })?);
+            }
+            median(t)
+        };
+        ceil.gemm_flops_per_s = ceil.square_rate.max(flops / (gemm_ms * 1e-3));
+        // Freed pool memory goes back at a synchronization; measure from here.
+        stream
+            .synchronize()
+            .map_err(|e| cuda_err("synchronizing", e))?;
+        let baseline = used_bytes(&ctx)?;
+
+        let mut model = CudaModel::with_stream(cfg.clone(), stream.clone())?;
+        let mut params = model.init_params(1)?;
+        let mut grads = model.zeros_arena()?;
+        let sched = Schedule {
+            peak_lr: 1e-3,
+            warmup_steps: 10,
+            total_steps: 1000,
+            min_lr_frac: 0.1,
+        };
+        let mut opt = CudaOptimizer::new(&model, AdamWConfig::default(), sched)?;
+        let mut r = Rng::new(7);
+        let tokens: Vec<u32> = (0..rows)
+            .map(|_| r.below(cfg.vocab_size as u64) as u32)
+            .collect();
+        let targets: Vec<i32> = (0..rows)
+            .map(|i| {
+                if (i + 1) % t == 0 {
+                    -100
+                } else {
+                    tokens[i + 1] as i32
+                }
+            })
+            .collect();
+        let batch = Batch {
+            tokens,
+            targets,
+            batch: nb,
+            seq_len: t,
+        };
+
+        let mut step_no = 0u64;
+        let mut step =
+            |model: &mut CudaModel, p: &mut CudaSlice<f32>, g: &mut CudaSlice<f32>| -> Res<f32> {
+                let loss = model.forward_backward(p, &batch, g)?;
+                opt.step(step_no, p, g, loss.is_finite())?;
+                step_no += 1;
+                Ok(loss)
+            };
+        let mut peak = 0usize;
+        for _ in 0..args.warmup {
+            step(&mut model, &mut params, &mut grads)?;
+            peak = peak.max(used_bytes(&ctx)?.saturating_sub(baseline));
+        }
+        let (mut step_ms, mut wall_ms, mut last_loss) = (Vec::new(), Vec::new(), 0.0);
+        for _ in 0..args.steps {
+            let w = Instant::now();
+            step_ms.push(timed(&stream, || {
+                last_loss = step(&mut model, &mut params, &mut grads)?;
+                Ok(())
+            })?);
+            wall_ms.push(w.elapsed().as_secs_f64() * 1e3);
+            peak = peak.max(used_bytes(&ctx)?.saturating_sub(baseline));
+        }
+        let mut fwd_ms = Vec::new();
+        for _ in 0..args.steps {
+            fwd_ms.push(timed(&stream, || {
+                model.loss(&params, &batch)?;
+                Ok(())
+            })?);
+        }
+        let mut opt2 = CudaOptimizer::new(&model, AdamWConfig::default(), sched)?;
+        let mut opt_ms = Vec::new();
+        for i in 0..args.steps {
+            opt_ms.push(timed(&stream, || {
+                opt2.step(i as u64, &mut params, &grads, true)?;
+                Ok(())
+            })?);
+        }
+
+        // Minimal bytes of a step (see the module docs).
+        let (d, e) = (cfg.d_model, cfg.d_inner());
+        let ld = cfg.dt_rank + 2 * cfg.d_state;
+        let chunks = t.div_ceil(kernels::mamba::SCAN_CHUNK);
+        let per_layer = rows * (2 * d + 2 * e + e + ld + 3 * e + 1) + nb * chunks * e * cfg.d_state;
+        let pn = model.layout().len();
+        let bytes = 4.0
+            * ((3 * pn + 2 * pn + 4 * pn) as f64
+                + 2.0 * (cfg.n_layer * per_layer + rows * (d + 1)) as f64
+                + 5.0 * (rows * cfg.vocab_size) as f64);
+        let floor_gemm = flops / ceil.gemm_flops_per_s * 1e3;
+        let floor_bytes = bytes / ceil.copy_bytes_per_s * 1e3;
+        let floor = floor_gemm.max(floor_bytes);
+        let (sm, fm, om, wm) = (
+            median(step_ms),
+            median(fwd_ms),
+            median(opt_ms),
+            median(wall_ms),
+        );
+        let tokps = rows as f64 / (sm * 1e-3);
+        let exact =
+            model.workspace_bytes() + 4 * 4 * pn + mamba_train::model::cuda::blas::WORKSPACE_BYTES;
+        println!(
+            "{sz:>5}: d {} x {} layers, vocab {}, batch {nb} x {t}: step {sm:.2} ms (wall {:.2}), {:.0} tokens/s; \
+             forward {fm:.2} ms, optimizer {om:.2} ms, GEMMs alone {gemm_ms:.2} ms ({:.1} TFLOP/s); \
+             floor {floor:.2} ms (GEMM {floor_gemm:.2}, bytes {floor_bytes:.2}) -> step/floor {:.2}; \
+             memory high-water {:.2} GiB (model-owned {:.2} GiB); loss {last_loss:.4}",
+            cfg.d_model,
+            cfg.n_layer,
+            cfg.vocab_size,
+            wm,
+            tokps,
+            flops / (gemm_ms * 1e-3) / 1e12,
+            sm / floor,
+            peak as f64 / (1u64 << 30) as f64,
+            exact as f64 / (1u64 << 30) as f64,
+        );
+        json.push(format!(
+            "{{\"size\":\"{sz}\",\"d_model\":{},\"n_layer\":{},\"vocab\":{},\"batch\":{nb},\"seq_len\":{t},\
+             \"step_ms\":{sm:.4},\"wall_ms\":{:.4},\"tokens_per_s\":{tokps:.1},\"forward_ms\":{fm:.4},\"optimizer_ms\":{om:.4},\
+             \"gemm_ms\":{gemm_ms:.4},\"gemm_flops\":{flops:.6e},\"floor_ms\":{floor:.4},\"floor_gemm_ms\":{floor_gemm:.4},\
+             \"floor_bytes_ms\":{floor_bytes:.4},\"step_over_floor\":{:.3},\"peak_bytes\":{peak},\"model_bytes\":{exact},\
+             \"copy_gbps\":{:.1},\"cublas_tflops\":{:.2},\"loss\":{last_loss}}}",
+            cfg.d_model,
+            cfg.n_layer,
+            cfg.vocab_size,
+            wm,
+            sm / floor,
+            ceil.copy_bytes_per_s / 1e9,
+            ceil.gemm_flops_per_s / 1e12,
+        ));
+        drop((opt2, params, grads, model));
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, json.join("\n") + "\n")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,369 @@
+//! The backward pass on the device. It *overwrites* every tensor of the
+//! gradient arena exactly once (cuBLAS with `beta = 0`, or a reduction that
+//! writes), except the embedding, which the LM head's GEMM writes and the
+//! embedding's scatter-add then adds to. Nothing is accumulated across calls.
+//!
+//! Per block, from `dres = dL/dx_out` (which also flows straight through to
+//! `x_in`):
+//! ```text
+//! dW_out = dres^T . g            dout = dres . W_out
+//! dy, dz = gate_bwd(dout, y, z)  dD   = colsum(dy * u)
+//! ddtr, du, dB, dC, dA_log = scan_bwd(...)      (du includes D dy)
+//! db_dt = colsum(ddtr)  dW_dt = ddtr^T . dt_raw  d dt_raw = ddtr . W_dt
+//! dW_x  = ddbc^T . u    du   += ddbc . W_x
+//! dpre  = du SiLU'(pre) dx = conv^T(dpre)  dw_conv, db_conv = colsums
+//! dW_in = dxz^T . xn    dxn  = dxz . W_in
+//! dw_norm = colsum(dxn * x_in * rstd)   dres += RMSNorm_bwd(dxn)
+//! ```
+
+use cudarc::driver::CudaSlice;
+use kernels::mamba::{ColSum, DeviceTokenCsr, ScanBackward, ScanInputs};
+
+use super::forward::{op, op_t};
+use super::workspace::Workspace;
+use super::Engine;
+use crate::config::ModelConfig;
+use crate::error::{Result, TrainError};
+use crate::params::ParamLayout;
+
+/// Backward pass after [`super::forward::forward`]: `ws.logits` must
+/// already hold d loss / d logits (the cross-entropy's in-place gradient).
+pub(super) fn backward(
+    e: &Engine,
+    cfg: &ModelConfig,
+    lay: &ParamLayout,
+    p: &CudaSlice<f32>,
+    ws: &mut Workspace,
+    csr: &DeviceTokenCsr,
+    grads: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (t, m) = (ws.seq_len, ws.batch * ws.seq_len);
+    let (d, di, r, k, v) = (
+        cfg.d_model,
+        cfg.d_inner(),
+        cfg.dt_rank,
+        cfg.d_conv,
+        cfg.vocab_size,
+    );
+    let n = cfg.d_state;
+    let ldbc = r + 2 * n;
+    let shape = Workspace::scan_shape(cfg, ws.batch, ws.seq_len);
+    let (s, kr) = (&e.stream, &e.kernels);
+    let emb = p.slice(lay.embedding.clone());
+
+    // LM head (tied): dxf = dlogits . E, dE = dlogits^T . xf.
+    let dlogits = ws.logits.as_view();
+    e.blas.gemm(
+        "lm_head dx",
+        m,
+        d,
+        v,
+        op(&dlogits, v),
+        op(&emb, d),
+        0.0,
+        &mut ws.dxn.as_view_mut(),
+        d,
+    )?;
+    e.blas.gemm(
+        "lm_head dW",
+        v,
+        d,
+        m,
+        op_t(&dlogits, v),
+        op(&ws.xf.as_view(), d),
+        0.0,
+        &mut grads.slice_mut(lay.embedding.clone()),
+        d,
+    )?;
+    // Final norm.
+    let last = ws.resid[cfg.n_layer].as_view();
+    let norm_f = p.slice(lay.norm_f.clone());
+    kr.colsum(
+        s,
+        ColSum::ProductRowScaled {
+            a: &ws.dxn.as_view(),
+            lda: d,
+            b: &last,
+            ldb: d,
+            row_scale: &ws.rstd_f.as_view(),
+        },
+        m,
+        d,
+        &mut ws.colsum.as_view_mut(),
+        &mut grads.slice_mut(lay.norm_f.clone()),
+    )?;
+    kr.rmsnorm_bwd(
+        s,
+        &ws.dxn.as_view(),
+        &last,
+        &norm_f,
+        &ws.rstd_f.as_view(),
+        &mut ws.dres.as_view_mut(),
+        m,
+        d,
+        false,
+    )?;
+
+    for (l, lo) in lay.layers.iter().enumerate().rev() {
+        let a = &ws.layers[l];
+        let x_in = ws.resid[l].as_view();
+        let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
+        let g = |range: &std::ops::Range<usize>| range.clone();
+
+        // out_proj and the residual: x_out = x_in + g . W_out^T.
+        let dres = ws.dres.as_view();
+        e.blas.gemm(
+            "out_proj dW",
+            d,
+            di,
+            m,
+            op_t(&dres, d),
+            op(&a.g.as_view(), di),
+            0.0,
+            &mut grads.slice_mut(g(&lo.out_proj)),
+            di,
+        )?;
+        e.blas.gemm(
+            "out_proj dx",
+            m,
+            di,
+            d,
+            op(&dres, d),
+            op(&w(&lo.out_proj), di),
+            0.0,
+            &mut ws.dout.as_view_mut(),
+            di,
+        )?;
+
+        // Gate.
+        let z = a.xz.slice(di..);
+        kr.gate_bwd(
+            s,
+            &ws.dout.as_view(),
+            &a.y.as_view(),
+            &z,
+            2 * di,
+            &mut ws.dy.as_view_mut(),
+            &mut ws.dxz.slice_mut(di..),
+            m,
+            di,
+        )?;
+        let u = a.u.as_view();
+        kr.colsum(
+            s,
+            ColSum::Product {
+                a: &ws.dy.as_view(),
+                lda: di,
+                b: &u,
+                ldb: di,
+            },
+            m,
+            di,
+            &mut ws.colsum.as_view_mut(),
+            &mut grads.slice_mut(g(&lo.d)),
+        )?;
+
+        // Scan.
+        let (dt, bc, a_log, dpar) = (a.dt.as_view(), a.dbc.slice(r..), w(&lo.a_log), w(&lo.d));
+        kr.scan_backward(
+            s,
+            shape,
+            ScanInputs {
+                u: &u,
+                dt: &dt,
+                bc: &bc,
+                ldbc,
+                a_log: &a_log,
+                d: &dpar,
+            },
+            ScanBackward {
+                dy: &ws.dy.as_view(),
+                hin: &a.hin.as_view(),
+                scratch_g: &mut ws.scan_a.as_view_mut(),
+                scratch_p: &mut ws.scan_b.as_view_mut(),
+                scratch_da: &mut ws.scan_c.as_view_mut(),
+                scratch_dbc: &mut ws.dbc_part.as_view_mut(),
+                ddt_raw: &mut ws.ddtr.as_view_mut(),
+                du: &mut ws.du.as_view_mut(),
+                dbc: &mut ws.ddbc.slice_mut(r..),
+                da_log: &mut grads.slice_mut(g(&lo.a_log)),
+            },
+        )?;
+
+        // dt_proj (bias, weight, input).
+        let ddtr = ws.ddtr.as_view();
+        kr.colsum(
+            s,
+            ColSum::Plain { a: &ddtr, lda: di },
+            m,
+            di,
+            &mut ws.colsum.as_view_mut(),
+            &mut grads.slice_mut(g(&lo.dt_proj_b)),
+        )?;
+        e.blas.gemm(
+            "dt_proj dW",
+            di,
+            r,
+            m,
+            op_t(&ddtr, di),
+            op(&a.dbc.as_view(), ldbc),
+            0.0,
+            &mut grads.slice_mut(g(&lo.dt_proj_w)),
+            r,
+        )?;
+        e.blas.gemm(
+            "dt_proj dx",
+            m,
+            r,
+            di,
+            op(&ddtr, di),
+            op(&w(&lo.dt_proj_w), r),
+            0.0,
+            &mut ws.ddbc.as_view_mut(),
+            ldbc,
+        )?;
+
+        // x_proj.
+        let ddbc = ws.ddbc.as_view();
+        e.blas.gemm(
+            "x_proj dW",
+            ldbc,
+            di,
+            m,
+            op_t(&ddbc, ldbc),
+            op(&u, di),
+            0.0,
+            &mut grads.slice_mut(g(&lo.x_proj)),
+            di,
+        )?;
+        e.blas.gemm(
+            "x_proj dx",
+            m,
+            di,
+            ldbc,
+            op(&ddbc, ldbc),
+            op(&w(&lo.x_proj), di),
+            1.0,
+            &mut ws.du.as_view_mut(),
+            di,
+        )?;
+
+        // Conv + SiLU: du -> dpre in place, then dx (into dxz's x half) and
+        // the conv's weight and bias.
+        let xz = a.xz.as_view();
+        let (conv_w, conv_b) = (w(&lo.conv_w), w(&lo.conv_b));
+        kr.conv_bwd_pre(
+            s,
+            &xz,
+            2 * di,
+            &conv_w,
+            &conv_b,
+            &mut ws.du.as_view_mut(),
+            m,
+            t,
+            di,
+            k,
+        )?;
+        let dpre = ws.du.as_view();
+        kr.conv_bwd_dx(
+            s,
+            &dpre,
+            &conv_w,
+            &mut ws.dxz.as_view_mut(),
+            2 * di,
+            m,
+            t,
+            di,
+            k,
+        )?;
+        {
+            // conv1d.weight and conv1d.bias are separate arena tensors, the
+            // weight first (ParamLayout's order): two disjoint views.
+            let (wr, br) = (g(&lo.conv_w), g(&lo.conv_b));
+            if wr.end > br.start {
+                return Err(TrainError::Config(format!(
+                    "layer {l}: conv1d.weight {wr:?} must precede conv1d.bias {br:?} in the arena"
+                )));
+            }
+            let (mut below, mut above) = grads.split_at_mut(br.start);
+            let mut dw = below.slice_mut(wr);
+            let mut db = above.slice_mut(0..br.len());
+            kr.conv_wgrad(
+                s,
+                &dpre,
+                &xz,
+                2 * di,
+                &mut ws.colsum.as_view_mut(),
+                &mut dw,
+                &mut db,
+                m,
+                t,
+                di,
+                k,
+            )?;
+        }
+
+        // in_proj.
+        let dxz = ws.dxz.as_view();
+        e.blas.gemm(
+            "in_proj dW",
+            2 * di,
+            d,
+            m,
+            op_t(&dxz, 2 * di),
+            op(&a.xn.as_view(), d),
+            0.0,
+            &mut grads.slice_mut(g(&lo.in_proj)),
+            d,
+        )?;
+        e.blas.gemm(
+            "in_proj dx",
+            m,
+            d,
+            2 * di,
+            op(&dxz, 2 * di),
+            op(&w(&lo.in_proj), d),
+            0.0,
+            &mut ws.dxn.as_view_mut(),
+            d,
+        )?;
+
+        // Pre-norm: weight gradient, then dres += RMSNorm backward.
+        let rstd = a.rstd.as_view();
+        kr.colsum(
+            s,
+            ColSum::ProductRowScaled {
+                a: &ws.dxn.as_view(),
+                lda: d,
+                b: &x_in,
+                ldb: d,
+                row_scale: &rstd,
+            },
+            m,
+            d,
+            &mut ws.colsum.as_view_mut(),
+            &mut grads.slice_mut(g(&lo.norm)),
+        )?;
+        kr.rmsnorm_bwd(
+            s,
+            &ws.dxn.as_view(),
+            &x_in,
+            &w(&lo.norm),
+            &rstd,
+            &mut ws.dres.as_view_mut(),
+            m,
+            d,
+            true,
+        )?;
+    }
+
+    // Embedding: dE += scatter of dres by token (LM head's share is there).
+    kr.embed_bwd(
+        s,
+        csr,
+        &ws.dres.as_view(),
+        &mut grads.slice_mut(lay.embedding.clone()),
+        d,
+    )?;
+    Ok(())
+}

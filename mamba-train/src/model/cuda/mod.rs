@@ -1,0 +1,385 @@
+//! The Mamba-1 model on one CUDA device: the kernels of
+//! `kernels::mamba` for every non-GEMM op, cuBLAS (fixed configuration,
+//! [`blas`]) for the GEMMs, over the same flat arenas and layout as the CPU
+//! model ([`crate::params::ParamLayout`]: one parameter arena, one gradient
+//! arena, Hugging Face names and shapes).
+//!
+//! Determinism: one stream, no atomics, every reduction in a fixed order that
+//! depends only on the shapes, cuBLAS pinned ([`blas`]). The same parameters
+//! and batch give the same loss and gradient bits on every run of the same
+//! build on the same GPU model. Results agree with [`super::cpu::CpuModel`]
+//! within f32 rounding (different summation orders), not bit for bit; the
+//! optimizer ([`optim`]) does match the CPU's bit for bit.
+//!
+//! ```no_run
+//! # fn main() -> mamba_train::Result<()> {
+//! use mamba_train::model::{cuda::CudaModel, Batch};
+//! let mut model = CudaModel::new(mamba_train::ModelConfig::new(256, 64, 2), 0)?;
+//! let params = model.init_params(7)?;
+//! let mut grads = model.zeros_arena()?;
+//! let batch = Batch { tokens: vec![1, 2, 3, 4], targets: vec![2, 3, 4, -100], batch: 1, seq_len: 4 };
+//! let loss = model.forward_backward(&params, &batch, &mut grads)?;
+//! # let _ = loss; Ok(()) }
+//! ```
+
+mod backward;
+pub mod blas;
+mod forward;
+pub mod optim;
+mod workspace;
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use kernels::mamba::{MambaKernels, TokenCsr, MAX_CONV_WIDTH, MAX_D_STATE};
+
+pub use optim::{CudaAdamW, CudaOptimizer};
+
+use crate::config::ModelConfig;
+use crate::error::{Result, TrainError};
+use crate::model::{Batch, IGNORE};
+use crate::params::ParamLayout;
+use blas::Blas;
+use workspace::Workspace;
+
+/// What every pass needs: the stream all work is ordered on, the kernels
+/// and the cuBLAS handle bound to that stream.
+pub(crate) struct Engine {
+    pub stream: Arc<CudaStream>,
+    pub kernels: MambaKernels,
+    pub blas: Blas,
+}
+
+/// The f32 Mamba model on a CUDA device.
+///
+/// Owns its activation workspace (sized for the last batch shape; rebuilt
+/// when the shape changes), which is why the passes take `&mut self`. All
+/// work is enqueued on one stream ([`Self::stream`]); calls that return a
+/// host value (loss, logits, downloads) synchronize it.
+pub struct CudaModel {
+    cfg: ModelConfig,
+    layout: ParamLayout,
+    engine: Engine,
+    ws: Option<Workspace>,
+}
+
+impl CudaModel {
+    /// A model of shape `cfg` on device `ordinal`, working on that device's
+    /// default stream.
+    pub fn new(cfg: ModelConfig, ordinal: usize) -> Result<Self> {
+        let ctx = kernels::open_context(ordinal)?;
+        Self::with_stream(cfg, ctx.default_stream())
+    }
+
+    /// A model of shape `cfg` working on `stream` (e.g. the communicator's,
+    /// so that gradient reduction is ordered after the backward pass with no
+    /// host synchronization).
+    pub fn with_stream(cfg: ModelConfig, stream: Arc<CudaStream>) -> Result<Self> {
+        cfg.validate()?;
+        if cfg.d_state > MAX_D_STATE {
+            return Err(TrainError::Config(format!(
+                "d_state {} is above the CUDA scan's limit of {MAX_D_STATE}",
+                cfg.d_state
+            )));
+        }
+        if cfg.d_conv > MAX_CONV_WIDTH {
+            return Err(TrainError::Config(format!(
+                "d_conv {} is above the CUDA conv kernels' limit of {MAX_CONV_WIDTH}",
+                cfg.d_conv
+            )));
+        }
+        let kernels = MambaKernels::load(stream.context())?;
+        let blas = Blas::new(&stream)?;
+        let layout = ParamLayout::new(&cfg);
+        Ok(CudaModel {
+            cfg,
+            layout,
+            engine: Engine {
+                stream,
+                kernels,
+                blas,
+            },
+            ws: None,
+        })
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+    /// The arena layout (the same as the CPU model's).
+    pub fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
+    /// The stream all work is enqueued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.engine.stream
+    }
+    /// The device context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.engine.stream.context()
+    }
+    /// The loaded kernels (shared with [`CudaAdamW`]).
+    pub fn kernels(&self) -> &MambaKernels {
+        &self.engine.kernels
+    }
+    /// Bytes of the current activation workspace (0 before the first pass).
+    pub fn workspace_bytes(&self) -> usize {
+        self.ws.as_ref().map_or(0, |w| w.bytes)
+    }
+    /// Free the activation workspace (the next pass rebuilds it).
+    pub fn release_workspace(&mut self) {
+        self.ws = None;
+    }
+
+    /// Copy a host arena (parameters or gradients) to the device.
+    pub fn upload(&self, host: &[f32]) -> Result<CudaSlice<f32>> {
+        self.check_arena("arena", host.len())?;
+        self.engine
+            .stream
+            .clone_htod(host)
+            .map_err(|e| cuda("uploading an arena", e))
+    }
+    /// Copy a device arena back (synchronizes the stream).
+    pub fn download(&self, dev: &CudaSlice<f32>) -> Result<Vec<f32>> {
+        self.check_arena("arena", dev.len())?;
+        self.engine
+            .stream
+            .clone_dtoh(dev)
+            .map_err(|e| cuda("downloading an arena", e))
+    }
+    /// A zero-filled arena on the device.
+    pub fn zeros_arena(&self) -> Result<CudaSlice<f32>> {
+        self.engine
+            .stream
+            .alloc_zeros::<f32>(self.layout.len())
+            .map_err(|e| cuda("allocating an arena", e))
+    }
+    /// Reference initialisation (the CPU's, [`crate::model::init`]), uploaded.
+    pub fn init_params(&self, seed: u64) -> Result<CudaSlice<f32>> {
+        self.upload(&crate::model::init::init_params(
+            &self.cfg,
+            &self.layout,
+            seed,
+        ))
+    }
+
+    /// Mean loss over `batch`; *overwrites* `grads` (same layout as
+    /// `params`) with d loss / d params. With no counted target (or an empty
+    /// batch) the loss is 0 and the gradients are all 0, as on the CPU.
+    /// Synchronizes the stream (to return the loss).
+    pub fn forward_backward(
+        &mut self,
+        params: &CudaSlice<f32>,
+        batch: &Batch,
+        grads: &mut CudaSlice<f32>,
+    ) -> Result<f32> {
+        self.check_arena("params", params.len())?;
+        self.check_arena("grads", grads.len())?;
+        let counted = self.check_batch(batch)?;
+        if batch.batch * batch.seq_len == 0 || counted == 0 {
+            self.engine
+                .stream
+                .memset_zeros(grads)
+                .map_err(|e| cuda("zeroing the gradients", e))?;
+            return Ok(0.0);
+        }
+        let csr =
+            TokenCsr::build(&batch.tokens, self.cfg.vocab_size)?.upload(&self.engine.stream)?;
+        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
+        let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
+        forward::forward(e, cfg, lay, params, ws)?;
+        let rows = ws.batch * ws.seq_len;
+        e.kernels.cross_entropy(
+            &e.stream,
+            &mut ws.logits.as_view_mut(),
+            &ws.targets.as_view(),
+            &mut ws.row_loss.as_view_mut(),
+            counted,
+            rows,
+            cfg.vocab_size,
+            true,
+        )?;
+        e.kernels.loss_mean(
+            &e.stream,
+            &ws.row_loss.as_view(),
+            rows,
+            counted,
+            &mut ws.loss.as_view_mut(),
+        )?;
+        backward::backward(e, cfg, lay, params, ws, &csr, grads)?;
+        let loss = e
+            .stream
+            .clone_dtoh(&ws.loss)
+            .map_err(|err| cuda("reading the loss", err))?;
+        Ok(loss[0])
+    }
+
+    /// Mean loss only (0 with no counted target). Synchronizes the stream.
+    pub fn loss(&mut self, params: &CudaSlice<f32>, batch: &Batch) -> Result<f32> {
+        self.check_arena("params", params.len())?;
+        let counted = self.check_batch(batch)?;
+        if batch.batch * batch.seq_len == 0 || counted == 0 {
+            return Ok(0.0);
+        }
+        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
+        let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
+        forward::forward(e, cfg, lay, params, ws)?;
+        let rows = ws.batch * ws.seq_len;
+        e.kernels.cross_entropy(
+            &e.stream,
+            &mut ws.logits.as_view_mut(),
+            &ws.targets.as_view(),
+            &mut ws.row_loss.as_view_mut(),
+            counted,
+            rows,
+            cfg.vocab_size,
+            false,
+        )?;
+        e.kernels.loss_mean(
+            &e.stream,
+            &ws.row_loss.as_view(),
+            rows,
+            counted,
+            &mut ws.loss.as_view_mut(),
+        )?;
+        let loss = e
+            .stream
+            .clone_dtoh(&ws.loss)
+            .map_err(|err| cuda("reading the loss", err))?;
+        Ok(loss[0])
+    }
+
+    /// Logits `[batch, seq_len, vocab]`, row-major, on the host.
+    pub fn logits(&mut self, params: &CudaSlice<f32>, batch: &Batch) -> Result<Vec<f32>> {
+        self.check_arena("params", params.len())?;
+        self.check_batch(batch)?;
+        if batch.batch * batch.seq_len == 0 {
+            return Ok(Vec::new());
+        }
+        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
+        forward::forward(&self.engine, &self.cfg, &self.layout, params, ws)?;
+        self.engine
+            .stream
+            .clone_dtoh(&ws.logits)
+            .map_err(|e| cuda("downloading the logits", e))
+    }
+
+    /// [`Self::forward_backward`] over host arenas: uploads `params`, runs,
+    /// downloads the gradients into `grads`.
+    pub fn forward_backward_host(
+        &mut self,
+        params: &[f32],
+        batch: &Batch,
+        grads: &mut [f32],
+    ) -> Result<f32> {
+        self.check_arena("grads", grads.len())?;
+        let p = self.upload(params)?;
+        let mut g = self.zeros_arena()?;
+        let loss = self.forward_backward(&p, batch, &mut g)?;
+        self.engine
+            .stream
+            .memcpy_dtoh(&g, grads)
+            .map_err(|e| cuda("downloading the gradients", e))?;
+        self.engine
+            .stream
+            .synchronize()
+            .map_err(|e| cuda("waiting for the gradients", e))?;
+        Ok(loss)
+    }
+    /// [`Self::loss`] over a host parameter arena.
+    pub fn loss_host(&mut self, params: &[f32], batch: &Batch) -> Result<f32> {
+        let p = self.upload(params)?;
+        self.loss(&p, batch)
+    }
+    /// [`Self::logits`] over a host parameter arena.
+    pub fn logits_host(&mut self, params: &[f32], batch: &Batch) -> Result<Vec<f32>> {
+        let p = self.upload(params)?;
+        self.logits(&p, batch)
+    }
+
+    fn check_arena(&self, what: &str, len: usize) -> Result<()> {
+        if len != self.layout.len() {
+            return Err(TrainError::Config(format!(
+                "{what} has {len} elements; this model ({} layers, d_model {}, vocab {}) needs {}",
+                self.cfg.n_layer,
+                self.cfg.d_model,
+                self.cfg.vocab_size,
+                self.layout.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The CPU model's batch rules (tokens below the vocabulary, targets
+    /// below it or [`IGNORE`]); returns the number of counted targets.
+    fn check_batch(&self, b: &Batch) -> Result<usize> {
+        let n = b.batch.checked_mul(b.seq_len).ok_or_else(|| {
+            TrainError::Data(format!(
+                "batch {} x seq_len {} overflows",
+                b.batch, b.seq_len
+            ))
+        })?;
+        if b.tokens.len() != n || b.targets.len() != n {
+            return Err(TrainError::Data(format!(
+                "batch of {} x {} needs {n} tokens and {n} targets, got {} and {}",
+                b.batch,
+                b.seq_len,
+                b.tokens.len(),
+                b.targets.len()
+            )));
+        }
+        let v = self.cfg.vocab_size;
+        if let Some((i, t)) = b.tokens.iter().enumerate().find(|(_, &t)| t as usize >= v) {
+            return Err(TrainError::Data(format!(
+                "token {t} at position {i} is not below the vocabulary size {v}"
+            )));
+        }
+        let mut counted = 0;
+        for (i, &t) in b.targets.iter().enumerate() {
+            if t == IGNORE {
+                continue;
+            }
+            if t < 0 || t as usize >= v {
+                return Err(TrainError::Data(format!(
+                    "target {t} at position {i}: expected a token id below {v} or {IGNORE} (ignored)"
+                )));
+            }
+            counted += 1;
+        }
+        Ok(counted)
+    }
+}
+
+/// The workspace for `batch`'s shape in `slot` (rebuilt if the shape
+/// changed), with the batch's tokens and targets uploaded.
+fn prepare<'w>(
+    e: &Engine,
+    cfg: &ModelConfig,
+    slot: &'w mut Option<Workspace>,
+    batch: &Batch,
+) -> Result<&'w mut Workspace> {
+    let same = slot
+        .as_ref()
+        .is_some_and(|w| w.batch == batch.batch && w.seq_len == batch.seq_len);
+    if !same {
+        *slot = None; // free the old one first: the peak is one workspace
+        *slot = Some(Workspace::new(&e.stream, cfg, batch.batch, batch.seq_len)?);
+    }
+    let ws = slot
+        .as_mut()
+        .ok_or_else(|| cuda("preparing the workspace", "it was not built"))?;
+    let s = &e.stream;
+    s.memcpy_htod(&batch.tokens, &mut ws.tokens)
+        .map_err(|err| cuda("uploading the tokens", err))?;
+    s.memcpy_htod(&batch.targets, &mut ws.targets)
+        .map_err(|err| cuda("uploading the targets", err))?;
+    Ok(ws)
+}
+
+fn cuda(what: &str, detail: impl std::fmt::Display) -> TrainError {
+    TrainError::Cuda {
+        what: what.to_string(),
+        detail: detail.to_string(),
+    }
+}

@@ -1,0 +1,135 @@
+//! Shared helpers of the CUDA tests (`tests/cuda_*.rs`): GPU detection that
+//! skips with a printed reason (or fails under `MAMBA_REQUIRE_GPU=1`),
+//! random configs and batches, and error measures.
+#![allow(dead_code)] // each test crate uses a different part
+
+use mamba_train::model::cuda::CudaModel;
+use mamba_train::model::{Batch, IGNORE};
+use mamba_train::seed::Rng;
+use mamba_train::ModelConfig;
+
+/// True when `MAMBA_REQUIRE_GPU=1`: a missing GPU is then a failure.
+pub fn gpu_required() -> bool {
+    std::env::var("MAMBA_REQUIRE_GPU").is_ok_and(|v| v.trim() == "1")
+}
+
+/// Why no GPU test can run here, or `None` when one can.
+pub fn no_gpu_reason() -> Option<String> {
+    if !kernels::driver_present() {
+        return Some("no CUDA driver (libcuda.so.1 not loadable)".into());
+    }
+    match kernels::device_count() {
+        Ok(0) => return Some("the CUDA driver reports no device".into()),
+        Err(e) => return Some(format!("cannot count CUDA devices: {e}")),
+        Ok(_) => {}
+    }
+    if !kernels::available() {
+        return Some(format!(
+            "this build has no CUDA kernels: {}",
+            kernels::HOW_TO_GET_KERNELS
+        ));
+    }
+    None
+}
+
+/// A model on device 0, or `None` after printing why the test is skipped.
+/// Panics instead of skipping when `MAMBA_REQUIRE_GPU=1`.
+pub fn cuda_model(cfg: &ModelConfig) -> Option<CudaModel> {
+    if let Some(reason) = no_gpu_reason() {
+        assert!(!gpu_required(), "MAMBA_REQUIRE_GPU=1 but {reason}");
+        eprintln!("skipping: {reason}");
+        return None;
+    }
+    match CudaModel::new(cfg.clone(), 0) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            assert!(
+                !gpu_required(),
+                "MAMBA_REQUIRE_GPU=1 but the CUDA model cannot start: {e}"
+            );
+            eprintln!("skipping: the CUDA model cannot start: {e}");
+            None
+        }
+    }
+}
+
+/// A batch of `nseq` sequences of `l` random tokens; every 4th target (from
+/// the second) is ignored, so the ignore path is always exercised.
+pub fn batch(cfg: &ModelConfig, nseq: usize, l: usize, seed: u64) -> Batch {
+    let mut r = Rng::new(seed);
+    let v = cfg.vocab_size as u64;
+    let tokens: Vec<u32> = (0..nseq * l).map(|_| r.below(v) as u32).collect();
+    let targets: Vec<i32> = (0..nseq * l)
+        .map(|i| {
+            if i % 4 == 1 {
+                IGNORE
+            } else {
+                r.below(v) as i32
+            }
+        })
+        .collect();
+    Batch {
+        tokens,
+        targets,
+        batch: nseq,
+        seq_len: l,
+    }
+}
+
+/// Reference init plus N(0, 0.1) noise, so that no gradient path sits at a
+/// special point (norm weights exactly 1, D exactly 1, A_log = ln n).
+pub fn perturbed(cfg: &ModelConfig, seed: u64) -> Vec<f32> {
+    let layout = mamba_train::ParamLayout::new(cfg);
+    let mut r = Rng::new(seed ^ 0x5eed);
+    mamba_train::model::init::init_params(cfg, &layout, seed)
+        .iter()
+        .map(|&p| (p as f64 + 0.1 * r.normal()) as f32)
+        .collect()
+}
+
+/// `||got - want|| / ||want||` (L2, in f64; `||want|| = 0` compares the
+/// absolute norm), and whether `got` holds a non-finite value.
+pub fn rel_l2(got: &[f32], want: &[f64]) -> (f64, bool) {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den, mut bad) = (0.0f64, 0.0f64, false);
+    for (&g, &w) in got.iter().zip(want) {
+        bad |= !g.is_finite();
+        num += (g as f64 - w) * (g as f64 - w);
+        den += w * w;
+    }
+    let err = if den > 0.0 {
+        (num / den).sqrt()
+    } else {
+        num.sqrt()
+    };
+    (err, bad)
+}
+
+/// A random model shape and batch for the parity sweep: vocab 2..=80,
+/// d_model 4..=40, 1..=3 layers, d_state 1..=64, d_conv 1..=5, expand
+/// 1..=3, dt_rank 1..=6, 1..=3 sequences of 1..=45 tokens (so lengths that
+/// are not a multiple of the scan's chunk of 16 are the common case).
+pub fn random_case(seed: u64) -> (ModelConfig, usize, usize) {
+    let mut r = Rng::new(seed);
+    let mut pick = |lo: u64, hi: u64| (lo + r.below(hi - lo + 1)) as usize;
+    let cfg = ModelConfig {
+        vocab_size: pick(2, 80),
+        d_model: pick(4, 40),
+        n_layer: pick(1, 3),
+        d_state: pick(1, 64),
+        d_conv: pick(1, 5),
+        expand: pick(1, 3),
+        dt_rank: pick(1, 6),
+    };
+    (cfg, pick(1, 3), pick(1, 45))
+}
+
+/// SHA-256 of the little-endian bytes of `v`, as hex.
+pub fn digest(v: &[f32]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for x in v {
+        h.update(x.to_le_bytes());
+    }
+    hex::encode(h.finalize())
+}

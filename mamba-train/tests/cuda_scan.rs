@@ -1,0 +1,367 @@
+//! The chunked selective-scan kernels alone, on the GPU, against a naive
+//! sequential f64 scan written here from the equations (so a scan bug is
+//! reported as one, not as a model-level gradient mismatch). Skips (printing
+//! why) without a GPU unless `MAMBA_REQUIRE_GPU=1`.
+//!
+//! Tolerance: relative L2 2e-6 for y and out, 1e-5 for every gradient (the
+//! chunked combination `h = P h_in + S` reorders f32 products; observed
+//! ~1e-7 in a CPU emulation of these kernels).
+
+mod cuda_common;
+
+use std::sync::Arc;
+
+use cuda_common::{gpu_required, no_gpu_reason, rel_l2};
+use cudarc::driver::{CudaSlice, CudaStream};
+use kernels::mamba::{MambaKernels, ScanBackward, ScanForward, ScanInputs, ScanShape};
+use mamba_train::seed::Rng;
+
+fn device() -> Option<(Arc<CudaStream>, MambaKernels)> {
+    if let Some(reason) = no_gpu_reason() {
+        assert!(!gpu_required(), "MAMBA_REQUIRE_GPU=1 but {reason}");
+        eprintln!("skipping: {reason}");
+        return None;
+    }
+    let ctx = kernels::open_context(0).expect("open device 0");
+    let k = MambaKernels::load(&ctx).expect("load the Mamba kernels");
+    Some((ctx.default_stream(), k))
+}
+
+struct Case {
+    b: usize,
+    t: usize,
+    d: usize,
+    n: usize,
+    r: usize,
+}
+
+/// Inputs in f64 (exactly the f32 values uploaded).
+struct Inputs {
+    u: Vec<f64>,
+    dt: Vec<f64>,
+    dbc: Vec<f64>,
+    a_log: Vec<f64>,
+    dp: Vec<f64>,
+    xz: Vec<f64>,
+    dy: Vec<f64>,
+}
+
+struct Expected {
+    y: Vec<f64>,
+    out: Vec<f64>,
+    ddtr: Vec<f64>,
+    du: Vec<f64>,
+    dbc: Vec<f64>,
+    da_log: Vec<f64>,
+}
+
+fn naive(c: &Case, x: &Inputs) -> Expected {
+    let (m, d, n, r) = (c.b * c.t, c.d, c.n, c.r);
+    let ld = r + 2 * n;
+    let (bv, cv) = (
+        |mm: usize, j: usize| x.dbc[mm * ld + r + j],
+        |mm: usize, j: usize| x.dbc[mm * ld + r + n + j],
+    );
+    let mut e = Expected {
+        y: vec![0.0; m * d],
+        out: vec![0.0; m * d],
+        ddtr: vec![0.0; m * d],
+        du: vec![0.0; m * d],
+        dbc: vec![0.0; m * 2 * n],
+        da_log: vec![0.0; d * n],
+    };
+    for b in 0..c.b {
+        for ch in 0..d {
+            let mut hs = vec![0.0f64; (c.t + 1) * n];
+            for s in 0..n {
+                let a = -x.a_log[ch * n + s].exp();
+                let mut h = 0.0;
+                for t in 0..c.t {
+                    let mm = b * c.t + t;
+                    h = (x.dt[mm * d + ch] * a).exp() * h
+                        + x.dt[mm * d + ch] * bv(mm, s) * x.u[mm * d + ch];
+                    hs[(t + 1) * n + s] = h;
+                    e.y[mm * d + ch] += cv(mm, s) * h;
+                }
+            }
+            for t in 0..c.t {
+                let mm = b * c.t + t;
+                e.y[mm * d + ch] += x.dp[ch] * x.u[mm * d + ch];
+                let z = x.xz[mm * 2 * d + d + ch];
+                e.out[mm * d + ch] = e.y[mm * d + ch] * z / (1.0 + (-z).exp());
+            }
+            for s in 0..n {
+                let a = -x.a_log[ch * n + s].exp();
+                let mut carry = 0.0;
+                for t in (0..c.t).rev() {
+                    let mm = b * c.t + t;
+                    let (dtv, uv, dyv) = (x.dt[mm * d + ch], x.u[mm * d + ch], x.dy[mm * d + ch]);
+                    let at = (dtv * a).exp();
+                    let g = cv(mm, s) * dyv + carry;
+                    let hp = hs[t * n + s];
+                    e.dbc[mm * 2 * n + n + s] += dyv * hs[(t + 1) * n + s];
+                    e.dbc[mm * 2 * n + s] += g * dtv * uv;
+                    e.ddtr[mm * d + ch] += g * (a * at * hp + bv(mm, s) * uv);
+                    e.du[mm * d + ch] += g * dtv * bv(mm, s);
+                    e.da_log[ch * n + s] += g * at * hp * dtv * a;
+                    carry = at * g;
+                }
+            }
+            for t in 0..c.t {
+                let mm = b * c.t + t;
+                e.du[mm * d + ch] += x.dp[ch] * x.dy[mm * d + ch];
+                e.ddtr[mm * d + ch] *= -(-x.dt[mm * d + ch]).exp_m1();
+            }
+        }
+    }
+    e
+}
+
+fn f32s(v: &[f64]) -> Vec<f32> {
+    v.iter().map(|&x| x as f32).collect()
+}
+
+#[test]
+fn chunked_scan_matches_a_sequential_f64_scan() {
+    let cases = [
+        Case {
+            b: 1,
+            t: 1,
+            d: 1,
+            n: 1,
+            r: 1,
+        },
+        Case {
+            b: 2,
+            t: 37,
+            d: 5,
+            n: 16,
+            r: 3,
+        },
+        Case {
+            b: 1,
+            t: 16,
+            d: 9,
+            n: 64,
+            r: 2,
+        },
+        Case {
+            b: 3,
+            t: 33,
+            d: 40,
+            n: 7,
+            r: 4,
+        },
+        Case {
+            b: 1,
+            t: 50,
+            d: 3,
+            n: 33,
+            r: 1,
+        },
+        Case {
+            b: 2,
+            t: 17,
+            d: 130,
+            n: 2,
+            r: 5,
+        },
+        Case {
+            b: 1,
+            t: 70,
+            d: 600,
+            n: 16,
+            r: 3,
+        }, // several backward rounds
+        Case {
+            b: 1,
+            t: 9,
+            d: 4,
+            n: 128,
+            r: 2,
+        },
+        Case {
+            b: 2,
+            t: 300,
+            d: 3,
+            n: 5,
+            r: 2,
+        }, // 19 chunks: several load batches of the combines
+    ];
+    let Some((s, k)) = device() else { return };
+    let mut failures = Vec::new();
+    for (ci, c) in cases.iter().enumerate() {
+        let (m, d, n, r) = (c.b * c.t, c.d, c.n, c.r);
+        let ld = r + 2 * n;
+        let mut rng = Rng::new(ci as u64 + 1);
+        let mut uni = |lo: f64, hi: f64, len: usize| -> Vec<f64> {
+            (0..len)
+                .map(|_| (lo + (hi - lo) * rng.next_f64()) as f32 as f64)
+                .collect()
+        };
+        let x = Inputs {
+            u: uni(-1.0, 1.0, m * d),
+            dt: uni(0.001, 0.6, m * d),
+            dbc: uni(-1.0, 1.0, m * ld),
+            a_log: (0..d * n)
+                .map(|i| (((i % n) + 1) as f64).ln() as f32 as f64)
+                .collect(),
+            dp: uni(0.5, 1.5, d),
+            xz: uni(-2.0, 2.0, m * 2 * d),
+            dy: uni(-1.0, 1.0, m * d),
+        };
+        let want = naive(c, &x);
+        let shape = ScanShape {
+            batch: c.b,
+            seq_len: c.t,
+            d_inner: d,
+            d_state: n,
+        };
+        let up = |v: &[f64]| s.clone_htod(&f32s(v)).expect("upload");
+        let nan = |len: usize| s.clone_htod(&vec![f32::NAN; len.max(1)]).expect("alloc");
+        let (u, dt, dbc, a_log, dp, xz, dy) = (
+            up(&x.u),
+            up(&x.dt),
+            up(&x.dbc),
+            up(&x.a_log),
+            up(&x.dp),
+            up(&x.xz),
+            up(&x.dy),
+        );
+        let sl = shape.state_len();
+        let (mut sa, mut sb, mut sc, mut hin) = (nan(sl), nan(sl), nan(sl), nan(sl));
+        let (mut y, mut out) = (nan(m * d), nan(m * d));
+        let (uv, dtv, bc, alv, dpv) = (
+            u.as_view(),
+            dt.as_view(),
+            dbc.slice(r..),
+            a_log.as_view(),
+            dp.as_view(),
+        );
+        let inp = ScanInputs {
+            u: &uv,
+            dt: &dtv,
+            bc: &bc,
+            ldbc: ld,
+            a_log: &alv,
+            d: &dpv,
+        };
+        k.scan_forward(
+            &s,
+            shape,
+            inp,
+            ScanForward {
+                z: &xz.slice(d..),
+                ldz: 2 * d,
+                scratch_s: &mut sa.as_view_mut(),
+                scratch_p: &mut sb.as_view_mut(),
+                hin: &mut hin.as_view_mut(),
+                y: &mut y.as_view_mut(),
+                out: &mut out.as_view_mut(),
+            },
+        )
+        .expect("scan_forward");
+        let mut dbc_part = nan(shape.dbc_partial_len());
+        let (mut ddtr, mut du, mut ddbc, mut da) =
+            (nan(m * d), nan(m * d), nan(m * ld), nan(d * n));
+        k.scan_backward(
+            &s,
+            shape,
+            inp,
+            ScanBackward {
+                dy: &dy.as_view(),
+                hin: &hin.as_view(),
+                scratch_g: &mut sa.as_view_mut(),
+                scratch_p: &mut sb.as_view_mut(),
+                scratch_da: &mut sc.as_view_mut(),
+                scratch_dbc: &mut dbc_part.as_view_mut(),
+                ddt_raw: &mut ddtr.as_view_mut(),
+                du: &mut du.as_view_mut(),
+                dbc: &mut ddbc.slice_mut(r..),
+                da_log: &mut da.as_view_mut(),
+            },
+        )
+        .expect("scan_backward");
+        let host = |v: &CudaSlice<f32>| s.clone_dtoh(v).expect("download");
+        let ddbc_h = host(&ddbc);
+        let ddbc_cols: Vec<f32> = (0..m)
+            .flat_map(|mm| ddbc_h[mm * ld + r..mm * ld + ld].to_vec())
+            .collect();
+        let label = format!(
+            "batch {} T {} d_inner {} d_state {} dt_rank {}",
+            c.b, c.t, d, n, r
+        );
+        for (what, got, want, tol) in [
+            ("y", host(&y), &want.y, 2e-6),
+            ("out", host(&out), &want.out, 2e-6),
+            ("ddt_raw", host(&ddtr), &want.ddtr, 1e-5),
+            ("du", host(&du), &want.du, 1e-5),
+            ("dB|dC", ddbc_cols, &want.dbc, 1e-5),
+            ("dA_log", host(&da), &want.da_log, 1e-5),
+        ] {
+            let (err, bad) = rel_l2(&got, want);
+            eprintln!("{label}: {what} rel err {err:.2e}");
+            if bad || err > tol || err.is_nan() {
+                failures.push(format!(
+                    "{label}: {what} relative error {err:.3e} > {tol:.0e}{}",
+                    if bad {
+                        " (non-finite: unwritten element?)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "scan kernels disagree with the sequential scan:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn scan_launchers_refuse_short_buffers() {
+    let Some((s, k)) = device() else { return };
+    let shape = ScanShape {
+        batch: 1,
+        seq_len: 20,
+        d_inner: 4,
+        d_state: 16,
+    };
+    let z = |len: usize| s.alloc_zeros::<f32>(len).expect("alloc");
+    let (u, dt, bc, a, dp, zz) = (z(80), z(79), z(20 * 34), z(64), z(4), z(160));
+    let (mut sa, mut sb, mut hin, mut y, mut out) = (z(128), z(128), z(128), z(80), z(80));
+    let (uv, dtv, bcv, av, dpv) = (
+        u.as_view(),
+        dt.as_view(),
+        bc.as_view(),
+        a.as_view(),
+        dp.as_view(),
+    );
+    let err = k
+        .scan_forward(
+            &s,
+            shape,
+            ScanInputs {
+                u: &uv,
+                dt: &dtv,
+                bc: &bcv,
+                ldbc: 34,
+                a_log: &av,
+                d: &dpv,
+            },
+            ScanForward {
+                z: &zz.slice(4..),
+                ldz: 8,
+                scratch_s: &mut sa.as_view_mut(),
+                scratch_p: &mut sb.as_view_mut(),
+                hin: &mut hin.as_view_mut(),
+                y: &mut y.as_view_mut(),
+                out: &mut out.as_view_mut(),
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dt has 79 elements, needs 80"), "{err}");
+}
