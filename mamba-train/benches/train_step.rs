@@ -70,7 +70,7 @@ fn main() {
             task,
             batch: s.batch,
             logical_world: 1,
-            contract: DEFAULT_CONTRACT.into(),
+            contract: DEFAULT_CONTRACT,
             optimizer: AdamWConfig::default(),
             schedule: Schedule {
                 peak_lr: 1e-3,

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod dp;
 pub mod error;
 pub mod metrics;
 pub mod model;

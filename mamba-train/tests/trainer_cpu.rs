@@ -20,7 +20,7 @@ fn run(steps: u64, logical_world: usize) -> RunConfig {
         task,
         batch: 3,
         logical_world,
-        contract: DEFAULT_CONTRACT.into(),
+        contract: DEFAULT_CONTRACT,
         optimizer: AdamWConfig::default(),
         schedule: Schedule {
             peak_lr: 1e-2,

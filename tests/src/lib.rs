@@ -1,1 +1,215 @@
 //! Shared helpers for the cross-crate integration tests.
+//!
+//! [`dp`]: three ways to train the same run, whose bits must agree under
+//! the fixed-order contract: the single-process trainer's fused step, the
+//! trainer's step math over mamba-reduce's [`EmulatedWorld`] oracle, and
+//! the data-parallel loop on a live host world of threads.
+//!
+//! [`EmulatedWorld`]: mamba_reduce::EmulatedWorld
+
+pub mod dp {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use mamba_comm::host::{HostOptions, HostTransport};
+    use mamba_reduce::{
+        host_fold, mean_factor, EmulateOptions, EmulatedWorld, HostReducer, ReduceContract,
+        ReducerOptions,
+    };
+    use mamba_train::checkpoint;
+    use mamba_train::config::ModelConfig;
+    use mamba_train::data::{Dataset, SelectiveCopyConfig, TaskSpec};
+    use mamba_train::dp::{DataParallel, DpOptions};
+    use mamba_train::model::cpu::CpuModel;
+    use mamba_train::optim::{AdamWConfig, Schedule};
+    use mamba_train::train::{RunConfig, Trainer};
+
+    /// What a run leaves behind, for bit comparisons.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Trace {
+        /// Hex SHA-256 of the final weights.
+        pub digest: String,
+        /// Bits of each step's logged loss.
+        pub losses: Vec<u32>,
+        /// Which steps were skipped.
+        pub skipped: Vec<bool>,
+    }
+
+    /// A tiny selective-copy run of the CPU Mamba (width 16, one block,
+    /// rows of 12 tokens, 2 rows per micro-batch).
+    pub fn tiny_run(seed: u64, logical_world: usize, steps: u64) -> RunConfig {
+        let task = TaskSpec::SelectiveCopy(SelectiveCopyConfig {
+            seq_len: 12,
+            n_memorize: 3,
+            alphabet: 4,
+        });
+        RunConfig {
+            seed,
+            model: ModelConfig::new(task.vocab_size(), 16, 1),
+            task,
+            batch: 2,
+            logical_world,
+            contract: ReduceContract::FixedOrder,
+            optimizer: AdamWConfig::default(),
+            schedule: Schedule {
+                peak_lr: 1e-2,
+                warmup_steps: 1,
+                total_steps: steps,
+                min_lr_frac: 0.1,
+            },
+        }
+    }
+
+    fn trainer(run: &RunConfig) -> Trainer<CpuModel> {
+        Trainer::new(
+            CpuModel::new(run.model.clone()).expect("model"),
+            run.clone(),
+        )
+        .expect("trainer")
+    }
+
+    /// The single-process trainer's fused step (its own ascending fold of
+    /// the L micro-batches), to the end.
+    pub fn fused_run(run: &RunConfig) -> Trace {
+        let mut t = trainer(run);
+        let (mut losses, mut skipped) = (Vec::new(), Vec::new());
+        while !t.finished() {
+            let s = t.train_step().expect("step");
+            losses.push(s.loss.to_bits());
+            skipped.push(s.skipped);
+        }
+        Trace {
+            digest: t.weights_digest(),
+            losses,
+            skipped,
+        }
+    }
+
+    /// The trainer's step math with the gradient mean from mamba-reduce's
+    /// oracle: each step the L micro-batch gradients are reduced by an
+    /// [`EmulatedWorld`] of `world` emulated processes (with `opts`'
+    /// delivery order and chunking), the loss is the ascending host fold of
+    /// the L losses times `fl(1/L)`, and a non-finite loss or gradient
+    /// skips the step.
+    pub fn emulated_run(run: &RunConfig, world: usize, opts: &EmulateOptions) -> Trace {
+        let mut t = trainer(run);
+        let l = run.logical_world;
+        let n = t.params().len();
+        let (mut losses, mut skipped) = (Vec::new(), Vec::new());
+        while !t.finished() {
+            let mut grads = vec![vec![0.0f32; n]; l];
+            let mut micro = Vec::with_capacity(l);
+            for (j, g) in grads.iter_mut().enumerate() {
+                micro.push([t.micro_gradient(j as u64, g).expect("gradient")]);
+            }
+            let finite = micro.iter().all(|m| m[0].is_finite())
+                && grads.iter().all(|g| g.iter().all(|x| x.is_finite()));
+            let rows: Vec<&[f32]> = micro.iter().map(|m| &m[..]).collect();
+            let mut sum = [0.0f32];
+            host_fold(&rows, &mut sum).expect("loss fold");
+            let loss = if l > 1 {
+                sum[0] * mean_factor(l)
+            } else {
+                sum[0]
+            };
+            let mean = if finite {
+                EmulatedWorld::new(grads)
+                    .expect("emulated world")
+                    .reduce_mean(world, opts)
+                    .expect("emulated reduction")
+            } else {
+                grads.swap_remove(0)
+            };
+            let s = t.apply_with_verdict(&mean, loss, finite).expect("apply");
+            losses.push(s.loss.to_bits());
+            skipped.push(s.skipped);
+        }
+        Trace {
+            digest: t.weights_digest(),
+            losses,
+            skipped,
+        }
+    }
+
+    /// How a thread world starts and ends.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct WorldRun<'a> {
+        /// Resume every rank from this checkpoint (a run or checkpoint dir).
+        pub resume: Option<&'a Path>,
+        /// Stop after this step (default: the run's end).
+        pub stop_at: Option<u64>,
+        /// Rank 0 saves a checkpoint here at the end.
+        pub save_to: Option<&'a Path>,
+        /// The loop's options (hooks, replica-check period).
+        pub opts: DpOptions,
+    }
+
+    /// The data-parallel loop on a live host world of `world` threads (one
+    /// [`HostReducer`] each, `run`'s contract): every rank's trace, in rank
+    /// order. Panics (with the rank) on any rank's error.
+    pub fn thread_world(run: &RunConfig, world: usize, how: WorldRun<'_>) -> Vec<Trace> {
+        try_thread_world(run, world, how)
+            .into_iter()
+            .enumerate()
+            .map(|(r, t)| t.unwrap_or_else(|e| panic!("rank {r} of {world}: {e}")))
+            .collect()
+    }
+
+    /// [`thread_world`], returning each rank's result instead of panicking.
+    pub fn try_thread_world(
+        run: &RunConfig,
+        world: usize,
+        how: WorldRun<'_>,
+    ) -> Vec<mamba_train::Result<Trace>> {
+        let transports =
+            HostTransport::thread_world(world, HostOptions::with_timeout(Duration::from_secs(60)))
+                .expect("thread world");
+        std::thread::scope(|s| {
+            let handles: Vec<_> = transports
+                .into_iter()
+                .map(|t| s.spawn(move || rank_run(run, t, how)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread"))
+                .collect()
+        })
+    }
+
+    fn rank_run(
+        run: &RunConfig,
+        transport: HostTransport,
+        how: WorldRun<'_>,
+    ) -> mamba_train::Result<Trace> {
+        let model = CpuModel::new(run.model.clone())?;
+        let t = match how.resume {
+            Some(dir) => {
+                let ck = checkpoint::load(dir)?;
+                let data = Dataset::new(run.task.clone(), run.batch)?;
+                Trainer::resume(model, run.clone(), data, ck)?
+            }
+            None => Trainer::new(model, run.clone())?,
+        };
+        let reducer = HostReducer::new(
+            transport,
+            ReducerOptions::new(run.contract, run.logical_world),
+        );
+        let mut dp = DataParallel::new(t, reducer, how.opts)?;
+        let end = how.stop_at.unwrap_or(run.schedule.total_steps);
+        let (mut losses, mut skipped) = (Vec::new(), Vec::new());
+        while dp.backend().step() < end {
+            let s = dp.step()?;
+            losses.push(s.loss.to_bits());
+            skipped.push(s.skipped);
+        }
+        let agreed = dp.replica_check("at the end")?;
+        if let (0, Some(dir)) = (dp.rank(), how.save_to) {
+            dp.backend().save_checkpoint(dir, 2)?;
+        }
+        Ok(Trace {
+            digest: agreed.digest,
+            losses,
+            skipped,
+        })
+    }
+}

@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use mamba_reduce::ReduceContract;
 
 use crate::data::TaskKind;
 
@@ -141,9 +142,44 @@ pub struct TrainArgs {
     /// Held-out batches for the final evaluation.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub eval_batches: usize,
-    // Issue 6 adds `--world P`, `--logical-world L` and `--contract` here;
-    // they map onto `RunConfig::{logical_world, contract}` (already recorded
-    // in checkpoints) and the process layout.
+    /// Processes (ranks): with --device cpu, CPU ranks on this machine
+    /// linked by loopback sockets; with --device cuda, one GPU each. Without
+    /// a launcher this program starts them itself; under torchrun, srun or
+    /// mpirun the launcher's world is used (and must equal this if given)
+    /// [default: 1, or the launcher's world].
+    #[arg(long, value_name = "P")]
+    pub world: Option<usize>,
+    /// Logical world L: micro-batches of --batch rows per step, averaged in
+    /// a fixed order; each process computes L/P of them, so P must divide
+    /// L. At a fixed L the weights are the same bits for every P. Part of
+    /// the run's identity [default: P; on --resume the checkpoint's].
+    #[arg(long, value_name = "L")]
+    pub logical_world: Option<usize>,
+    /// Gradient reduction contract: fixed-order (bits independent of P,
+    /// transport and topology) or nccl-sum (the library's sum: fastest,
+    /// bits may change with P or the machine) [default: fixed-order].
+    #[arg(long, value_name = "CONTRACT", value_parser = parse_contract)]
+    pub contract: Option<ReduceContract>,
+    /// Compare every rank's weights digest every N steps (0: only at the
+    /// start, before each checkpoint and at the end, which always happen).
+    #[arg(long, value_name = "N", default_value_t = super::defaults::REPLICA_CHECK_EVERY)]
+    pub replica_check_every: u64,
+    /// Seconds a rank waits for its peers (meeting, each collective) before
+    /// failing; must exceed the longest pause of one rank, e.g. rank 0
+    /// writing a checkpoint.
+    #[arg(long, value_name = "SECS", default_value_t = super::defaults::COMM_TIMEOUT_SECS)]
+    pub comm_timeout: u64,
+}
+
+/// `--contract` values: the names [`ReduceContract`] parses.
+fn parse_contract(s: &str) -> Result<ReduceContract, String> {
+    match s {
+        "fixed-order" => Ok(ReduceContract::FixedOrder),
+        "nccl-sum" => Ok(ReduceContract::NcclSum),
+        other => Err(format!(
+            "unknown contract {other:?}; expected fixed-order (default) or nccl-sum"
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -194,5 +230,29 @@ mod tests {
             );
         }
         assert!(help("task").contains(d::TASK.name()));
+        assert!(help("contract").contains("[default: fixed-order]"));
+    }
+
+    #[test]
+    fn world_flags_parse_and_bad_contracts_are_named() {
+        let cli = Cli::try_parse_from([
+            "mamba-train",
+            "train",
+            "--world",
+            "2",
+            "--logical-world",
+            "4",
+            "--contract",
+            "nccl-sum",
+        ])
+        .unwrap();
+        let Command::Train(a) = cli.command;
+        assert_eq!((a.world, a.logical_world), (Some(2), Some(4)));
+        assert_eq!(a.contract, Some(ReduceContract::NcclSum));
+        assert_eq!(a.replica_check_every, d::REPLICA_CHECK_EVERY);
+        let e = Cli::try_parse_from(["mamba-train", "train", "--contract", "fast"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fast") && e.contains("fixed-order"), "{e}");
     }
 }

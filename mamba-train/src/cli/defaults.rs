@@ -30,3 +30,7 @@ pub const MIN_LR_FRAC: f32 = 0.1;
 pub const SEED: u64 = 0;
 /// Checkpoint period in steps (0: only at the end).
 pub const CHECKPOINT_EVERY: u64 = 200;
+/// Replica check period in steps (0: only at checkpoints and the end).
+pub const REPLICA_CHECK_EVERY: u64 = 100;
+/// Seconds a rank waits for a peer before failing.
+pub const COMM_TIMEOUT_SECS: u64 = 300;

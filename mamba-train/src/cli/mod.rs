@@ -3,9 +3,10 @@
 
 pub mod args;
 pub mod defaults;
+pub mod drive;
 pub mod progress;
 pub mod resolve;
 pub mod run;
 
 pub use args::{Cli, Command, Device, TrainArgs};
-pub use run::{train, TrainSummary, METRICS_FILE, PLOT_FILE};
+pub use run::{rank_prefix, train, TrainOutcome, TrainSummary, METRICS_FILE, PLOT_FILE};

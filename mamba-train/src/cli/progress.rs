@@ -67,7 +67,7 @@ impl Progress {
             }
             None => {
                 if s.step % self.log_every == 0 || s.step == self.total || s.step == 1 {
-                    eprintln!(
+                    stderr_line(&format!(
                         "step {}/{}  loss {:.4}  lr {:.2e}  grad-norm {:.3}  {} tok/s{skipped}",
                         s.step,
                         self.total,
@@ -75,7 +75,7 @@ impl Progress {
                         s.lr,
                         s.grad_norm,
                         human(rate)
-                    );
+                    ));
                 }
             }
         }
@@ -85,7 +85,7 @@ impl Progress {
     pub fn note(&self, msg: &str) {
         match &self.bar {
             Some(bar) => bar.println(msg),
-            None => eprintln!("{msg}"),
+            None => stderr_line(msg),
         }
     }
 
@@ -106,4 +106,16 @@ pub fn human(v: f64) -> String {
     } else {
         format!("{v:.0}")
     }
+}
+
+/// Write `line` and a newline to stderr in one `write` call, so lines of
+/// several ranks sharing one stderr (a pipe or a terminal) never
+/// interleave mid-line (`eprintln!` may write a line in pieces). Errors
+/// writing to stderr are ignored: there is nowhere left to report them.
+pub fn stderr_line(line: &str) {
+    use std::io::Write;
+    let mut buf = String::with_capacity(line.len() + 1);
+    buf.push_str(line);
+    buf.push('\n');
+    let _ = std::io::stderr().lock().write_all(buf.as_bytes());
 }

@@ -28,9 +28,63 @@ fn pick<T>(flag: Option<T>, recorded: Option<T>, default: T) -> T {
     flag.or(recorded).unwrap_or(default)
 }
 
-/// Resolve the run of `args`, given the recorded run of a checkpoint when
-/// resuming.
+/// Resolve the run of `args` for a single process (`--world`, default 1),
+/// given the recorded run of a checkpoint when resuming.
 pub fn resolve_run(args: &TrainArgs, recorded: Option<&RunConfig>) -> Result<Resolved> {
+    resolve_run_in(args, recorded, args.world.unwrap_or(1), None)
+}
+
+/// The logical world L of a run in a world of `world` processes: the flag,
+/// else `MAMBA_LOGICAL_WORLD` (`env_logical`), else the checkpoint's, else
+/// `world`. The world must divide it; the error names where L came from.
+pub fn logical_world(
+    args: &TrainArgs,
+    recorded: Option<&RunConfig>,
+    world: usize,
+    env_logical: Option<usize>,
+) -> Result<usize> {
+    if world == 0 {
+        return Err(TrainError::Config(
+            "--world must be at least 1 process, got 0".into(),
+        ));
+    }
+    let (l, source) = match (args.logical_world, env_logical, recorded) {
+        (Some(l), _, _) => (l, "--logical-world"),
+        (None, Some(l), _) => (l, "MAMBA_LOGICAL_WORLD"),
+        (None, None, Some(r)) => (r.logical_world, "the checkpoint's logical world"),
+        (None, None, None) => (world, "the default, the world size"),
+    };
+    if l == 0 {
+        return Err(TrainError::Config(format!(
+            "the logical world must be at least 1, got 0 ({source})"
+        )));
+    }
+    if l % world != 0 {
+        let divisors: Vec<String> = (1..=l)
+            .filter(|d| l % d == 0)
+            .map(|d| d.to_string())
+            .collect();
+        return Err(TrainError::Config(format!(
+            "a world of {world} processes does not divide the logical world {l} ({source}); \
+             each process computes L/P of the step's L micro-batches, so P must divide L: \
+             use a world of {} processes, or a logical world that is a multiple of {world} \
+             (a new run: L is part of a run's identity)",
+            divisors.join(", ")
+        )));
+    }
+    Ok(l)
+}
+
+/// Resolve the run of `args` in a world of `world` processes (`env_logical`:
+/// `MAMBA_LOGICAL_WORLD`), given the recorded run of a checkpoint when
+/// resuming.
+pub fn resolve_run_in(
+    args: &TrainArgs,
+    recorded: Option<&RunConfig>,
+    world: usize,
+    env_logical: Option<usize>,
+) -> Result<Resolved> {
+    let logical = logical_world(args, recorded, world, env_logical)?;
     let kind: TaskKind = pick(
         args.task.map(Into::into),
         recorded.map(|r| r.task.kind()),
@@ -143,8 +197,12 @@ pub fn resolve_run(args: &TrainArgs, recorded: Option<&RunConfig>) -> Result<Res
         model,
         task,
         batch: pick(args.batch, recorded.map(|r| r.batch), d::BATCH),
-        logical_world: recorded.map_or(1, |r| r.logical_world),
-        contract: recorded.map_or_else(|| DEFAULT_CONTRACT.to_string(), |r| r.contract.clone()),
+        logical_world: logical,
+        contract: pick(
+            args.contract,
+            recorded.map(|r| r.contract),
+            DEFAULT_CONTRACT,
+        ),
         optimizer,
         schedule,
     };
@@ -202,6 +260,71 @@ mod tests {
         .run;
         let e = other.mismatches(&rec).unwrap_err();
         assert!(e.contains("batch: checkpoint 16, requested 3"), "{e}");
+    }
+
+    #[test]
+    fn logical_world_precedence_and_divisibility() {
+        let rec = resolve_run(
+            &TrainArgs {
+                logical_world: Some(4),
+                steps: Some(3),
+                ..TrainArgs::default()
+            },
+            None,
+        )
+        .unwrap()
+        .run;
+        assert_eq!(rec.logical_world, 4);
+        let none = TrainArgs::default();
+        let l = |args: &TrainArgs, rec: Option<&RunConfig>, p: usize, env: Option<usize>| {
+            logical_world(args, rec, p, env)
+        };
+        assert_eq!(l(&none, None, 4, None).unwrap(), 4, "default: P");
+        assert_eq!(l(&none, Some(&rec), 2, None).unwrap(), 4, "checkpoint");
+        assert_eq!(
+            l(&none, Some(&rec), 2, Some(8)).unwrap(),
+            8,
+            "env over checkpoint"
+        );
+        let flag = TrainArgs {
+            logical_world: Some(6),
+            ..TrainArgs::default()
+        };
+        assert_eq!(l(&flag, Some(&rec), 3, Some(8)).unwrap(), 6, "flag first");
+        let e = l(&none, Some(&rec), 3, None).unwrap_err().to_string();
+        assert!(
+            e.contains("3 processes does not divide the logical world 4")
+                && e.contains("checkpoint")
+                && e.contains("1, 2, 4"),
+            "{e}"
+        );
+        let e = l(&flag, None, 4, None).unwrap_err().to_string();
+        assert!(e.contains("--logical-world"), "{e}");
+        assert!(l(&none, None, 0, None)
+            .unwrap_err()
+            .to_string()
+            .contains("--world"));
+        let zero = TrainArgs {
+            logical_world: Some(0),
+            ..TrainArgs::default()
+        };
+        assert!(l(&zero, None, 1, None)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1"));
+        // The contract: flag, else the checkpoint's, else fixed-order.
+        let nccl = TrainArgs {
+            contract: Some(mamba_reduce::ReduceContract::NcclSum),
+            ..TrainArgs::default()
+        };
+        let r = resolve_run(&nccl, None).unwrap().run;
+        assert_eq!(r.contract, mamba_reduce::ReduceContract::NcclSum);
+        let back = resolve_run(&none, Some(&r)).unwrap().run;
+        assert_eq!(back.contract, mamba_reduce::ReduceContract::NcclSum);
+        assert_eq!(
+            resolve_run(&none, None).unwrap().run.contract,
+            DEFAULT_CONTRACT
+        );
     }
 
     #[test]

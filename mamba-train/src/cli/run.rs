@@ -1,88 +1,207 @@
-//! `mamba-train train`: set up, loop, checkpoint, report.
+//! `mamba-train train`: find this process's place in the world (or start
+//! the world), set up the rank, run the loop ([`super::drive`]).
+//!
+//! One process or many, the same path: a world of one is a one-rank host
+//! world, so `--world 1 --logical-world 4` runs the same reducer as four
+//! processes and lands on the same bits.
+//!
+//! Output protocol: only rank 0 writes the run directory (checkpoints,
+//! metrics, plot), the progress display and stdout. Every other rank
+//! prints `[rank R of P] weights-digest: <hex>` on stderr at the end; then
+//! all ranks pass a barrier and rank 0 prints its summary, whose last
+//! stdout line is `weights-digest: <hex>`. The digests are compared across
+//! ranks before any is printed, so they are all the same. A supervising
+//! process (self-spawn) writes nothing to stdout.
 
-use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mamba_comm::bootstrap::{detect, overrides, Launcher, ProcessEnv, WorldPlace};
+use mamba_comm::supervisor::{start_world, Role, SpawnOptions, WorldReport};
+use mamba_reduce::{ReduceContract, RunIdentity};
 
 use super::args::{Device, TrainArgs};
-use super::progress::{human, Progress};
-use super::resolve::resolve_run;
-use crate::checkpoint::{self, atomic, CHECKPOINTS_DIR};
+use super::drive::{drive, RankContext};
+use super::progress::stderr_line;
+use super::resolve::resolve_run_in;
+use crate::checkpoint::{self, state::RunState, Checkpoint, STATE_FILE};
 use crate::data::{Dataset, TaskSpec};
+use crate::dp::{self, DataParallel, DpOptions, TestHooks};
 use crate::error::{Result, TrainError};
-use crate::metrics::{read_records, MetricsLog, MetricsRecord};
 use crate::model::cpu::CpuModel;
-use crate::plot::loss_svg;
 use crate::train::{RunConfig, Trainer};
 
-/// Metrics file name in the run directory.
-pub const METRICS_FILE: &str = "metrics.jsonl";
-/// Loss plot file name in the run directory.
-pub const PLOT_FILE: &str = "loss.svg";
-/// Rows per held-out evaluation batch.
-const EVAL_ROWS: usize = 32;
+pub use super::drive::{TrainSummary, METRICS_FILE, PLOT_FILE};
 
-/// What a finished `train` command reports (also printed to stdout).
-#[derive(Clone, Debug)]
-pub struct TrainSummary {
-    /// Steps completed.
-    pub steps: u64,
-    /// Steps skipped.
-    pub skipped: u64,
-    /// Loss of the last step run here (NaN when none ran).
-    pub final_loss: f32,
-    /// Held-out loss.
-    pub eval_loss: f64,
-    /// Held-out accuracy on scored positions.
-    pub accuracy: f64,
-    /// Accuracy of uniform guessing.
-    pub chance: f64,
-    /// The last checkpoint written.
-    pub checkpoint: PathBuf,
-    /// Hex SHA-256 of the final weights.
-    pub weights_digest: String,
+/// After the first failed rank, how long the others may take to notice
+/// (their transports fail at once when a peer's socket closes) and log
+/// their own error before the supervisor kills them.
+pub const FAILURE_GRACE: Duration = Duration::from_secs(2);
+
+/// What a finished `train` command was in the world.
+#[derive(Debug)]
+pub enum TrainOutcome {
+    /// Rank 0 (or the only process): the run's summary, printed to stdout.
+    Summary(TrainSummary),
+    /// Another rank: its final state, equal to rank 0's (checked).
+    Replica {
+        /// This rank.
+        rank: usize,
+        /// Steps completed.
+        steps: u64,
+        /// Hex SHA-256 of its final weights.
+        weights_digest: String,
+    },
+    /// This process started the ranks and waited for them; they did the
+    /// work (rank 0 printed the summary). Every rank succeeded.
+    Supervised(WorldReport),
 }
 
-fn io_err(path: &Path, source: std::io::Error) -> TrainError {
-    TrainError::Io {
-        path: path.display().to_string(),
-        source,
+/// The `[rank R of P] ` prefix for messages of a rank in a world of more
+/// than one process (empty otherwise, or when the environment is invalid).
+pub fn rank_prefix() -> String {
+    match detect(&ProcessEnv) {
+        Ok(Some(p)) if p.world > 1 => format!("[rank {} of {}] ", p.rank, p.world),
+        _ => String::new(),
     }
 }
 
-/// Run `mamba-train train`, writing the summary to `out` (stdout in the
-/// binary); the digest line is written last.
-pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainSummary> {
-    if args.device == Device::Cuda {
+/// Run `mamba-train train`, writing rank 0's summary to `out` (stdout in
+/// the binary); the digest line is written last.
+///
+/// Without a launcher and with `--world P > 1`, this process validates the
+/// run, starts `P` copies of this program as ranks, waits, and returns
+/// [`TrainOutcome::Supervised`] (or the error naming the first failed
+/// rank). Otherwise it is a rank and trains.
+pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
+    if args.threads == Some(0) {
         return Err(TrainError::Config(
-            "--device cuda is not supported yet: the CUDA model is not built into this version; use --device cpu"
+            "--threads must be at least 1, got 0".into(),
+        ));
+    }
+    if args.world == Some(0) {
+        return Err(TrainError::Config(
+            "--world must be at least 1 process, got 0".into(),
+        ));
+    }
+    if args.comm_timeout == 0 {
+        return Err(TrainError::Config(
+            "--comm-timeout must be at least 1 second, got 0".into(),
+        ));
+    }
+    if args.device == Device::Cuda {
+        // Where the CUDA backend plugs in: a `DpBackend` over the CUDA
+        // model's device arenas and optimizer, paired with an
+        // `NcclReducer` over `NcclComm::init(place.rank, place.world,
+        // place.device(), rendezvous, ..)`, driven by `drive` exactly like
+        // the CPU rank in `run_cpu_rank`.
+        return Err(TrainError::Config(
+            "--device cuda is not supported yet: the data-parallel trainer does not drive the \
+             CUDA model in this version; use --device cpu"
                 .into(),
         ));
     }
-    if let Some(n) = args.threads {
-        if n == 0 {
-            return Err(TrainError::Config(
-                "--threads must be at least 1, got 0".into(),
-            ));
+    let env = ProcessEnv;
+    let place = detect(&env)?;
+    let ov = overrides(&env)?;
+    let world = match &place {
+        Some(p) => {
+            if let Some(w) = args.world.filter(|&w| w != p.world) {
+                return Err(TrainError::Config(format!(
+                    "--world {w} was requested but the launcher ({}) started {} processes; \
+                     request {} or launch {w}",
+                    p.launcher.world_var(),
+                    p.world,
+                    p.world
+                )));
+            }
+            p.world
         }
-        // Fails only if the global pool was already built (a second call in
-        // one process, e.g. from tests); the bits do not depend on it.
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global();
-    }
-
-    let ck = match &args.resume {
-        Some(dir) => Some(checkpoint::load(dir)?),
-        None => None,
+        None => args.world.unwrap_or(1),
     };
-    let resolved = resolve_run(args, ck.as_ref().map(|c| &c.state.run))?;
+    let mut opts = SpawnOptions {
+        grace: FAILURE_GRACE,
+        ..SpawnOptions::default()
+    };
+    if place.is_none() && world > 1 {
+        // About to spawn: validate the whole run first, so a bad flag is
+        // one error from this process rather than one per rank. (A rank
+        // validates it again, from its own checkpoint load.)
+        let recorded = match &args.resume {
+            Some(dir) => Some(read_state(dir)?),
+            None => None,
+        };
+        let env_run = EnvRun {
+            seed: ov.seed,
+            logical_world: ov.logical_world,
+        };
+        let plan = plan_run(args, recorded.as_ref(), world, env_run)?;
+        let (l, blocks) = (plan.run.logical_world, plan.run.logical_world / world);
+        stderr_line(&format!(
+            "mamba-train: starting {world} CPU processes (logical world {l}, {blocks} \
+             micro-batch{} each, contract {})",
+            if blocks == 1 { "" } else { "es" },
+            plan.run.contract
+        ));
+        opts.logical_world = Some(l);
+    }
+    match start_world(&env, Some(world), opts)? {
+        Role::Supervised(report) => {
+            report.check()?;
+            stderr_line(&format!(
+                "mamba-train: all {world} ranks finished in {:.1} s",
+                report.elapsed.as_secs_f64()
+            ));
+            Ok(TrainOutcome::Supervised(report))
+        }
+        Role::Rank(place) => run_cpu_rank(args, place, out),
+    }
+}
+
+/// Run settings from the environment contract (`MAMBA_SEED`,
+/// `MAMBA_LOGICAL_WORLD`), which act as flags when the flag is absent.
+#[derive(Clone, Copy, Debug, Default)]
+struct EnvRun {
+    seed: Option<u64>,
+    logical_world: Option<usize>,
+}
+
+/// The resolved run and what it needs, as every rank (and the supervisor)
+/// computes it.
+struct Plan {
+    run: RunConfig,
+    corpus: Option<Arc<Vec<u8>>>,
+    /// Where the loop ends (`--stop-at` or the run's steps).
+    end: u64,
+}
+
+/// Resolve and validate the run for a world of `world` processes, given
+/// the recorded state of the checkpoint to resume.
+fn plan_run(
+    args: &TrainArgs,
+    recorded: Option<&(PathBuf, RunState)>,
+    world: usize,
+    env: EnvRun,
+) -> Result<Plan> {
+    let rec_run = recorded.map(|(_, st)| &st.run);
+    // `MAMBA_SEED` acts as `--seed` when the flag is absent.
+    let mut with_seed;
+    let args = match (args.seed, env.seed) {
+        (None, Some(seed)) => {
+            with_seed = args.clone();
+            with_seed.seed = Some(seed);
+            &with_seed
+        }
+        _ => args,
+    };
+    let resolved = resolve_run_in(args, rec_run, world, env.logical_world)?;
     let run = resolved.run;
-    if let Some(c) = &ck {
-        run.mismatches(&c.state.run)
+    if let Some((dir, st)) = recorded {
+        run.mismatches(&st.run)
             .map_err(|detail| TrainError::Checkpoint {
-                path: c.dir.display().to_string(),
+                path: dir.display().to_string(),
                 detail,
             })?;
     }
@@ -93,234 +212,131 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainSummary> {
                 run.schedule.total_steps
             )));
         }
+        if let Some((_, st)) = recorded {
+            if stop <= st.step {
+                return Err(TrainError::Config(format!(
+                    "--stop-at {stop} is not after the checkpoint's step {}",
+                    st.step
+                )));
+            }
+        }
     }
-    let data = match (&run.task, resolved.corpus) {
+    Ok(Plan {
+        end: args.stop_at.unwrap_or(run.schedule.total_steps),
+        run,
+        corpus: resolved.corpus,
+    })
+}
+
+/// The state of the checkpoint `path` resolves to (without its tensors).
+fn read_state(path: &Path) -> Result<(PathBuf, RunState)> {
+    let dir = checkpoint::resolve(path)?;
+    let file = dir.join(STATE_FILE);
+    let bytes = std::fs::read(&file).map_err(|e| TrainError::Checkpoint {
+        path: file.display().to_string(),
+        detail: format!("cannot read: {e}"),
+    })?;
+    let st: RunState = serde_json::from_slice(&bytes).map_err(|e| TrainError::Checkpoint {
+        path: file.display().to_string(),
+        detail: format!("not a valid state file: {e}"),
+    })?;
+    Ok((dir, st))
+}
+
+/// Worker threads of this rank: `--threads`, else the cores shared among
+/// the ranks this program started on this machine, else all cores. The
+/// bits do not depend on it.
+fn configure_threads(args: &TrainArgs, place: &WorldPlace) {
+    let n = args.threads.or_else(|| {
+        (place.world > 1 && place.launcher == Launcher::Mamba).then(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cores / place.world).max(1)
+        })
+    });
+    if let Some(n) = n {
+        // Fails only if the global pool was already built (a second call in
+        // one process, e.g. from tests); the bits do not depend on it.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global();
+    }
+}
+
+/// A fingerprint of the settings that decide when ranks make collective
+/// calls (checkpoint and replica-check periods, the last step), for the
+/// agreement check.
+fn schedule_fingerprint(args: &TrainArgs, end: u64) -> u64 {
+    RunIdentity::fingerprint_of(
+        format!(
+            "checkpoint_every={} replica_check_every={} end={end}",
+            args.checkpoint_every, args.replica_check_every
+        )
+        .as_bytes(),
+    )
+}
+
+/// One rank of a CPU world: the CPU model's [`Trainer`] over host arenas,
+/// the host reducer over loopback sockets.
+fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Result<TrainOutcome> {
+    configure_threads(args, &place);
+    let ck: Option<Checkpoint> = match &args.resume {
+        Some(dir) => Some(checkpoint::load(dir)?),
+        None => None,
+    };
+    let recorded = ck.as_ref().map(|c| (c.dir.clone(), c.state.clone()));
+    let env_run = EnvRun {
+        seed: place.seed,
+        logical_world: place.logical_world,
+    };
+    let plan = plan_run(args, recorded.as_ref(), place.world, env_run)?;
+    let run = plan.run.clone();
+    let data = match (&run.task, plan.corpus.clone()) {
         (TaskSpec::Text(t), Some(bytes)) => Dataset::with_corpus(t.clone(), bytes, run.batch)?,
         _ => Dataset::new(run.task.clone(), run.batch)?,
     };
     let model = CpuModel::new(run.model.clone())?;
-
-    let run_dir = args.out.clone();
-    fs::create_dir_all(&run_dir).map_err(|e| io_err(&run_dir, e))?;
-    let in_place = match &ck {
-        Some(c) => same_run_dir(&c.dir, &run_dir),
-        None => false,
-    };
-    let metrics_path = run_dir.join(METRICS_FILE);
-    if let (Some(stop), Some(c)) = (args.stop_at, &ck) {
-        if stop <= c.state.step {
-            return Err(TrainError::Config(format!(
-                "--stop-at {stop} is not after the checkpoint's step {}",
-                c.state.step
-            )));
-        }
-    }
-    // A run resumed in its own directory already has this step's checkpoint.
-    let mut last_ck: Option<PathBuf> = ck.as_ref().filter(|_| in_place).map(|c| c.dir.clone());
-    let mut trainer = match ck {
+    let resumed_from = ck.as_ref().map(|c| c.dir.clone());
+    let trainer = match ck {
         Some(c) => Trainer::resume(model, run.clone(), data, c)?,
         None => Trainer::new(model, run.clone())?,
     };
-    let mut metrics = if in_place {
-        MetricsLog::resume(&metrics_path, trainer.step())?
-    } else {
-        clear_run_dir(&run_dir)?;
-        MetricsLog::create(&metrics_path)?
+    let hooks = TestHooks::from_env(&ProcessEnv)?;
+    let timeout = Duration::from_secs(args.comm_timeout);
+    let link = dp::host::connect(&place, timeout)?;
+    let reducer = dp::host::reducer(link.transport, &run);
+    let opts = DpOptions {
+        replica_check_every: args.replica_check_every,
+        hooks,
+        schedule_fingerprint: schedule_fingerprint(args, plan.end),
     };
+    let mut world = DataParallel::new(trainer, reducer, opts)?;
+    let ctx = RankContext {
+        args,
+        end: plan.end,
+        resumed_from,
+        device: "cpu",
+        threads: rayon::current_num_threads(),
+    };
+    let outcome = drive(&mut world, &ctx, out);
+    // The rendezvous outlives the transport (rank 0 may serve it).
+    drop(world);
+    drop(link.rendezvous);
+    outcome
+}
 
-    eprintln!(
-        "{}",
-        describe(
-            &run,
-            trainer.model().layout().len(),
-            &run_dir,
-            trainer.step()
-        )
-    );
-    let end = args.stop_at.unwrap_or(run.schedule.total_steps);
-    let mut progress = Progress::new(trainer.step(), run.schedule.total_steps, args.log_every);
-    let started = Instant::now();
-    let first_step = trainer.step();
-    let mut final_loss = f32::NAN;
-    while trainer.step() < end {
-        let t0 = Instant::now();
-        let s = trainer.train_step()?;
-        let secs = t0.elapsed().as_secs_f64();
-        final_loss = s.loss;
-        metrics.append(&MetricsRecord {
-            step: s.step,
-            loss: s.loss as f64,
-            lr: s.lr as f64,
-            grad_norm: s.grad_norm,
-            tokens_per_s: s.tokens as f64 / secs.max(1e-9),
-            skipped: s.skipped,
-            skipped_steps: s.skipped_total,
-        })?;
-        progress.step(&s, secs);
-        if args.checkpoint_every > 0 && s.step % args.checkpoint_every == 0 && s.step < end {
-            last_ck = Some(trainer.save_checkpoint(&run_dir, args.keep_checkpoints)?);
-            write_plot(&run_dir, &run)?;
-        }
-    }
-    progress.finish();
-    let elapsed = started.elapsed().as_secs_f64();
-    let checkpoint = match last_ck {
-        Some(p) if p.ends_with(checkpoint::step_dir_name(trainer.step())) => p,
-        _ => trainer.save_checkpoint(&run_dir, args.keep_checkpoints)?,
-    };
-    write_plot(&run_dir, &run)?;
-    let eval = trainer.evaluate(args.eval_batches.max(1), EVAL_ROWS)?;
-
-    let ran = trainer.step() - first_step;
-    let tokens = ran as f64 * run.tokens_per_step() as f64;
-    let summary = TrainSummary {
-        steps: trainer.step(),
-        skipped: trainer.skipped_steps(),
-        final_loss,
-        eval_loss: eval.loss,
-        accuracy: eval.accuracy.fraction(),
-        chance: eval.chance,
-        checkpoint,
-        weights_digest: trainer.weights_digest(),
-    };
-    let w = |out: &mut dyn Write, line: String| -> Result<()> {
-        writeln!(out, "{line}").map_err(|e| io_err(Path::new("<stdout>"), e))
-    };
-    w(
-        out,
-        format!(
-            "steps: {} of {} ({} run here, {} skipped), {} tokens in {:.1} s ({} tokens/s)",
-            summary.steps,
-            run.schedule.total_steps,
-            ran,
-            summary.skipped,
-            human(tokens),
-            elapsed,
-            human(tokens / elapsed.max(1e-9))
-        ),
-    )?;
-    if trainer.step() < run.schedule.total_steps {
-        w(
-            out,
+/// `--contract` as the trainer records it.
+pub fn contract_note(c: ReduceContract, world: usize, logical: usize) -> Option<String> {
+    (c == ReduceContract::NcclSum).then(|| {
+        if world > 1 && world < logical {
             format!(
-                "stopped at step {} (--stop-at); continue with --resume {}",
-                trainer.step(),
-                run_dir.display()
-            ),
-        )?;
-    }
-    let last = if ran > 0 {
-        format!("{:.4} (last step)", summary.final_loss)
-    } else {
-        "n/a (no step run)".into()
-    };
-    w(
-        out,
-        format!("final loss: {last}, held-out loss {:.4}", summary.eval_loss),
-    )?;
-    w(
-        out,
-        format!(
-            "accuracy: {:.1}% on {} held-out {} (chance {:.1}%)",
-            100.0 * summary.accuracy,
-            eval.accuracy.total,
-            run.task.scored_positions(),
-            100.0 * summary.chance
-        ),
-    )?;
-    w(
-        out,
-        format!(
-            "run directory: {} (metrics.jsonl, loss.svg)",
-            run_dir.display()
-        ),
-    )?;
-    w(out, format!("checkpoint: {}", summary.checkpoint.display()))?;
-    w(out, format!("weights-digest: {}", summary.weights_digest))?;
-    out.flush().map_err(|e| io_err(Path::new("<stdout>"), e))?;
-    Ok(summary)
-}
-
-/// True when the checkpoint `ck_dir` lives in `run_dir`'s checkpoints, i.e.
-/// the run continues in its own directory.
-fn same_run_dir(ck_dir: &Path, run_dir: &Path) -> bool {
-    match (
-        ck_dir.canonicalize(),
-        run_dir.join(CHECKPOINTS_DIR).canonicalize(),
-    ) {
-        (Ok(a), Ok(b)) => a.starts_with(b),
-        _ => false,
-    }
-}
-
-/// A fresh run in an existing directory replaces the previous run's
-/// artifacts (only the files this program writes; anything else stays).
-fn clear_run_dir(run_dir: &Path) -> Result<()> {
-    let ck = run_dir.join(CHECKPOINTS_DIR);
-    let had = ck.exists() || run_dir.join(METRICS_FILE).exists();
-    if ck.exists() {
-        fs::remove_dir_all(&ck).map_err(|e| io_err(&ck, e))?;
-    }
-    for f in [METRICS_FILE, PLOT_FILE] {
-        let p = run_dir.join(f);
-        if p.exists() {
-            fs::remove_file(&p).map_err(|e| io_err(&p, e))?;
+                "note: --contract nccl-sum with {world} processes and logical world {logical}: \
+                 each process sums its block first, so the bits differ from --world 1 or \
+                 --contract fixed-order"
+            )
+        } else {
+            "note: --contract nccl-sum: the library's sum; its bits may change with the world \
+             size, the transport or the machine"
+                .to_string()
         }
-    }
-    if had {
-        eprintln!(
-            "note: starting a fresh run in {} (the previous run's checkpoints and metrics there are replaced; use --resume to continue one)",
-            run_dir.display()
-        );
-    }
-    Ok(())
-}
-
-fn write_plot(run_dir: &Path, run: &RunConfig) -> Result<()> {
-    let records = read_records(&run_dir.join(METRICS_FILE))?;
-    let pts: Vec<(u64, f64)> = records.iter().map(|r| (r.step, r.loss)).collect();
-    let title = format!(
-        "{}: d_model {}, {} layers, batch {}, seed {}",
-        run.task.kind(),
-        run.model.d_model,
-        run.model.n_layer,
-        run.batch,
-        run.seed
-    );
-    let path = run_dir.join(PLOT_FILE);
-    atomic::replace_file(&path, loss_svg(&title, &pts).as_bytes()).map_err(|e| io_err(&path, e))
-}
-
-fn describe(run: &RunConfig, n_params: usize, run_dir: &Path, step: u64) -> String {
-    let task = match &run.task {
-        TaskSpec::SelectiveCopy(c) => format!(
-            "selective-copy (seq {}, remember {} of {} symbols)",
-            c.seq_len, c.n_memorize, c.alphabet
-        ),
-        TaskSpec::Induction(c) => format!("induction (seq {}, {} symbols)", c.seq_len, c.alphabet),
-        TaskSpec::Text(c) => format!(
-            "text {} ({} bytes, seq {})",
-            c.path.display(),
-            c.file_len,
-            c.seq_len
-        ),
-    };
-    let from = if step > 0 {
-        format!(", resuming at step {step}")
-    } else {
-        String::new()
-    };
-    format!(
-        "mamba-train: {task}; d_model {} x {} layers ({} params); batch {}; {} steps, lr {}, warmup {}; seed {}; {} threads; out {}{from}",
-        run.model.d_model,
-        run.model.n_layer,
-        n_params,
-        run.batch,
-        run.schedule.total_steps,
-        run.schedule.peak_lr,
-        run.schedule.warmup_steps,
-        run.seed,
-        rayon::current_num_threads(),
-        run_dir.display()
-    )
+    })
 }

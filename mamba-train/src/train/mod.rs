@@ -10,7 +10,7 @@ pub(crate) mod testutil;
 
 pub use model::TrainModel;
 pub use run_config::{RunConfig, CONTRACTS, DEFAULT_CONTRACT};
-pub use trainer::{EvalReport, StepStats, Trainer};
+pub use trainer::{evaluate_with, run_state, EvalReport, StepStats, Trainer};
 
 #[cfg(test)]
 mod tests {

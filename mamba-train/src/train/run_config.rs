@@ -1,5 +1,6 @@
 //! The identity of a training run: everything that decides its bits.
 
+use mamba_reduce::ReduceContract;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ModelConfig;
@@ -7,12 +8,12 @@ use crate::data::TaskSpec;
 use crate::error::{Result, TrainError};
 use crate::optim::{AdamWConfig, Schedule};
 
-/// The reduction contract spellings a run may record. Issue 6 maps them to
-/// `mamba_reduce::ReduceContract`; a single process folds its logical
-/// micro-batches in ascending order, which is the fixed-order contract.
-pub const CONTRACTS: [&str; 2] = ["fixed-order", "nccl-sum"];
-/// The default contract.
-pub const DEFAULT_CONTRACT: &str = "fixed-order";
+/// The reduction contracts a run may record (spelled by
+/// [`ReduceContract::name`] in checkpoints and on the command line).
+pub const CONTRACTS: [ReduceContract; 2] = [ReduceContract::FixedOrder, ReduceContract::NcclSum];
+/// The default contract: the fixed-order fold, whose bits do not depend on
+/// the number of processes.
+pub const DEFAULT_CONTRACT: ReduceContract = ReduceContract::FixedOrder;
 
 /// Everything that decides a run's bits (besides the build and the
 /// machine). Recorded in every checkpoint; a resume must match it.
@@ -27,10 +28,14 @@ pub struct RunConfig {
     /// Rows per logical micro-batch.
     pub batch: usize,
     /// Logical micro-batches per step (L); the gradient is their mean,
-    /// folded in ascending order. 1 for a plain single-process run.
+    /// folded in ascending order. 1 for a plain single-process run. Part of
+    /// the run's identity: a different L is a different run.
     pub logical_world: usize,
-    /// Reduction contract (one of [`CONTRACTS`]).
-    pub contract: String,
+    /// Reduction contract. Recorded (as its name) because under
+    /// [`ReduceContract::NcclSum`] the bits may depend on the world a
+    /// checkpoint was written in; a resume must keep it.
+    #[serde(with = "contract_name")]
+    pub contract: ReduceContract,
     /// AdamW hyper-parameters and clipping.
     pub optimizer: AdamWConfig,
     /// Learning-rate schedule (its `total_steps` is the run's length).
@@ -53,13 +58,6 @@ impl RunConfig {
             return Err(TrainError::Config(
                 "logical_world must be at least 1, got 0".into(),
             ));
-        }
-        if !CONTRACTS.contains(&self.contract.as_str()) {
-            return Err(TrainError::Config(format!(
-                "unknown contract {:?}; expected one of {}",
-                self.contract,
-                CONTRACTS.join(", ")
-            )));
         }
         let want = self.task.vocab_size();
         if self.model.vocab_size != want {
@@ -107,7 +105,7 @@ impl RunConfig {
             ("dt_rank", m.dt_rank.to_string()),
             ("batch", self.batch.to_string()),
             ("logical_world", self.logical_world.to_string()),
-            ("contract", self.contract.clone()),
+            ("contract", self.contract.name().to_string()),
             ("beta1", o.beta1.to_string()),
             ("beta2", o.beta2.to_string()),
             ("eps", o.eps.to_string()),
@@ -119,6 +117,19 @@ impl RunConfig {
             ("min_lr_frac", s.min_lr_frac.to_string()),
         ]);
         v
+    }
+
+    /// A 64-bit fingerprint of every setting (as compared by
+    /// [`RunConfig::mismatches`]), for the ranks' agreement check before
+    /// the first reduction: ranks started with different settings fail
+    /// with a clear error instead of training different models.
+    pub fn fingerprint(&self) -> u64 {
+        let text: Vec<String> = self
+            .fields()
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        mamba_reduce::RunIdentity::fingerprint_of(text.join("\n").as_bytes())
     }
 
     /// Compare this (requested) run with the `recorded` one of a checkpoint.
@@ -145,6 +156,21 @@ impl RunConfig {
     }
 }
 
+/// A [`ReduceContract`] as its command-line name in JSON.
+mod contract_name {
+    use mamba_reduce::ReduceContract;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(c: &ReduceContract, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(c.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ReduceContract, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,7 +188,7 @@ mod tests {
             task,
             batch: 2,
             logical_world: 1,
-            contract: DEFAULT_CONTRACT.into(),
+            contract: DEFAULT_CONTRACT,
             optimizer: AdamWConfig::default(),
             schedule: Schedule {
                 peak_lr: 1e-2,
@@ -193,16 +219,42 @@ mod tests {
         c.model.vocab_size += 1;
         assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
         let mut c = sample();
-        c.contract = "fastest".into();
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("fixed-order"));
-        let mut c = sample();
         c.batch = 0;
         assert!(c.validate().unwrap_err().to_string().contains("batch"));
         assert!(sample().validate().is_ok());
         assert_eq!(sample().tokens_per_step(), 32);
+    }
+
+    #[test]
+    fn the_contract_is_recorded_by_name_and_unknown_names_are_refused() {
+        let mut c = sample();
+        c.contract = ReduceContract::NcclSum;
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["contract"], "nccl-sum");
+        let back: RunConfig = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back, c);
+        let mut bad = json;
+        bad["contract"] = "fastest".into();
+        let e = serde_json::from_value::<RunConfig>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fastest") && e.contains("fixed-order"), "{e}");
+        let e = sample().mismatches(&c).unwrap_err();
+        assert!(
+            e.contains("contract: checkpoint nccl-sum, requested fixed-order"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_fingerprint_follows_every_setting() {
+        let a = sample();
+        assert_eq!(a.fingerprint(), a.clone().fingerprint());
+        let mut b = a.clone();
+        b.logical_world = 2;
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        let mut c = a.clone();
+        c.schedule.peak_lr = 2e-2;
+        assert_ne!(a.fingerprint(), c.fingerprint());
     }
 }

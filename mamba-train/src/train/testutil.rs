@@ -116,7 +116,7 @@ pub fn toy_run(steps: u64) -> RunConfig {
         task,
         batch: 4,
         logical_world: 1,
-        contract: DEFAULT_CONTRACT.into(),
+        contract: DEFAULT_CONTRACT,
         optimizer: AdamWConfig::default(),
         schedule: Schedule {
             peak_lr: 5e-2,

@@ -4,8 +4,8 @@
 //! A step is three separate calls:
 //! 1. [`Trainer::micro_gradient`] / [`Trainer::backward`]: gradients of the
 //!    step's logical micro-batches into a gradient arena;
-//! 2. (issue 6) a reducer replaces that arena with the mean over all L
-//!    logical micro-batches, folded in ascending logical order;
+//! 2. a reducer ([`crate::dp`]) replaces that arena with the mean over all
+//!    L logical micro-batches, folded in ascending logical order;
 //! 3. [`Trainer::apply`] / [`Trainer::apply_external`]: clip + AdamW with the
 //!    step's learning rate, then the step counter advances.
 //!
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::checkpoint::{self, arena_digest, Checkpoint, CheckpointRef, DataPosition, RunState};
 use crate::data::{accuracy, Accuracy, Dataset};
 use crate::error::{Result, TrainError};
-use crate::model::IGNORE;
+use crate::model::{Batch, IGNORE};
 use crate::optim::{AdamW, Optimizer};
 use crate::train::model::TrainModel;
 use crate::train::run_config::RunConfig;
@@ -149,18 +149,15 @@ impl<M: TrainModel> Trainer<M> {
                 params.len()
             )));
         }
-        let scratch = if cfg.logical_world > 1 {
-            vec![0.0; n]
-        } else {
-            Vec::new()
-        };
         Ok(Trainer {
             model,
             cfg,
             data,
             params,
             grads: vec![0.0; n],
-            scratch,
+            // Allocated by the first fused step with L > 1; a data-parallel
+            // run keeps its own per-logical-rank arenas and never needs it.
+            scratch: Vec::new(),
             opt,
             step,
             skipped,
@@ -243,6 +240,7 @@ impl<M: TrainModel> Trainer<M> {
             return Ok(loss);
         }
         let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.resize(acc.len(), 0.0);
         for micro in 1..l as u64 {
             match self.micro_gradient(micro, &mut scratch) {
                 Ok(li) => loss += li,
@@ -317,55 +315,21 @@ impl<M: TrainModel> Trainer<M> {
     /// Loss and accuracy on `batches` held-out batches of `rows` rows each
     /// (`Domain::Eval`, independent of training samples and of the step).
     pub fn evaluate(&mut self, batches: usize, rows: usize) -> Result<EvalReport> {
-        let vocab = self.cfg.model.vocab_size;
-        let mut acc = Accuracy::default();
-        let mut nll = 0.0f64;
-        for index in 0..batches as u64 {
-            let batch = self.data.eval_batch(self.cfg.seed, index, rows);
-            let logits = self.model.logits(&self.params, &batch)?;
-            acc = acc.merge(accuracy(&logits, &batch, vocab)?);
-            for (pos, &t) in batch.targets.iter().enumerate() {
-                if t == IGNORE {
-                    continue;
-                }
-                let row = &logits[pos * vocab..(pos + 1) * vocab];
-                let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-                let lse = max
-                    + row
-                        .iter()
-                        .map(|&z| (z as f64 - max).exp())
-                        .sum::<f64>()
-                        .ln();
-                nll += lse - row[t as usize] as f64;
-            }
-        }
-        let loss = if acc.total == 0 {
-            0.0
-        } else {
-            nll / acc.total as f64
-        };
-        Ok(EvalReport {
-            loss,
-            accuracy: acc,
-            chance: self.cfg.task.chance_accuracy(),
+        let (model, params) = (&mut self.model, &self.params);
+        evaluate_with(&self.data, &self.cfg, batches, rows, |batch| {
+            model.logits(params, batch)
         })
     }
 
     /// The checkpoint state of the current step.
     pub fn run_state(&self) -> RunState {
-        RunState {
-            format_version: checkpoint::FORMAT_VERSION,
-            step: self.step,
-            optimizer_updates: self.opt.adamw().updates(),
-            skipped_steps: self.skipped,
-            data_position: DataPosition {
-                next_step: self.step,
-                micro_batches_per_step: self.cfg.logical_world,
-                rows_per_micro_batch: self.cfg.batch,
-            },
-            weights_digest: self.weights_digest(),
-            run: self.cfg.clone(),
-        }
+        run_state(
+            &self.cfg,
+            self.step,
+            self.opt.adamw().updates(),
+            self.skipped,
+            self.weights_digest(),
+        )
     }
 
     /// Save a checkpoint of the current step under `run_dir` (atomically;
@@ -381,4 +345,75 @@ impl<M: TrainModel> Trainer<M> {
         };
         checkpoint::save(run_dir, &ck, keep)
     }
+}
+
+/// The checkpoint state of `cfg` after `step` steps, `optimizer_updates`
+/// AdamW updates and `skipped` skipped steps, for weights with hex SHA-256
+/// `weights_digest` (any backend's: the CPU trainer's, or a device model's
+/// after downloading its arena).
+pub fn run_state(
+    cfg: &RunConfig,
+    step: u64,
+    optimizer_updates: u64,
+    skipped: u64,
+    weights_digest: String,
+) -> RunState {
+    RunState {
+        format_version: checkpoint::FORMAT_VERSION,
+        step,
+        optimizer_updates,
+        skipped_steps: skipped,
+        data_position: DataPosition {
+            next_step: step,
+            micro_batches_per_step: cfg.logical_world,
+            rows_per_micro_batch: cfg.batch,
+        },
+        weights_digest,
+        run: cfg.clone(),
+    }
+}
+
+/// Loss and accuracy on `batches` held-out batches of `rows` rows each
+/// (`Domain::Eval`: independent of training samples and of the step), with
+/// the logits from `logits` (`[batch, seq_len, vocab]` on the host). The
+/// loss is the mean cross-entropy over scored positions, in f64.
+pub fn evaluate_with(
+    data: &Dataset,
+    cfg: &RunConfig,
+    batches: usize,
+    rows: usize,
+    mut logits: impl FnMut(&Batch) -> Result<Vec<f32>>,
+) -> Result<EvalReport> {
+    let vocab = cfg.model.vocab_size;
+    let mut acc = Accuracy::default();
+    let mut nll = 0.0f64;
+    for index in 0..batches as u64 {
+        let batch = data.eval_batch(cfg.seed, index, rows);
+        let logits = logits(&batch)?;
+        acc = acc.merge(accuracy(&logits, &batch, vocab)?);
+        for (pos, &t) in batch.targets.iter().enumerate() {
+            if t == IGNORE {
+                continue;
+            }
+            let row = &logits[pos * vocab..(pos + 1) * vocab];
+            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&z| (z as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            nll += lse - row[t as usize] as f64;
+        }
+    }
+    let loss = if acc.total == 0 {
+        0.0
+    } else {
+        nll / acc.total as f64
+    };
+    Ok(EvalReport {
+        loss,
+        accuracy: acc,
+        chance: cfg.task.chance_accuracy(),
+    })
 }

@@ -1,0 +1,235 @@
+//! [`DataParallel`]: one rank's training loop over a backend and a reducer.
+
+use mamba_reduce::{mean_factor, Reducer, RunIdentity};
+
+use super::backend::DpBackend;
+use super::hooks::TestHooks;
+use super::reduce_err;
+use super::replica::{self, ReplicaState};
+use crate::error::{Result, TrainError};
+use crate::train::StepStats;
+
+/// Settings of a [`DataParallel`] loop besides the run itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DpOptions {
+    /// Run the replica check after every N-th step (0: only when
+    /// [`DataParallel::replica_check`] is called, e.g. before checkpoints
+    /// and at the end).
+    pub replica_check_every: u64,
+    /// Fault-injection hooks (tests only).
+    pub hooks: TestHooks,
+    /// A fingerprint of everything outside the [`RunConfig`] that decides
+    /// *when* a rank makes a collective call (checkpoint period, replica
+    /// check period, stop step): it joins the agreement check, so ranks
+    /// started with different schedules fail at once instead of pairing
+    /// unrelated collectives.
+    ///
+    /// [`RunConfig`]: crate::train::RunConfig
+    pub schedule_fingerprint: u64,
+}
+
+/// One rank of a data-parallel world: a model replica ([`DpBackend`]) and
+/// the world's [`Reducer`].
+///
+/// A step (every call is collective: all ranks make the same calls in the
+/// same order):
+/// 1. this rank computes the loss and gradient of each of its logical
+///    micro-batches `rank*L/P .. (rank+1)*L/P`, each into its own arena;
+/// 2. [`Reducer::any`]: did any rank see a non-finite loss or gradient?
+/// 3. [`Reducer::all_reduce_host_logical`] of the `L` micro losses: the
+///    logged loss, `sum * fl(1/L)`, identical on every rank and for every P;
+/// 4. unless some rank was non-finite, [`Reducer::reduce_mean`] of the
+///    local arenas: the mean over all `L`, folded in ascending logical
+///    order (under the fixed-order contract);
+/// 5. the backend clips and steps (or skips, on every rank alike);
+/// 6. every `replica_check_every` steps, the replica check.
+///
+/// Invariant: after every step every rank holds the same weights, moments
+/// and step; the replica check verifies it and fails every rank with
+/// [`mamba_comm::CommError::ReplicaDivergence`] when it does not hold.
+///
+/// Memory: the `L/P` local gradient arenas (in the backend's memory), plus
+/// what the reducer keeps.
+pub struct DataParallel<B: DpBackend, R: Reducer<Buffer = B::Buffer>> {
+    backend: B,
+    reducer: R,
+    locals: Vec<B::Buffer>,
+    opts: DpOptions,
+    checked_at: Option<u64>,
+    replica_checks: u64,
+}
+
+impl<B: DpBackend, R: Reducer<Buffer = B::Buffer>> DataParallel<B, R> {
+    /// Join the world: the agreement check (arena length, contract, logical
+    /// world, and a fingerprint of the run and schedule, on every rank),
+    /// then the first replica check (every rank starts from the same
+    /// weights and step, e.g. the same checkpoint). Collective.
+    pub fn new(backend: B, reducer: R, opts: DpOptions) -> Result<Self> {
+        let mut dp = DataParallel {
+            backend,
+            reducer,
+            locals: Vec::new(),
+            opts,
+            checked_at: None,
+            replica_checks: 0,
+        };
+        let run = dp.backend.run_config();
+        let fingerprint = RunIdentity::fingerprint_of(
+            format!(
+                "{:016x}/{:016x}",
+                run.fingerprint(),
+                opts.schedule_fingerprint
+            )
+            .as_bytes(),
+        );
+        let id = RunIdentity::new(
+            dp.backend.arena_len(),
+            run.contract,
+            run.logical_world,
+            fingerprint,
+        );
+        // A reducer built for another contract or L is reported by the
+        // check on every rank (as this rank's local problem).
+        dp.reducer.check_agreement(&id).map_err(reduce_err)?;
+        let blocks = dp.blocks();
+        for _ in 0..blocks {
+            let arena = dp.backend.alloc_arena()?;
+            dp.locals.push(arena);
+        }
+        let step = dp.backend.step();
+        dp.replica_check(&format!("at the start (step {step})"))?;
+        Ok(dp)
+    }
+
+    /// Logical ranks (micro-batches) this rank computes per step: `L / P`.
+    pub fn blocks(&self) -> usize {
+        self.reducer.logical_world() / self.reducer.world().max(1)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.reducer.rank()
+    }
+
+    /// `P`.
+    pub fn world(&self) -> usize {
+        self.reducer.world()
+    }
+
+    /// `L`.
+    pub fn logical_world(&self) -> usize {
+        self.reducer.logical_world()
+    }
+
+    /// The model replica.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The model replica, mutable (rank 0 saves and evaluates through it).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Replica checks run so far (the start's included).
+    pub fn replica_checks(&self) -> u64 {
+        self.replica_checks
+    }
+
+    /// True once the schedule's steps are done.
+    pub fn finished(&self) -> bool {
+        self.backend.step() >= self.backend.run_config().schedule.total_steps
+    }
+
+    /// The backend and the reducer back.
+    pub fn into_parts(self) -> (B, R) {
+        (self.backend, self.reducer)
+    }
+
+    /// One data-parallel step (see the type's docs). Collective.
+    pub fn step(&mut self) -> Result<StepStats> {
+        let hooks = self.opts.hooks;
+        if let Some(d) = hooks.step_delay {
+            std::thread::sleep(d);
+        }
+        let rank = self.rank();
+        let logical = self.logical_world();
+        let first = rank * self.blocks();
+        let number = self.backend.step() + 1;
+        let mut losses = Vec::with_capacity(self.locals.len());
+        let mut finite = true;
+        for (j, arena) in self.locals.iter_mut().enumerate() {
+            let loss = self.backend.micro_gradient((first + j) as u64, arena)?;
+            if j == 0 && hooks.inject_nan.is_some_and(|h| h.fires(rank, number)) {
+                self.backend.poison_gradient(arena)?;
+            }
+            finite &= loss.is_finite() && self.backend.all_finite(arena)?;
+            losses.push([loss]);
+        }
+        let skip = self.reducer.any(!finite).map_err(reduce_err)?;
+        let rows: Vec<&[f32]> = losses.iter().map(|l| &l[..]).collect();
+        let sum = self
+            .reducer
+            .all_reduce_host_logical(&rows)
+            .map_err(reduce_err)?;
+        let total = sum.first().copied().ok_or_else(|| {
+            TrainError::Config("the loss all-reduce returned no value".to_string())
+        })?;
+        // As the fold: no scale for one addend, else sum * fl(1/L).
+        let loss = if logical > 1 {
+            total * mean_factor(logical)
+        } else {
+            total
+        };
+        if !skip {
+            self.reducer
+                .reduce_mean(&mut self.locals)
+                .map_err(reduce_err)?;
+        }
+        let Some(mean) = self.locals.first() else {
+            return Err(TrainError::Config(
+                "a data-parallel rank holds no gradient arena (L / P = 0)".to_string(),
+            ));
+        };
+        let mut stats = self.backend.apply(mean, loss, !skip)?;
+        if skip {
+            // Nothing was reduced: no rank has the world's gradient norm.
+            stats.grad_norm = f64::NAN;
+        }
+        if hooks.perturb_weights.is_some_and(|h| h.fires(rank, number)) {
+            self.backend.perturb_weights()?;
+        }
+        let every = self.opts.replica_check_every;
+        if every > 0 && stats.step % every == 0 {
+            self.replica_check(&format!("after step {}", stats.step))?;
+        }
+        Ok(stats)
+    }
+
+    /// Compare every rank's weights digest and step through the reducer's
+    /// host all-gather; `when` names the point in the run for the error.
+    /// Skipped (returning this rank's state) when the current step was
+    /// already checked. Collective.
+    pub fn replica_check(&mut self, when: &str) -> Result<ReplicaState> {
+        let mine = ReplicaState {
+            step: self.backend.step(),
+            digest: self.backend.weights_digest()?,
+        };
+        if self.checked_at == Some(mine.step) {
+            return Ok(mine);
+        }
+        let values = replica::encode(&mine)?;
+        let all = self.reducer.all_gather_host(&values).map_err(reduce_err)?;
+        let agreed = replica::verdict(&all, self.world(), when)?;
+        self.checked_at = Some(mine.step);
+        self.replica_checks += 1;
+        Ok(agreed)
+    }
+
+    /// Return once every rank got here (e.g. so that rank 0 prints its
+    /// summary after the others printed theirs). Collective.
+    pub fn barrier(&mut self) -> Result<()> {
+        self.reducer.any(false).map_err(reduce_err)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,128 @@
+//! Fault-injection hooks for tests, read from the environment.
+//!
+//! They exist so the world's fault handling can be tested with real
+//! processes; they are not for training. Each is off unless its variable is
+//! set, and a malformed value is an error (a typo must not silently test
+//! nothing).
+//!
+//! | variable | value | effect |
+//! |---|---|---|
+//! | `MAMBA_TEST_INJECT_NAN` | `RANK:STEP` | during step `STEP` (1-based, as in the metrics), rank `RANK` makes element 0 of its first local gradient a NaN |
+//! | `MAMBA_TEST_PERTURB_WEIGHTS` | `RANK:STEP` | after step `STEP`, rank `RANK` adds 1 to weight 0 (its replica then differs) |
+//! | `MAMBA_TEST_STEP_DELAY_MS` | `MS` | every rank sleeps `MS` milliseconds per step (so a test can kill a rank mid-run) |
+
+use std::time::Duration;
+
+use mamba_comm::bootstrap::EnvSource;
+
+use crate::error::{Result, TrainError};
+
+/// Poison one gradient: `RANK:STEP`.
+pub const INJECT_NAN: &str = "MAMBA_TEST_INJECT_NAN";
+/// Corrupt one replica: `RANK:STEP`.
+pub const PERTURB_WEIGHTS: &str = "MAMBA_TEST_PERTURB_WEIGHTS";
+/// Slow every step down: `MS`.
+pub const STEP_DELAY_MS: &str = "MAMBA_TEST_STEP_DELAY_MS";
+
+/// `RANK:STEP`: one rank at one (1-based) step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankStep {
+    /// The rank the hook fires on.
+    pub rank: usize,
+    /// The step (1-based: the step number the metrics log).
+    pub step: u64,
+}
+
+impl RankStep {
+    /// Whether the hook fires on `rank` at (1-based) `step`.
+    pub fn fires(self, rank: usize, step: u64) -> bool {
+        self.rank == rank && self.step == step
+    }
+}
+
+/// The test hooks in force (all off by default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TestHooks {
+    /// [`INJECT_NAN`].
+    pub inject_nan: Option<RankStep>,
+    /// [`PERTURB_WEIGHTS`].
+    pub perturb_weights: Option<RankStep>,
+    /// [`STEP_DELAY_MS`].
+    pub step_delay: Option<Duration>,
+}
+
+impl TestHooks {
+    /// Read the hooks from `env`; a malformed value names the variable and
+    /// the expected form.
+    pub fn from_env<E: EnvSource + ?Sized>(env: &E) -> Result<TestHooks> {
+        let rank_step = |var: &str| -> Result<Option<RankStep>> {
+            let Some(v) = env.var(var) else {
+                return Ok(None);
+            };
+            let parsed = v.split_once(':').and_then(|(r, s)| {
+                Some(RankStep {
+                    rank: r.trim().parse().ok()?,
+                    step: s.trim().parse().ok()?,
+                })
+            });
+            match parsed {
+                Some(rs) if rs.step >= 1 => Ok(Some(rs)),
+                _ => Err(TrainError::Config(format!(
+                    "test hook {var}={v:?}: expected RANK:STEP with a rank and a 1-based step, e.g. 1:3"
+                ))),
+            }
+        };
+        let step_delay = match env.var(STEP_DELAY_MS) {
+            None => None,
+            Some(v) => Some(Duration::from_millis(v.trim().parse().map_err(|_| {
+                TrainError::Config(format!(
+                    "test hook {STEP_DELAY_MS}={v:?}: expected a whole number of milliseconds"
+                ))
+            })?)),
+        };
+        Ok(TestHooks {
+            inject_nan: rank_step(INJECT_NAN)?,
+            perturb_weights: rank_step(PERTURB_WEIGHTS)?,
+            step_delay,
+        })
+    }
+
+    /// True when any hook is set (the CLI says so on stderr).
+    pub fn any(&self) -> bool {
+        *self != TestHooks::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hooks_parse_and_typos_are_errors() {
+        let none: [(&str, &str); 0] = [];
+        assert_eq!(TestHooks::from_env(&none).unwrap(), TestHooks::default());
+        assert!(!TestHooks::default().any());
+        let h = TestHooks::from_env(&[
+            (INJECT_NAN, "1:3"),
+            (PERTURB_WEIGHTS, " 2 : 5"),
+            (STEP_DELAY_MS, "40"),
+        ])
+        .unwrap();
+        assert!(h.any());
+        assert!(h.inject_nan.unwrap().fires(1, 3));
+        assert!(!h.inject_nan.unwrap().fires(0, 3));
+        assert!(!h.inject_nan.unwrap().fires(1, 4));
+        assert_eq!(h.perturb_weights, Some(RankStep { rank: 2, step: 5 }));
+        assert_eq!(h.step_delay, Some(Duration::from_millis(40)));
+        for bad in ["1", "a:3", "1:0", "1:-2", ":"] {
+            let e = TestHooks::from_env(&[(INJECT_NAN, bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(INJECT_NAN) && e.contains("RANK:STEP"), "{e}");
+        }
+        let e = TestHooks::from_env(&[(STEP_DELAY_MS, "soon")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(STEP_DELAY_MS), "{e}");
+    }
+}

@@ -1,0 +1,133 @@
+//! Data-parallel training: one model replica per process, one gradient
+//! reduction per step, the same bits for every number of processes.
+//!
+//! # Step semantics
+//!
+//! A step's global batch is `L` logical micro-batches (the logical world),
+//! drawn by the rank-free seed law: micro-batch `j` of step `s` is a pure
+//! function of `(seed, s, j)`. Process `p` of `P` (P divides L) computes
+//! micro-batches `p*L/P .. (p+1)*L/P`, each gradient in its own arena; the
+//! [`Reducer`](mamba_reduce::Reducer) folds all `L` in ascending logical
+//! order (`((g0 + g1) + g2) + ...`, then times `fl(1/L)`); every rank then
+//! clips and steps AdamW on the same mean, so every rank holds the same
+//! weights after every step. The logged loss is the same fold of the `L`
+//! micro losses. Under the fixed-order contract all of this is the
+//! single-process [`Trainer`](crate::train::Trainer)'s step with
+//! `logical_world = L`, bit for bit, for every `P`.
+//!
+//! # What the trainer guarantees
+//!
+//! | change between two runs | `fixed-order` | `nccl-sum` |
+//! |---|---|---|
+//! | re-run, same machine and build | same bits | same bits |
+//! | CPU thread count (`--threads`) | same bits | same bits |
+//! | physical world `P` at a fixed `L` (1, 2, 4, ... processes) | same bits | may differ (P < L: block sums are added by the library) |
+//! | launcher (self-spawn, torchrun, srun, mpirun) | same bits | same bits at the same P |
+//! | stop and resume, also at another `P` | same bits | same bits at the same P, on a frozen machine |
+//! | logical world `L` | differs (part of the run's identity) | differs |
+//! | device (CPU vs CUDA) | differs (different kernels) | differs |
+//!
+//! Host-transport specifics (measured by the tests, not promised): under
+//! `nccl-sum` the host transport sums in ascending rank order, so with
+//! `P = L` or `P = 1` it equals `fixed-order`; with `1 < P < L` it differs.
+//!
+//! # Faults
+//!
+//! - A non-finite loss or gradient on any rank skips the step on every rank
+//!   (agreed through [`Reducer::any`](mamba_reduce::Reducer::any)); the
+//!   step still advances and is counted (`skipped`, `skipped_steps` in the
+//!   metrics).
+//! - A rank that dies: the host transport fails every peer at its next wait
+//!   with [`CommError::PeerFailed`]
+//!   naming it; the supervisor (or launcher) ends the world. Checkpoints are
+//!   written atomically by rank 0, so the last one is intact and resumable.
+//! - The replica check ([`DataParallel::replica_check`]) compares every
+//!   rank's weights digest and step: at the start, every
+//!   `--replica-check-every` steps, before every checkpoint and at the end;
+//!   a difference is
+//!   [`CommError::ReplicaDivergence`]
+//!   on every rank.
+//!
+//! Test hooks that inject these faults are in [`hooks`].
+//!
+//! # Running
+//!
+//! ```text
+//! mamba-train train                                  # one process, CPU, L = 1
+//! mamba-train train --logical-world 4                # one process, L = 4 (same bits as --world 4)
+//! mamba-train train --world 4                        # 4 CPU processes (self-spawned), L = 4
+//! mamba-train train --world 2 --resume runs/latest   # continue that run on 2 processes, same bits
+//! mamba-train train --world 2 --logical-world 8 --contract nccl-sum
+//!
+//! # under a launcher the launcher's world is used (--world, if given, must match):
+//! torchrun --standalone --nproc-per-node 2 --no-python mamba-train train --device cuda
+//! srun --ntasks-per-node 2 --gpus-per-node 2 mamba-train train --device cuda
+//! mpirun -np 2 -x NCCL_NVLS_ENABLE mamba-train train --device cuda
+//! ```
+//!
+//! Rank 0 alone writes the run directory, the progress and stdout (whose
+//! last line is `weights-digest: <hex>`); every other rank prints
+//! `[rank R of P] weights-digest: <hex>` on stderr, the same digest
+//! (checked). Under a launcher on several nodes, `--resume` must name a
+//! directory every rank can read, and the ranks meet through
+//! `MASTER_ADDR`/`MASTER_PORT` (or a shared `MAMBA_RENDEZVOUS_DIR`). CPU
+//! worlds use loopback sockets: one machine.
+//!
+//! # Backends
+//!
+//! [`DataParallel`] is generic over a [`DpBackend`] (weights, gradients,
+//! optimizer) and a reducer whose buffers are the backend's arenas. The
+//! CPU backend is the [`Trainer`](crate::train::Trainer) over host arenas
+//! with [`mamba_reduce::HostReducer`] ([`host`]).
+//!
+//! The CUDA backend is not wired yet (`--device cuda` is refused with a
+//! clear error). It is a `DpBackend` with `Buffer = CudaSlice<f32>`: the
+//! model from `CudaModel::with_stream(cfg, comm.stream().clone())` (so the
+//! reduction is ordered after the backward pass on one stream), a device
+//! parameter arena and `CudaOptimizer`; `micro_gradient` is the model's
+//! `forward_backward` on `Dataset::train_batch(seed, step, micro)`, `apply`
+//! is `CudaOptimizer::step`, `weights_digest` and `save_checkpoint`
+//! download the arena (with [`crate::train::run_state`]), `evaluate` is
+//! [`crate::train::evaluate_with`] over the model's logits, and
+//! `all_finite` may answer `true` (a non-finite addend makes the mean
+//! non-finite on every rank, and the optimizer's norm check then skips the
+//! step everywhere). It pairs with `NcclReducer::new(NcclComm::init(rank,
+//! world, place.device(), &*rendezvous, NcclOptions::default())?,
+//! ReducerOptions::new(run.contract, run.logical_world))`; in `cli::run`,
+//! the `Device::Cuda` refusal becomes a `run_cuda_rank` beside
+//! `run_cpu_rank`, which hands both to the same `cli::drive::drive`.
+
+pub mod backend;
+pub mod engine;
+pub mod hooks;
+pub mod host;
+pub mod replica;
+
+pub use backend::DpBackend;
+pub use engine::{DataParallel, DpOptions};
+pub use hooks::TestHooks;
+pub use replica::ReplicaState;
+
+use mamba_comm::CommError;
+use mamba_reduce::ReduceError;
+
+use crate::error::TrainError;
+
+/// A reducer error as the trainer's: transport failures (a dead peer,
+/// a deadline) keep their [`CommError`]; ranks that disagree on the run
+/// are configuration errors.
+pub fn reduce_err(e: ReduceError) -> TrainError {
+    match e {
+        ReduceError::Comm(c) => TrainError::Comm(c),
+        ReduceError::Kernel(k) => TrainError::Kernel(k),
+        ReduceError::Device { op, detail } => TrainError::Cuda { what: op, detail },
+        ReduceError::Config(s) => TrainError::Config(format!("gradient reduction: {s}")),
+        ReduceError::Disagreement { detail } => {
+            TrainError::Config(format!("the ranks disagree on the run: {detail}"))
+        }
+        ReduceError::Invariant(s) => TrainError::Comm(CommError::transport(
+            "gradient reduction",
+            format!("internal error in mamba-reduce (please report): {s}"),
+        )),
+    }
+}
