@@ -73,7 +73,10 @@ pub enum CommError {
 impl CommError {
     /// Shorthand for [`CommError::Transport`].
     pub fn transport(op: impl Into<String>, detail: impl Into<String>) -> Self {
-        CommError::Transport { op: op.into(), detail: detail.into() }
+        CommError::Transport {
+            op: op.into(),
+            detail: detail.into(),
+        }
     }
 
     /// Shorthand for [`CommError::Config`].
@@ -83,6 +86,9 @@ impl CommError {
 
     /// Shorthand for [`CommError::EnvContract`].
     pub fn env(var: impl Into<String>, detail: impl Into<String>) -> Self {
-        CommError::EnvContract { var: var.into(), detail: detail.into() }
+        CommError::EnvContract {
+            var: var.into(),
+            detail: detail.into(),
+        }
     }
 }

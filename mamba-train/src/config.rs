@@ -60,7 +60,9 @@ impl ModelConfig {
         ];
         for (name, v) in positive {
             if v == 0 {
-                return Err(TrainError::Config(format!("{name} must be at least 1, got 0")));
+                return Err(TrainError::Config(format!(
+                    "{name} must be at least 1, got 0"
+                )));
             }
         }
         Ok(())

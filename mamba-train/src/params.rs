@@ -85,24 +85,46 @@ impl ParamLayout {
         let mut entries = Vec::new();
         let mut total = 0usize;
         let mut push = |name: String, shape: Vec<usize>, kind: ParamKind| -> Range<usize> {
-            let e = ParamEntry { name, shape, offset: total, kind };
+            let e = ParamEntry {
+                name,
+                shape,
+                offset: total,
+                kind,
+            };
             let r = e.range();
             total += e.len();
             entries.push(e);
             r
         };
-        let (d, di, n, r, k) = (cfg.d_model, cfg.d_inner(), cfg.d_state, cfg.dt_rank, cfg.d_conv);
-        let embedding =
-            push("backbone.embeddings.weight".into(), vec![cfg.vocab_size, d], ParamKind::Matrix);
+        let (d, di, n, r, k) = (
+            cfg.d_model,
+            cfg.d_inner(),
+            cfg.d_state,
+            cfg.dt_rank,
+            cfg.d_conv,
+        );
+        let embedding = push(
+            "backbone.embeddings.weight".into(),
+            vec![cfg.vocab_size, d],
+            ParamKind::Matrix,
+        );
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
             let p = |s: &str| format!("backbone.layers.{i}.{s}");
             layers.push(LayerOffsets {
                 norm: push(p("norm.weight"), vec![d], ParamKind::NoDecay),
-                in_proj: push(p("mixer.in_proj.weight"), vec![2 * di, d], ParamKind::Matrix),
+                in_proj: push(
+                    p("mixer.in_proj.weight"),
+                    vec![2 * di, d],
+                    ParamKind::Matrix,
+                ),
                 conv_w: push(p("mixer.conv1d.weight"), vec![di, 1, k], ParamKind::Matrix),
                 conv_b: push(p("mixer.conv1d.bias"), vec![di], ParamKind::NoDecay),
-                x_proj: push(p("mixer.x_proj.weight"), vec![r + 2 * n, di], ParamKind::Matrix),
+                x_proj: push(
+                    p("mixer.x_proj.weight"),
+                    vec![r + 2 * n, di],
+                    ParamKind::Matrix,
+                ),
                 dt_proj_w: push(p("mixer.dt_proj.weight"), vec![di, r], ParamKind::Matrix),
                 dt_proj_b: push(p("mixer.dt_proj.bias"), vec![di], ParamKind::NoDecay),
                 a_log: push(p("mixer.A_log"), vec![di, n], ParamKind::NoDecay),
@@ -111,7 +133,13 @@ impl ParamLayout {
             });
         }
         let norm_f = push("backbone.norm_f.weight".into(), vec![d], ParamKind::NoDecay);
-        ParamLayout { entries, total, embedding, layers, norm_f }
+        ParamLayout {
+            entries,
+            total,
+            embedding,
+            layers,
+            norm_f,
+        }
     }
 
     /// Total number of f32 elements in the arena.
@@ -148,8 +176,14 @@ mod tests {
         assert_eq!(next, l.len());
         let x = l.get("backbone.layers.1.mixer.x_proj.weight").unwrap();
         assert_eq!(x.shape, vec![cfg.dt_rank + 2 * cfg.d_state, cfg.d_inner()]);
-        assert_eq!(l.get("backbone.layers.0.mixer.A_log").unwrap().kind, ParamKind::NoDecay);
+        assert_eq!(
+            l.get("backbone.layers.0.mixer.A_log").unwrap().kind,
+            ParamKind::NoDecay
+        );
         assert_eq!(l.layers[1].x_proj, x.range());
-        assert!(l.get("lm_head.weight").is_none(), "the LM head is tied to the embedding");
+        assert!(
+            l.get("lm_head.weight").is_none(),
+            "the LM head is tied to the embedding"
+        );
     }
 }
