@@ -1,8 +1,10 @@
 //! Gradients of the CPU model: f64 analytic gradients against central finite
 //! differences for every parameter tensor, and f32 against f64.
 
+mod cuda_common;
+
+use cuda_common::batch;
 use mamba_train::model::cpu::CpuModel;
-use mamba_train::model::{Batch, IGNORE};
 use mamba_train::seed::Rng;
 use mamba_train::ModelConfig;
 
@@ -18,27 +20,6 @@ fn small() -> ModelConfig {
         d_conv: 3,
         expand: 2,
         dt_rank: 2,
-    }
-}
-
-fn batch(cfg: &ModelConfig, nseq: usize, l: usize, seed: u64) -> Batch {
-    let mut r = Rng::new(seed);
-    let v = cfg.vocab_size as u64;
-    let tokens: Vec<u32> = (0..nseq * l).map(|_| r.below(v) as u32).collect();
-    let targets: Vec<i32> = (0..nseq * l)
-        .map(|i| {
-            if i % 4 == 1 {
-                IGNORE
-            } else {
-                r.below(v) as i32
-            }
-        })
-        .collect();
-    Batch {
-        tokens,
-        targets,
-        batch: nseq,
-        seq_len: l,
     }
 }
 

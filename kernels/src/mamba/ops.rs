@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, PushKernelArg};
 
 use super::check::{self, grid};
 use super::{launched, MambaKernels, COL_SLAB};
@@ -323,37 +323,21 @@ impl MambaKernels {
         d_inner: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        const K: &str = "mamba_conv_fwd";
-        self.check_stream(K, stream)?;
-        conv_checks(K, rows, seq_len, k)?;
-        check::matrix(K, "x", x.len(), rows, d_inner, ldx)?;
-        check::len(K, "w", w.len(), check::mul(K, "w", d_inner, k)?)?;
-        check::len(K, "bias", bias.len(), d_inner)?;
-        check::len(K, "u", u.len(), check::mul(K, "u", rows, d_inner)?)?;
-        if rows == 0 || d_inner == 0 {
-            return Ok(());
-        }
-        let cfg = grid(K, (rows, d_inner.div_ceil(THREADS as usize), 1), THREADS)?;
-        let (ld, t, dd, kk) = (
-            check::long(K, "ldx", ldx)?,
-            check::int(K, "seq_len", seq_len)?,
-            check::int(K, "d_inner", d_inner)?,
-            check::int(K, "k", k)?,
-        );
-        let mut b = stream.launch_builder(&self.f.conv_fwd);
-        b.arg(x)
-            .arg(&ld)
-            .arg(w)
-            .arg(bias)
-            .arg(u)
-            .arg(&t)
-            .arg(&dd)
-            .arg(&kk);
-        // SAFETY: matches mamba_conv_fwd(const float* x, long long ldx, const
-        // float* w, const float* bias, float* u, int T, int D, int K); rows
-        // are a whole number of sequences, reads stay inside the sequence,
-        // extents checked above.
-        launched(K, unsafe { b.launch(cfg) })
+        self.conv_pointwise(
+            "mamba_conv_fwd",
+            &self.f.conv_fwd,
+            "u",
+            stream,
+            x,
+            ldx,
+            w,
+            bias,
+            u,
+            rows,
+            seq_len,
+            d_inner,
+            k,
+        )
     }
 
     /// In place, `g <- g * SiLU'(pre)`: turns the gradient of the conv's
@@ -373,36 +357,85 @@ impl MambaKernels {
         d_inner: usize,
         k: usize,
     ) -> Result<(), KernelError> {
-        const K: &str = "mamba_conv_bwd_pre";
-        self.check_stream(K, stream)?;
-        conv_checks(K, rows, seq_len, k)?;
-        check::matrix(K, "x", x.len(), rows, d_inner, ldx)?;
-        check::len(K, "w", w.len(), check::mul(K, "w", d_inner, k)?)?;
-        check::len(K, "bias", bias.len(), d_inner)?;
-        check::len(K, "g", g.len(), check::mul(K, "g", rows, d_inner)?)?;
+        self.conv_pointwise(
+            "mamba_conv_bwd_pre",
+            &self.f.conv_bwd_pre,
+            "g",
+            stream,
+            x,
+            ldx,
+            w,
+            bias,
+            g,
+            rows,
+            seq_len,
+            d_inner,
+            k,
+        )
+    }
+
+    /// The shared launcher of [`Self::conv_fwd`] and [`Self::conv_bwd_pre`]:
+    /// both kernels recompute the conv's pre-activation from `x`, `w` and
+    /// `bias` at each element of `[rows, d_inner]` and write one value of
+    /// `out` there, so they take the same arguments, checks and grid.
+    /// `out_name` names `out` in errors.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_pointwise(
+        &self,
+        kernel: &'static str,
+        func: &CudaFunction,
+        out_name: &str,
+        stream: &CudaStream,
+        x: &CudaView<f32>,
+        ldx: usize,
+        w: &CudaView<f32>,
+        bias: &CudaView<f32>,
+        out: &mut CudaViewMut<f32>,
+        rows: usize,
+        seq_len: usize,
+        d_inner: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.check_stream(kernel, stream)?;
+        conv_checks(kernel, rows, seq_len, k)?;
+        check::matrix(kernel, "x", x.len(), rows, d_inner, ldx)?;
+        check::len(kernel, "w", w.len(), check::mul(kernel, "w", d_inner, k)?)?;
+        check::len(kernel, "bias", bias.len(), d_inner)?;
+        check::len(
+            kernel,
+            out_name,
+            out.len(),
+            check::mul(kernel, out_name, rows, d_inner)?,
+        )?;
         if rows == 0 || d_inner == 0 {
             return Ok(());
         }
-        let cfg = grid(K, (rows, d_inner.div_ceil(THREADS as usize), 1), THREADS)?;
+        let cfg = grid(
+            kernel,
+            (rows, d_inner.div_ceil(THREADS as usize), 1),
+            THREADS,
+        )?;
         let (ld, t, dd, kk) = (
-            check::long(K, "ldx", ldx)?,
-            check::int(K, "seq_len", seq_len)?,
-            check::int(K, "d_inner", d_inner)?,
-            check::int(K, "k", k)?,
+            check::long(kernel, "ldx", ldx)?,
+            check::int(kernel, "seq_len", seq_len)?,
+            check::int(kernel, "d_inner", d_inner)?,
+            check::int(kernel, "k", k)?,
         );
-        let mut b = stream.launch_builder(&self.f.conv_bwd_pre);
+        let mut b = stream.launch_builder(func);
         b.arg(x)
             .arg(&ld)
             .arg(w)
             .arg(bias)
-            .arg(g)
+            .arg(out)
             .arg(&t)
             .arg(&dd)
             .arg(&kk);
-        // SAFETY: matches mamba_conv_bwd_pre(const float* x, long long ldx,
-        // const float* w, const float* bias, float* g, int T, int D, int K);
-        // extents checked above.
-        launched(K, unsafe { b.launch(cfg) })
+        // SAFETY: `func` is mamba_conv_fwd or mamba_conv_bwd_pre (the callers
+        // pass the one `kernel` names); both are (const float* x, long long
+        // ldx, const float* w, const float* bias, float* out, int T, int D,
+        // int K); rows are a whole number of sequences, reads stay inside
+        // the sequence, extents checked above.
+        launched(kernel, unsafe { b.launch(cfg) })
     }
 
     /// `dx[b, t, c] = sum_k w[c, k] dpre[b, t + k_max - k, c]` (inside the

@@ -9,7 +9,7 @@
 //! to produce `y` and the gated `out`. The backward pass chains the adjoint
 //! the same way in reverse and recomputes each chunk's states in registers.
 
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 use super::check::{self, grid};
 use super::{launched, MambaKernels};
@@ -105,9 +105,59 @@ impl ScanShape {
         Ok(())
     }
 
+    /// The grids and kernel integers both scan directions launch with.
+    /// Call only after [`Self::validate`] (which bounds `seq_len`, `d_inner`
+    /// and the state count, so the casts below cannot truncate) and on a
+    /// non-empty shape (else a grid extent is 0 and this refuses).
+    fn launch(&self, kernel: &'static str) -> Result<ScanLaunch, KernelError> {
+        let (d, n) = (self.d_inner, self.d_state);
+        let chunk_grid = grid(
+            kernel,
+            (
+                d.div_ceil(self.channels_per_block()),
+                self.chunks(),
+                self.batch,
+            ),
+            BLOCK as u32,
+        )?;
+        let flat_grid = grid(
+            kernel,
+            ((self.batch * d * n).div_ceil(FLAT as usize), 1, 1),
+            FLAT,
+        )?;
+        Ok(ScanLaunch {
+            chunk_grid,
+            flat_grid,
+            t: self.seq_len as i32,
+            di: d as i32,
+            ni: n as i32,
+            np: self.lanes() as i32,
+            bi: self.batch as i32,
+            nch: self.chunks() as i32,
+            dn: (d * n) as i64,
+        })
+    }
+
     fn is_empty(&self) -> bool {
         self.batch == 0 || self.seq_len == 0 || self.d_inner == 0
     }
+}
+
+/// What [`ScanShape::launch`] computes for both scan directions.
+struct ScanLaunch {
+    /// One block per (channel set, chunk, sequence): the per-chunk kernels.
+    chunk_grid: LaunchConfig,
+    /// One thread per `(sequence, channel, state)`: the serial combines.
+    flat_grid: LaunchConfig,
+    /// `seq_len`, `d_inner`, `d_state` and lanes per channel (`T, D, N, np`).
+    t: i32,
+    di: i32,
+    ni: i32,
+    np: i32,
+    /// `batch`, chunks per sequence and `d_inner * d_state` (`B, nch, DN`).
+    bi: i32,
+    nch: i32,
+    dn: i64,
 }
 
 /// Inputs the forward and backward scans share.
@@ -174,6 +224,23 @@ pub struct ScanBackward<'a, 'b> {
 }
 
 impl MambaKernels {
+    /// The checks both scan directions start with: the stream's context,
+    /// the shape, and the inputs they share. Returns the activation length
+    /// `rows * d_inner` and the chunk-state length ([`ScanShape::state_len`]).
+    fn scan_checks(
+        &self,
+        kernel: &'static str,
+        stream: &CudaStream,
+        shape: &ScanShape,
+        inp: &ScanInputs<'_>,
+    ) -> Result<(usize, usize), KernelError> {
+        self.check_stream(kernel, stream)?;
+        shape.validate(kernel)?;
+        check_inputs(kernel, shape, inp)?;
+        let rd = check::mul(kernel, "activations", shape.rows(), shape.d_inner)?;
+        Ok((rd, shape.state_len()))
+    }
+
     /// The forward selective scan (three launches; see the module docs).
     pub fn scan_forward(
         &self,
@@ -183,12 +250,8 @@ impl MambaKernels {
         buf: ScanForward<'_, '_>,
     ) -> Result<(), KernelError> {
         const K: &str = "mamba_scan_forward";
-        self.check_stream(K, stream)?;
-        shape.validate(K)?;
-        check_inputs(K, &shape, &inp)?;
-        let (rows, d, n) = (shape.rows(), shape.d_inner, shape.d_state);
-        let rd = check::mul(K, "activations", rows, d)?;
-        let sl = shape.state_len();
+        let (rd, sl) = self.scan_checks(K, stream, &shape, &inp)?;
+        let (rows, d) = (shape.rows(), shape.d_inner);
         check::matrix(K, "z", buf.z.len(), rows, d, buf.ldz)?;
         check::len(K, "scratch_s", buf.scratch_s.len(), sl)?;
         check::len(K, "scratch_p", buf.scratch_p.len(), sl)?;
@@ -198,31 +261,11 @@ impl MambaKernels {
         if shape.is_empty() {
             return Ok(());
         }
-        let chunk_grid = grid(
-            K,
-            (
-                d.div_ceil(shape.channels_per_block()),
-                shape.chunks(),
-                shape.batch,
-            ),
-            BLOCK as u32,
-        )?;
-        let flat_grid = grid(
-            K,
-            ((shape.batch * d * n).div_ceil(FLAT as usize), 1, 1),
-            FLAT,
-        )?;
-        let (t, di, ni, np) = (
-            shape.seq_len as i32,
-            d as i32,
-            n as i32,
-            shape.lanes() as i32,
-        );
+        let lp = shape.launch(K)?;
         let (ldbc, ldz) = (
             check::long(K, "ldbc", inp.ldbc)?,
             check::long(K, "ldz", buf.ldz)?,
         );
-        let (bi, nch, dn) = (shape.batch as i32, shape.chunks() as i32, (d * n) as i64);
 
         let mut l = stream.launch_builder(&self.f.scan_fwd_local);
         l.arg(inp.u)
@@ -232,29 +275,29 @@ impl MambaKernels {
             .arg(inp.a_log);
         l.arg(&mut *buf.scratch_s)
             .arg(&mut *buf.scratch_p)
-            .arg(&t)
-            .arg(&di)
-            .arg(&ni)
-            .arg(&np);
+            .arg(&lp.t)
+            .arg(&lp.di)
+            .arg(&lp.ni)
+            .arg(&lp.np);
         // SAFETY: matches mamba_scan_fwd_local(const float* u, const float*
         // dt, const float* bc, long long ldbc, const float* a_log, float* S,
         // float* P, int T, int D, int N, int np); check_inputs and the
         // checks above bound every index (rows < batch*seq_len, states <
         // state_len).
-        launched("mamba_scan_fwd_local", unsafe { l.launch(chunk_grid) })?;
+        launched("mamba_scan_fwd_local", unsafe { l.launch(lp.chunk_grid) })?;
 
         let mut l = stream.launch_builder(&self.f.scan_fwd_combine);
         let (s, p) = (buf.scratch_s.as_view(), buf.scratch_p.as_view());
         l.arg(&s)
             .arg(&p)
             .arg(&mut *buf.hin)
-            .arg(&bi)
-            .arg(&nch)
-            .arg(&dn);
+            .arg(&lp.bi)
+            .arg(&lp.nch)
+            .arg(&lp.dn);
         // SAFETY: matches mamba_scan_fwd_combine(const float* S, const float*
         // P, float* Hin, int B, int nch, long long DN); indices below
         // state_len.
-        launched("mamba_scan_fwd_combine", unsafe { l.launch(flat_grid) })?;
+        launched("mamba_scan_fwd_combine", unsafe { l.launch(lp.flat_grid) })?;
 
         let hin = buf.hin.as_view();
         let mut l = stream.launch_builder(&self.f.scan_fwd_out);
@@ -269,11 +312,11 @@ impl MambaKernels {
             .arg(&hin)
             .arg(&mut *buf.y)
             .arg(&mut *buf.out);
-        l.arg(&t).arg(&di).arg(&ni).arg(&np);
+        l.arg(&lp.t).arg(&lp.di).arg(&lp.ni).arg(&lp.np);
         // SAFETY: matches mamba_scan_fwd_out(u, dt, bc, long long ldbc,
         // a_log, dpar, z, long long ldz, Hin, float* y, float* out, int T,
         // int D, int N, int np); extents checked above.
-        launched("mamba_scan_fwd_out", unsafe { l.launch(chunk_grid) })
+        launched("mamba_scan_fwd_out", unsafe { l.launch(lp.chunk_grid) })
     }
 
     /// The backward selective scan (four launches plus the d A_log
@@ -286,12 +329,8 @@ impl MambaKernels {
         buf: ScanBackward<'_, '_>,
     ) -> Result<(), KernelError> {
         const K: &str = "mamba_scan_backward";
-        self.check_stream(K, stream)?;
-        shape.validate(K)?;
-        check_inputs(K, &shape, &inp)?;
+        let (rd, sl) = self.scan_checks(K, stream, &shape, &inp)?;
         let (rows, d, n) = (shape.rows(), shape.d_inner, shape.d_state);
-        let rd = check::mul(K, "activations", rows, d)?;
-        let sl = shape.state_len();
         check::len(K, "dy", buf.dy.len(), rd)?;
         check::len(K, "hin", buf.hin.len(), sl)?;
         check::len(K, "scratch_g", buf.scratch_g.len(), sl)?;
@@ -310,33 +349,13 @@ impl MambaKernels {
         if shape.is_empty() {
             return Ok(());
         }
-        let chunk_grid = grid(
-            K,
-            (
-                d.div_ceil(shape.channels_per_block()),
-                shape.chunks(),
-                shape.batch,
-            ),
-            BLOCK as u32,
-        )?;
-        let flat_grid = grid(
-            K,
-            ((shape.batch * d * n).div_ceil(FLAT as usize), 1, 1),
-            FLAT,
-        )?;
+        let lp = shape.launch(K)?;
         let bwd_grid = grid(
             K,
             (shape.groups(), shape.chunks(), shape.batch),
             BLOCK as u32,
         )?;
-        let (t, di, ni, np) = (
-            shape.seq_len as i32,
-            d as i32,
-            n as i32,
-            shape.lanes() as i32,
-        );
         let ldbc = check::long(K, "ldbc", inp.ldbc)?;
-        let (bi, nch, dn) = (shape.batch as i32, shape.chunks() as i32, (d * n) as i64);
         let (rounds, groups) = (shape.rounds() as i32, shape.groups() as i32);
         let rows_l = check::long(K, "rows", rows)?;
 
@@ -348,26 +367,26 @@ impl MambaKernels {
             .arg(buf.dy);
         l.arg(&mut *buf.scratch_g)
             .arg(&mut *buf.scratch_p)
-            .arg(&t)
-            .arg(&di)
-            .arg(&ni)
-            .arg(&np);
+            .arg(&lp.t)
+            .arg(&lp.di)
+            .arg(&lp.ni)
+            .arg(&lp.np);
         // SAFETY: matches mamba_scan_bwd_local(const float* dt, const float*
         // bc, long long ldbc, const float* a_log, const float* dy, float* G,
         // float* P, int T, int D, int N, int np); extents checked above.
-        launched("mamba_scan_bwd_local", unsafe { l.launch(chunk_grid) })?;
+        launched("mamba_scan_bwd_local", unsafe { l.launch(lp.chunk_grid) })?;
 
         let p = buf.scratch_p.as_view();
         let mut l = stream.launch_builder(&self.f.scan_bwd_combine);
         l.arg(&mut *buf.scratch_g)
             .arg(&p)
-            .arg(&bi)
-            .arg(&nch)
-            .arg(&dn);
+            .arg(&lp.bi)
+            .arg(&lp.nch)
+            .arg(&lp.dn);
         // SAFETY: matches mamba_scan_bwd_combine(float* G, const float* P,
         // int B, int nch, long long DN); in place on G, indices below
         // state_len.
-        launched("mamba_scan_bwd_combine", unsafe { l.launch(flat_grid) })?;
+        launched("mamba_scan_bwd_combine", unsafe { l.launch(lp.flat_grid) })?;
 
         let g = buf.scratch_g.as_view();
         let mut l = stream.launch_builder(&self.f.scan_bwd);
@@ -383,7 +402,11 @@ impl MambaKernels {
             .arg(&mut *buf.ddt_raw)
             .arg(&mut *buf.du);
         l.arg(&mut *buf.scratch_dbc).arg(&mut *buf.scratch_da);
-        l.arg(&t).arg(&di).arg(&ni).arg(&np).arg(&rounds);
+        l.arg(&lp.t)
+            .arg(&lp.di)
+            .arg(&lp.ni)
+            .arg(&lp.np)
+            .arg(&rounds);
         // SAFETY: matches mamba_scan_bwd(u, dt, bc, long long ldbc, a_log,
         // dpar, dy, Hin, Gin, float* ddtr, float* du, float* part, float*
         // dA_part, int T, int D, int N, int np, int rounds); the grid's x
@@ -398,7 +421,7 @@ impl MambaKernels {
         l.arg(&part)
             .arg(&groups)
             .arg(&rows_l)
-            .arg(&ni)
+            .arg(&lp.ni)
             .arg(&mut *buf.dbc)
             .arg(&ldbc);
         // SAFETY: matches mamba_scan_dbc_reduce(const float* part, int

@@ -440,34 +440,67 @@ impl HostTransport {
         }
     }
 
-    fn take_f32(
+    /// The next `code` message from `peer`, which must carry exactly `len`
+    /// values of `T`.
+    fn take_values<T: Wire>(
         &mut self,
         peer: usize,
         op: &str,
         code: OpCode,
         len: usize,
         deadline: Instant,
-    ) -> Result<Vec<f32>, Fault> {
+    ) -> Result<Vec<T>, Fault> {
         let msg = self.take(peer, op, code, deadline)?;
-        match msg.payload {
-            Payload::F32(v) if v.len() == len => Ok(v),
-            other => Err(self.size_mismatch(peer, op, "f32", len, &other)),
+        match T::values(msg.payload) {
+            Ok(v) if v.len() == len => Ok(v),
+            Ok(v) => Err(self.size_mismatch(peer, op, T::KIND, len, &T::payload(v))),
+            Err(other) => Err(self.size_mismatch(peer, op, T::KIND, len, &other)),
         }
     }
 
-    fn take_i32(
+    /// The star all-reduce of both reductions (for a world of two or more):
+    /// every follower sends its `values` to rank 0 as `gather`; rank 0
+    /// folds them into its own with `combine`, in ascending rank order, and
+    /// sends the result to every follower as `result`, so all ranks end
+    /// with the same values. Rank 0 waits for the gathers until
+    /// [`Self::deadline`], followers for the result until the later
+    /// [`Self::follower_deadline`], both counted from `start`.
+    fn star_all_reduce<T: Wire>(
         &mut self,
-        peer: usize,
         op: &str,
-        code: OpCode,
-        len: usize,
-        deadline: Instant,
-    ) -> Result<Vec<i32>, Fault> {
-        let msg = self.take(peer, op, code, deadline)?;
-        match msg.payload {
-            Payload::I32(v) if v.len() == len => Ok(v),
-            other => Err(self.size_mismatch(peer, op, "i32", len, &other)),
+        start: Instant,
+        values: &mut [T],
+        (gather, result): (OpCode, OpCode),
+        combine: impl Fn(&mut T, T),
+    ) -> Result<(), Fault> {
+        if self.rank == 0 {
+            let mut acc = values.to_vec();
+            let deadline = self.deadline(start);
+            for p in 1..self.world {
+                let v = self.take_values::<T>(p, op, gather, acc.len(), deadline)?;
+                for (a, x) in acc.iter_mut().zip(v) {
+                    combine(a, x);
+                }
+            }
+            for p in 1..self.world {
+                let msg = Msg {
+                    op: result,
+                    payload: T::payload(acc.clone()),
+                };
+                self.post(p, op, msg)?;
+            }
+            values.copy_from_slice(&acc);
+        } else {
+            let msg = Msg {
+                op: gather,
+                payload: T::payload(values.to_vec()),
+            };
+            self.post(0, op, msg)?;
+            let deadline = self.follower_deadline(start);
+            let v = self.take_values::<T>(0, op, result, values.len(), deadline)?;
+            values.copy_from_slice(&v);
         }
+        Ok(())
     }
 
     fn size_mismatch(&self, peer: usize, op: &str, kind: &str, len: usize, got: &Payload) -> Fault {
@@ -551,6 +584,51 @@ impl HostTransport {
     }
 }
 
+/// The end of `count` values copied at `offset` into or out of a buffer of
+/// `buf_len` elements, or a config error naming the copy (`what`) when they
+/// do not fit.
+fn copy_end(what: &str, offset: usize, count: usize, buf_len: usize) -> Result<usize> {
+    offset
+        .checked_add(count)
+        .filter(|&e| e <= buf_len)
+        .ok_or_else(|| {
+            CommError::config(format!(
+                "{what} of {count} values at offset {offset} does not fit a buffer of {buf_len} \
+                 elements"
+            ))
+        })
+}
+
+/// An element type the host transport carries: how a vector of it travels
+/// in a [`Payload`], and its name in size-mismatch errors.
+trait Wire: Copy {
+    const KIND: &'static str;
+    fn payload(v: Vec<Self>) -> Payload;
+    /// The values of `p` if it carries this type, else `p` back.
+    fn values(p: Payload) -> std::result::Result<Vec<Self>, Payload>;
+}
+
+/// `impl Wire` for an element type carried by the `Payload` variant named.
+macro_rules! wire {
+    ($t:ty, $variant:ident) => {
+        impl Wire for $t {
+            const KIND: &'static str = stringify!($t);
+            fn payload(v: Vec<$t>) -> Payload {
+                Payload::$variant(v)
+            }
+            fn values(p: Payload) -> std::result::Result<Vec<$t>, Payload> {
+                match p {
+                    Payload::$variant(v) => Ok(v),
+                    other => Err(other),
+                }
+            }
+        }
+    };
+}
+
+wire!(f32, F32);
+wire!(i32, I32);
+
 impl Drop for HostTransport {
     fn drop(&mut self) {
         // Errors cannot be reported from Drop; `shutdown` reports them.
@@ -578,31 +656,13 @@ impl Transport for HostTransport {
     }
 
     fn upload(&mut self, src: &[f32], dst: &mut Vec<f32>, offset: usize) -> Result<()> {
-        let end = offset
-            .checked_add(src.len())
-            .filter(|&e| e <= dst.len())
-            .ok_or_else(|| {
-                CommError::config(format!(
-                    "upload of {} values at offset {offset} does not fit a buffer of {} elements",
-                    src.len(),
-                    dst.len()
-                ))
-            })?;
+        let end = copy_end("upload", offset, src.len(), dst.len())?;
         dst[offset..end].copy_from_slice(src);
         Ok(())
     }
 
     fn download(&mut self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
-        let end = offset
-            .checked_add(dst.len())
-            .filter(|&e| e <= src.len())
-            .ok_or_else(|| {
-                CommError::config(format!(
-                    "download of {} values at offset {offset} does not fit a buffer of {} elements",
-                    dst.len(),
-                    src.len()
-                ))
-            })?;
+        let end = copy_end("download", offset, dst.len(), src.len())?;
         dst.copy_from_slice(&src[offset..end]);
         Ok(())
     }
@@ -631,7 +691,7 @@ impl Transport for HostTransport {
             t.check_peer(peer, "recv from")?;
             t.check_range("recv", &range, buf.len())?;
             let deadline = t.deadline(Instant::now());
-            let v = t.take_f32(peer, "recv", OpCode::P2p, range.len(), deadline)?;
+            let v = t.take_values::<f32>(peer, "recv", OpCode::P2p, range.len(), deadline)?;
             buf[range].copy_from_slice(&v);
             Ok(())
         })
@@ -657,7 +717,13 @@ impl Transport for HostTransport {
                 }
             } else {
                 let deadline = t.deadline(Instant::now());
-                let v = t.take_f32(root, "broadcast", OpCode::Broadcast, range.len(), deadline)?;
+                let v = t.take_values::<f32>(
+                    root,
+                    "broadcast",
+                    OpCode::Broadcast,
+                    range.len(),
+                    deadline,
+                )?;
                 buf[range].copy_from_slice(&v);
             }
             Ok(())
@@ -674,34 +740,13 @@ impl Transport for HostTransport {
             if t.world == 1 {
                 return Ok(());
             }
-            if t.rank == 0 {
-                let mut acc = buf[range.clone()].to_vec();
-                let deadline = t.deadline(start);
-                for p in 1..t.world {
-                    let v = t.take_f32(p, OP, OpCode::SumGather, acc.len(), deadline)?;
-                    for (a, x) in acc.iter_mut().zip(v) {
-                        *a += x;
-                    }
-                }
-                for p in 1..t.world {
-                    let msg = Msg {
-                        op: OpCode::SumResult,
-                        payload: Payload::F32(acc.clone()),
-                    };
-                    t.post(p, OP, msg)?;
-                }
-                buf[range].copy_from_slice(&acc);
-            } else {
-                let msg = Msg {
-                    op: OpCode::SumGather,
-                    payload: Payload::F32(buf[range.clone()].to_vec()),
-                };
-                t.post(0, OP, msg)?;
-                let deadline = t.follower_deadline(start);
-                let v = t.take_f32(0, OP, OpCode::SumResult, range.len(), deadline)?;
-                buf[range].copy_from_slice(&v);
-            }
-            Ok(())
+            t.star_all_reduce(
+                OP,
+                start,
+                &mut buf[range],
+                (OpCode::SumGather, OpCode::SumResult),
+                |a, x| *a += x,
+            )
         })
     }
 
@@ -712,34 +757,13 @@ impl Transport for HostTransport {
             if t.world == 1 {
                 return Ok(());
             }
-            if t.rank == 0 {
-                let mut acc = values.to_vec();
-                let deadline = t.deadline(start);
-                for p in 1..t.world {
-                    let v = t.take_i32(p, OP, OpCode::MaxGather, acc.len(), deadline)?;
-                    for (a, x) in acc.iter_mut().zip(v) {
-                        *a = (*a).max(x);
-                    }
-                }
-                for p in 1..t.world {
-                    let msg = Msg {
-                        op: OpCode::MaxResult,
-                        payload: Payload::I32(acc.clone()),
-                    };
-                    t.post(p, OP, msg)?;
-                }
-                values.copy_from_slice(&acc);
-            } else {
-                let msg = Msg {
-                    op: OpCode::MaxGather,
-                    payload: Payload::I32(values.to_vec()),
-                };
-                t.post(0, OP, msg)?;
-                let deadline = t.follower_deadline(start);
-                let v = t.take_i32(0, OP, OpCode::MaxResult, values.len(), deadline)?;
-                values.copy_from_slice(&v);
-            }
-            Ok(())
+            t.star_all_reduce(
+                OP,
+                start,
+                values,
+                (OpCode::MaxGather, OpCode::MaxResult),
+                |a, x| *a = (*a).max(x),
+            )
         })
     }
 

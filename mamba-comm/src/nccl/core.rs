@@ -508,44 +508,36 @@ impl CommCore {
                 )
             }));
         }
-        match body {
-            Err(e) if g.ops > 0 => Err(self.fail(
-                "group",
-                format!(
-                    "the group body failed after enqueuing {} operation(s), which peers would wait \
-                     for: {e}",
-                    g.ops
-                ),
-            )),
-            Err(e) => {
-                if rc == ncclResult_t::ncclInProgress {
-                    self.wait_ready(
-                        "group",
-                        g.deadline,
-                        self.collective_timeout,
-                        STILL_ENQUEUING,
-                    )?;
-                }
-                Err(e)
-            }
-            Ok(v) => {
-                if rc == ncclResult_t::ncclInProgress {
-                    self.wait_ready(
-                        "group",
-                        g.deadline,
-                        self.collective_timeout,
-                        STILL_ENQUEUING,
-                    )?;
-                }
-                if g.ops > 0 {
-                    match self.window.as_mut() {
-                        Some(w) => w.pending += g.ops,
-                        None => self.wait_complete("group", completion, g.deadline)?,
-                    }
-                }
-                Ok(v)
+        if g.ops > 0 {
+            if let Err(e) = &body {
+                return Err(self.fail(
+                    "group",
+                    format!(
+                        "the group body failed after enqueuing {} operation(s), which peers \
+                         would wait for: {e}",
+                        g.ops
+                    ),
+                ));
             }
         }
+        // A non-blocking group end may still be enqueuing: wait for it
+        // whether the body succeeded or failed before enqueuing anything.
+        if rc == ncclResult_t::ncclInProgress {
+            self.wait_ready(
+                "group",
+                g.deadline,
+                self.collective_timeout,
+                STILL_ENQUEUING,
+            )?;
+        }
+        let v = body?;
+        if g.ops > 0 {
+            match self.window.as_mut() {
+                Some(w) => w.pending += g.ops,
+                None => self.wait_complete("group", completion, g.deadline)?,
+            }
+        }
+        Ok(v)
     }
 
     /// Open a window: until [`CommCore::window_finish`], closing a group

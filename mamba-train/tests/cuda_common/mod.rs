@@ -1,6 +1,7 @@
 //! Shared helpers of the CUDA tests (`tests/cuda_*.rs`): GPU detection that
 //! skips with a printed reason (or fails under `MAMBA_REQUIRE_GPU=1`),
-//! random configs and batches, and error measures.
+//! random configs and batches, and error measures. `model_gradcheck.rs`
+//! (CPU only) uses its [`batch`] too.
 #![allow(dead_code)] // each test crate uses a different part
 
 use mamba_train::model::cuda::CudaModel;

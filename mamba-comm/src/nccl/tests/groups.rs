@@ -114,13 +114,7 @@ fn a_failure_inside_a_group_defers_the_abort_until_the_group_is_closed() {
         .position(|c| matches!(c, Call::Abort { .. }))
         .expect("abort");
     assert!(end < abort, "{log:?}");
-    assert_eq!(
-        log[abort],
-        Call::Abort {
-            comm: me,
-            flag_was_set: Some(true)
-        }
-    );
+    assert_eq!(log[abort], flagged_abort(me));
     assert_eq!(
         fake.count(|c| matches!(c, Call::Send { .. })),
         1,

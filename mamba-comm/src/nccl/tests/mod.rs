@@ -149,6 +149,34 @@ fn aborts(fake: &FakeNccl) -> Vec<Call> {
         .collect()
 }
 
+/// The one abort a timed-out or failed communicator must see: of `comm`,
+/// made with the abort flag already set (so other threads stop first).
+fn flagged_abort(comm: usize) -> Call {
+    Call::Abort {
+        comm,
+        flag_was_set: Some(true),
+    }
+}
+
+/// Rank 1 and rank 0 of a fresh world of two, in that order: a `let`
+/// binding them drops rank 0 before rank 1, as popping them did.
+fn rank1_and_rank0(
+    fake: &Arc<FakeNccl>,
+    collective_timeout: Duration,
+) -> ((CommCore, FakeStream), (CommCore, FakeStream)) {
+    let mut ranks = world(fake, 2, collective_timeout);
+    let rank1 = ranks.pop().expect("rank 1");
+    let rank0 = ranks.pop().expect("rank 0");
+    (rank1, rank0)
+}
+
+/// A call started at `start` and cut off by the [`SHORT`] deadline took
+/// the deadline, and not much more.
+fn assert_took_the_deadline(start: Instant) {
+    let took = start.elapsed();
+    assert!(took >= SHORT && took < SHORT + SLACK, "took {took:?}");
+}
+
 fn no_violations(fake: &FakeNccl) {
     let v = fake.violations();
     assert!(v.is_empty(), "the fake saw misuse: {v:?}");

@@ -30,16 +30,13 @@ fn matched_collectives_complete_on_every_rank() {
 #[test]
 fn a_withheld_half_times_out_aborts_once_and_fails_later_calls() {
     let fake = FakeNccl::new(Script::default());
-    let mut ranks = world(&fake, 2, SHORT);
-    let (peer, _peer_stream) = ranks.pop().expect("rank 1");
-    let (mut core, stream) = ranks.pop().expect("rank 0");
+    let ((peer, _peer_stream), (mut core, stream)) = rank1_and_rank0(&fake, SHORT);
     let me = handle_id(&core);
 
     // Rank 1 withholds its half: rank 0's window can never complete.
     let start = Instant::now();
     let err = all_reduce(&mut core, &stream).unwrap_err();
-    let took = start.elapsed();
-    assert!(took >= SHORT && took < SHORT + SLACK, "took {took:?}");
+    assert_took_the_deadline(start);
     let text = err.to_string();
     assert!(matches!(err, CommError::Transport { .. }));
     assert!(text.contains("did not complete within"), "{text}");
@@ -47,13 +44,7 @@ fn a_withheld_half_times_out_aborts_once_and_fails_later_calls() {
     assert!(core.is_aborted());
 
     // The flag was already set when NCCL's abort ran.
-    assert_eq!(
-        aborts(&fake),
-        vec![Call::Abort {
-            comm: me,
-            flag_was_set: Some(true)
-        }]
-    );
+    assert_eq!(aborts(&fake), vec![flagged_abort(me)]);
 
     // A later call fails at once, without touching NCCL.
     let before = fake.log().len();
@@ -89,13 +80,7 @@ fn an_async_error_in_a_window_aborts_and_names_the_error() {
         "{text}"
     );
     assert!(text.contains("aborted"), "{text}");
-    assert_eq!(
-        aborts(&fake),
-        vec![Call::Abort {
-            comm: me,
-            flag_was_set: Some(true)
-        }]
-    );
+    assert_eq!(aborts(&fake), vec![flagged_abort(me)]);
     drop(core);
     assert_eq!(aborts(&fake).len(), 1, "Drop must not abort again");
     no_violations(&fake);
@@ -121,8 +106,7 @@ fn a_hang_while_enqueuing_is_covered_by_the_window_deadline() {
     let (mut core, stream, _) = solo(&fake, SHORT);
     let start = Instant::now();
     let text = all_reduce(&mut core, &stream).unwrap_err().to_string();
-    let took = start.elapsed();
-    assert!(took >= SHORT && took < SHORT + SLACK, "took {took:?}");
+    assert_took_the_deadline(start);
     assert!(
         text.contains("still enqueuing") && text.contains("aborted"),
         "{text}"
@@ -139,13 +123,7 @@ fn a_stream_that_never_finishes_times_out() {
     let text = all_reduce(&mut core, &stream).unwrap_err().to_string();
     assert!(start.elapsed() < SHORT + SLACK);
     assert!(text.contains("did not complete within"), "{text}");
-    assert_eq!(
-        aborts(&fake),
-        vec![Call::Abort {
-            comm: me,
-            flag_was_set: Some(true)
-        }]
-    );
+    assert_eq!(aborts(&fake), vec![flagged_abort(me)]);
     no_violations(&fake);
 }
 

@@ -103,9 +103,7 @@ fn a_window_queues_its_groups_and_waits_once_at_the_end() {
 #[test]
 fn a_window_whose_peer_never_takes_part_times_out_from_its_start_and_aborts() {
     let fake = FakeNccl::new(Script::default());
-    let mut ranks = world(&fake, 2, SHORT);
-    let (peer, _peer_stream) = ranks.pop().expect("rank 1");
-    let (mut core, stream) = ranks.pop().expect("rank 0");
+    let ((peer, _peer_stream), (mut core, stream)) = rank1_and_rank0(&fake, SHORT);
     let me = handle_id(&core);
     let start = Instant::now();
     let err = window(&mut core, &stream, |c| {
@@ -117,18 +115,11 @@ fn a_window_whose_peer_never_takes_part_times_out_from_its_start_and_aborts() {
         Ok(())
     })
     .unwrap_err();
-    let took = start.elapsed();
-    assert!(took >= SHORT && took < SHORT + SLACK, "took {took:?}");
+    assert_took_the_deadline(start);
     let text = err.to_string();
     assert!(text.contains("window did not complete within"), "{text}");
     assert!(text.contains("aborted"), "{text}");
-    assert_eq!(
-        aborts(&fake),
-        vec![Call::Abort {
-            comm: me,
-            flag_was_set: Some(true)
-        }]
-    );
+    assert_eq!(aborts(&fake), vec![flagged_abort(me)]);
     drop(core);
     drop(peer);
     no_violations(&fake);
@@ -137,9 +128,7 @@ fn a_window_whose_peer_never_takes_part_times_out_from_its_start_and_aborts() {
 #[test]
 fn a_body_failing_after_enqueuing_aborts_after_the_group_closed() {
     let fake = FakeNccl::new(Script::default());
-    let mut ranks = world(&fake, 2, LONG);
-    let (_peer, _) = ranks.pop().expect("rank 1");
-    let (mut core, stream) = ranks.pop().expect("rank 0");
+    let ((_peer, _), (mut core, stream)) = rank1_and_rank0(&fake, LONG);
     let me = handle_id(&core);
     let err = window(&mut core, &stream, |c| {
         exchange(c, &stream, 1)?;

@@ -189,30 +189,9 @@ impl CudaModel {
         let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
         forward::forward(e, cfg, lay, params, ws)?;
-        let rows = ws.batch * ws.seq_len;
-        e.kernels.cross_entropy(
-            &e.stream,
-            &mut ws.logits.as_view_mut(),
-            &ws.targets.as_view(),
-            &mut ws.row_loss.as_view_mut(),
-            counted,
-            rows,
-            cfg.vocab_size,
-            true,
-        )?;
-        e.kernels.loss_mean(
-            &e.stream,
-            &ws.row_loss.as_view(),
-            rows,
-            counted,
-            &mut ws.loss.as_view_mut(),
-        )?;
+        enqueue_loss(e, cfg, ws, counted, true)?;
         backward::backward(e, cfg, lay, params, ws, &csr, grads)?;
-        let loss = e
-            .stream
-            .clone_dtoh(&ws.loss)
-            .map_err(|err| cuda("reading the loss", err))?;
-        Ok(loss[0])
+        read_loss(e, ws)
     }
 
     /// Mean loss only (0 with no counted target). Synchronizes the stream.
@@ -225,29 +204,8 @@ impl CudaModel {
         let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
         forward::forward(e, cfg, lay, params, ws)?;
-        let rows = ws.batch * ws.seq_len;
-        e.kernels.cross_entropy(
-            &e.stream,
-            &mut ws.logits.as_view_mut(),
-            &ws.targets.as_view(),
-            &mut ws.row_loss.as_view_mut(),
-            counted,
-            rows,
-            cfg.vocab_size,
-            false,
-        )?;
-        e.kernels.loss_mean(
-            &e.stream,
-            &ws.row_loss.as_view(),
-            rows,
-            counted,
-            &mut ws.loss.as_view_mut(),
-        )?;
-        let loss = e
-            .stream
-            .clone_dtoh(&ws.loss)
-            .map_err(|err| cuda("reading the loss", err))?;
-        Ok(loss[0])
+        enqueue_loss(e, cfg, ws, counted, false)?;
+        read_loss(e, ws)
     }
 
     /// Logits `[batch, seq_len, vocab]`, row-major, on the host.
@@ -375,6 +333,49 @@ fn prepare<'w>(
     s.memcpy_htod(&batch.targets, &mut ws.targets)
         .map_err(|err| cuda("uploading the targets", err))?;
     Ok(ws)
+}
+
+/// Enqueue the batch's mean loss into `ws.loss`: the per-row cross-entropy
+/// of `ws.logits` against `ws.targets`, then their fixed-order mean over the
+/// `counted` targets. With `write_grad` the logits are overwritten in place
+/// by their gradient `(softmax - onehot) / counted` (the backward pass's
+/// input); without it they are left as the forward pass wrote them.
+fn enqueue_loss(
+    e: &Engine,
+    cfg: &ModelConfig,
+    ws: &mut Workspace,
+    counted: usize,
+    write_grad: bool,
+) -> Result<()> {
+    let rows = ws.batch * ws.seq_len;
+    e.kernels.cross_entropy(
+        &e.stream,
+        &mut ws.logits.as_view_mut(),
+        &ws.targets.as_view(),
+        &mut ws.row_loss.as_view_mut(),
+        counted,
+        rows,
+        cfg.vocab_size,
+        write_grad,
+    )?;
+    e.kernels.loss_mean(
+        &e.stream,
+        &ws.row_loss.as_view(),
+        rows,
+        counted,
+        &mut ws.loss.as_view_mut(),
+    )?;
+    Ok(())
+}
+
+/// Copy `ws.loss` to the host; synchronizes the stream, so every pass
+/// enqueued before it has finished.
+fn read_loss(e: &Engine, ws: &Workspace) -> Result<f32> {
+    let loss = e
+        .stream
+        .clone_dtoh(&ws.loss)
+        .map_err(|err| cuda("reading the loss", err))?;
+    Ok(loss[0])
 }
 
 fn cuda(what: &str, detail: impl std::fmt::Display) -> TrainError {
