@@ -197,6 +197,52 @@ __device__ __forceinline__ float4 chain4_at(const Addends& a, unsigned n, size_t
     return SCALE ? mul4(acc, factor) : acc;
 }
 
+// Short chains (n <= kPairMax addends, the two-process reducer's case):
+// each thread takes two float4 groups per iteration, v and v + step, and
+// issues the loads of both before any addition or store, so a small grid
+// (the reducer's fold that runs beside NCCL's kernels on a fraction of the
+// SMs) still keeps enough loads in flight to stream at a high fraction of
+// HBM bandwidth. Per element the chain is exactly chain4_at's: the first
+// addend, then + a1, + a2, ... in order, then the optional scale. Both
+// groups belong to this thread only, so reading an addend that is dst before
+// writing it stays race-free.
+constexpr unsigned kPairMax = 4;
+
+template <bool SCALE>
+__device__ __forceinline__ void chain4_pairs(float4* dst4, const Addends& a, unsigned n,
+                                             size_t n_vec, size_t step, float factor) {
+    size_t v = global_thread();
+    for (; v + step < n_vec; v += 2 * step) {
+        float4 r0[kPairMax];
+        float4 r1[kPairMax];
+#pragma unroll
+        for (unsigned k = 0; k < kPairMax; ++k) {
+            if (k < n) {
+                const float4* p = reinterpret_cast<const float4*>(a.p[k]);
+                r0[k] = p[v];
+                r1[k] = p[v + step];
+            }
+        }
+        float4 acc0 = r0[0];
+        float4 acc1 = r1[0];
+#pragma unroll
+        for (unsigned k = 1; k < kPairMax; ++k) {
+            if (k < n) {
+                acc0 = add4(acc0, r0[k]);
+                acc1 = add4(acc1, r1[k]);
+            }
+        }
+        if (SCALE) {
+            acc0 = mul4(acc0, factor);
+            acc1 = mul4(acc1, factor);
+        }
+        dst4[v] = acc0;
+        dst4[v + step] = acc1;
+    }
+    // At most one group left for this thread (v < n_vec <= v + step).
+    if (v < n_vec) dst4[v] = chain4_at<SCALE>(a, n, v, factor);
+}
+
 template <bool SCALE>
 __device__ __forceinline__ void chain_list(float* dst, const Addends& a, unsigned n, size_t len,
                                            float factor) {
@@ -207,8 +253,12 @@ __device__ __forceinline__ void chain_list(float* dst, const Addends& a, unsigne
     if (vec) {
         const size_t n_vec = len / 4;
         float4* dst4 = reinterpret_cast<float4*>(dst);
-        for (size_t v = global_thread(); v < n_vec; v += step)
-            dst4[v] = chain4_at<SCALE>(a, n, v, factor);
+        if (n <= kPairMax) {
+            chain4_pairs<SCALE>(dst4, a, n, n_vec, step, factor);
+        } else {
+            for (size_t v = global_thread(); v < n_vec; v += step)
+                dst4[v] = chain4_at<SCALE>(a, n, v, factor);
+        }
         done = n_vec * 4;
     }
     for (size_t i = done + global_thread(); i < len; i += step)
@@ -219,9 +269,12 @@ __device__ __forceinline__ void chain_list(float* dst, const Addends& a, unsigne
 
 // dst[0..len) = ((a0 + a1) + ...) + a{n-1} over 1 <= n <= 32 addends, times
 // factor when scale != 0. Any addend may equal dst (the same base pointer).
-extern "C" __global__ void det_chain_f32(float* dst, Addends addends, unsigned n,
-                                         unsigned long long len, float factor,
-                                         unsigned scale) {
+// __launch_bounds__(1024): every block size up to CUDA's limit launches (the
+// reducer runs it as one 1024-thread block per SM on part of the GPU while
+// NCCL's kernels use the rest); it caps registers at 64 per thread.
+extern "C" __global__ void __launch_bounds__(1024)
+    det_chain_f32(float* dst, Addends addends, unsigned n, unsigned long long len, float factor,
+                  unsigned scale) {
     if (scale != 0u) {
         chain_list<true>(dst, addends, n, len, factor);
     } else {

@@ -52,6 +52,8 @@ pub struct FoldKernel {
     chain: CudaFunction,
     scale: CudaFunction,
     shape: LaunchShape,
+    /// Multiprocessors of the device (for shapes that take a share of them).
+    sms: u32,
 }
 
 impl FoldKernel {
@@ -84,8 +86,8 @@ impl FoldKernel {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(|e| KernelError::driver("querying the multiprocessor count", e))?;
-        let shape =
-            LaunchShape::for_device(THREADS, u32::try_from(sms).unwrap_or(1), BLOCKS_PER_SM)?;
+        let sms = u32::try_from(sms).unwrap_or(1).max(1);
+        let shape = LaunchShape::for_device(THREADS, sms, BLOCKS_PER_SM)?;
         Ok(FoldKernel {
             ctx: ctx.clone(),
             module,
@@ -94,12 +96,16 @@ impl FoldKernel {
             chain,
             scale,
             shape,
+            sms,
         })
     }
 
     /// The same kernels with another launch shape (tuning, or tests that need
     /// a grid much smaller than the data so threads loop). Results do not
-    /// depend on the shape.
+    /// depend on the shape. Every [`LaunchShape`] launches: the chain kernel
+    /// is compiled with `__launch_bounds__(1024)` (at most 64 registers a
+    /// thread), the others use fewer than 64 registers anyway, so 1024-thread
+    /// blocks fit a multiprocessor.
     pub fn with_shape(mut self, shape: LaunchShape) -> FoldKernel {
         self.shape = shape;
         self
@@ -107,6 +113,12 @@ impl FoldKernel {
 
     pub fn shape(&self) -> LaunchShape {
         self.shape
+    }
+
+    /// The device's multiprocessor count (at least 1), for shapes such as
+    /// [`LaunchShape::for_sm_fraction`].
+    pub fn multiprocessors(&self) -> u32 {
+        self.sms
     }
 
     /// The context the module lives in.

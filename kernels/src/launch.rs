@@ -60,6 +60,28 @@ impl LaunchShape {
         Self::new(threads_per_block, blocks)
     }
 
+    /// `threads_per_block` threads in `ceil(fraction * sm_count)` blocks
+    /// (at least one, at most `sm_count`): with blocks so large that only
+    /// one fits on a multiprocessor, a grid-stride kernel then occupies about
+    /// that fraction of the SMs and leaves the others free for kernels of
+    /// other streams (the reducer's fold beside NCCL's transfers).
+    /// `fraction` must lie in `(0, 1]`.
+    pub fn for_sm_fraction(
+        threads_per_block: u32,
+        sm_count: u32,
+        fraction: f64,
+    ) -> Result<Self, KernelError> {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(KernelError::invalid(
+                "LaunchShape",
+                format!("SM fraction {fraction}; expected a number in (0, 1]"),
+            ));
+        }
+        let sms = sm_count.max(1);
+        let blocks = (fraction * f64::from(sms)).ceil() as u32;
+        Self::new(threads_per_block, blocks.clamp(1, sms))
+    }
+
     pub fn threads_per_block(&self) -> u32 {
         self.threads_per_block
     }
@@ -107,6 +129,24 @@ mod tests {
         }
         assert!(LaunchShape::new(1024, LaunchShape::MAX_GRID_X).is_ok());
         assert!(LaunchShape::new(32, 1).is_ok());
+    }
+
+    #[test]
+    fn sm_fractions_round_up_and_stay_in_range() {
+        let blocks = |f: f64| LaunchShape::for_sm_fraction(1024, 132, f).map(|s| s.max_blocks());
+        assert_eq!(blocks(0.5).unwrap(), 66);
+        assert_eq!(blocks(0.25).unwrap(), 33);
+        assert_eq!(blocks(0.001).unwrap(), 1);
+        assert_eq!(blocks(1.0).unwrap(), 132);
+        // 0.3 * 132 = 39.6 -> 40
+        assert_eq!(blocks(0.3).unwrap(), 40);
+        for bad in [0.0, -0.5, 1.01, f64::NAN, f64::INFINITY] {
+            assert!(blocks(bad).is_err(), "{bad}");
+        }
+        // A device that reports no SMs still gets one block.
+        let one = LaunchShape::for_sm_fraction(256, 0, 0.5).unwrap();
+        assert_eq!(one.max_blocks(), 1);
+        assert!(LaunchShape::for_sm_fraction(100, 132, 0.5).is_err());
     }
 
     proptest! {

@@ -458,6 +458,7 @@ fn host_chain(
 #[allow(clippy::too_many_arguments)]
 fn check_chain(
     gpu: &Gpu,
+    fold: &FoldKernel,
     rng: &mut Rng,
     n_srcs: usize,
     dst_at: Option<usize>,
@@ -474,8 +475,7 @@ fn check_chain(
     {
         let views: Vec<_> = srcs_d.iter().map(|b| b.slice(offset..)).collect();
         let mut dst = dst_d.slice_mut(dst_offset..);
-        gpu.fold
-            .det_chain(&stream, &mut dst, dst_at, &views, len, factor)
+        fold.det_chain(&stream, &mut dst, dst_at, &views, len, factor)
             .unwrap_or_else(|e| panic!("{n_srcs} sources, dst at {dst_at:?}, len {len}: {e}"));
     }
     let got = download(&stream, &dst_d);
@@ -485,7 +485,8 @@ fn check_chain(
     want[dst_offset..dst_offset + len].copy_from_slice(&chain);
     let what = format!(
         "det_chain {n_srcs} sources dst_at={dst_at:?} len={len} offsets={offset}/{dst_offset} \
-         factor={factor:?}"
+         factor={factor:?} shape={:?}",
+        fold.shape()
     );
     assert_bits_eq(&got, &want, &what);
 }
@@ -506,7 +507,58 @@ fn chain_matches_host_chain_across_shapes() {
                 // Aligned (float4 path), a misaligned source, a misaligned dst.
                 for (offset, dst_offset) in [(0, 0), (1, 0), (4, 2)] {
                     for factor in [None, Some(1.0 / 3.0)] {
-                        check_chain(&gpu, &mut rng, n, dst_at, len, offset, dst_offset, factor);
+                        check_chain(
+                            &gpu, &gpu.fold, &mut rng, n, dst_at, len, offset, dst_offset, factor,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn chain_bits_do_not_depend_on_the_shape_or_the_pair_path() {
+    // Chains of at most four addends take two float4 groups per thread and
+    // iteration (v and v + grid), with one group left over on odd counts;
+    // longer ones take one. Grids far smaller than the data make every
+    // thread loop an even or an odd number of times; the 1024-thread shapes
+    // are the reducer's fold beside NCCL (one block per SM on part of the
+    // GPU), which must launch (the kernel's launch bounds) and agree.
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(0x9A125);
+    let sms = gpu.fold.multiprocessors();
+    let shapes = [
+        LaunchShape::new(64, 3).expect("shape"),
+        LaunchShape::new(32, 1).expect("shape"),
+        LaunchShape::new(1024, 1).expect("shape"),
+        LaunchShape::new(1024, 3).expect("shape"),
+        LaunchShape::for_sm_fraction(1024, sms, 0.5).expect("shape"),
+        LaunchShape::for_sm_fraction(1024, sms, 1.0).expect("shape"),
+    ];
+    // 192 threads of the first shape: float4 counts of 0..6 grids and a bit.
+    let lens = [
+        3usize,
+        4,
+        767,
+        768,
+        772,
+        1537,
+        4 * 192 * 3 + 7,
+        4 * 192 * 4,
+        100_003,
+    ];
+    for shape in shapes {
+        let fold = gpu.fold.clone().with_shape(shape);
+        for n in 1usize..=5 {
+            for &len in &lens {
+                for dst_at in [None, Some(0), Some(n)] {
+                    for (offset, dst_offset) in [(0, 0), (1, 0)] {
+                        for factor in [None, Some(1.0 / 3.0)] {
+                            check_chain(
+                                &gpu, &fold, &mut rng, n, dst_at, len, offset, dst_offset, factor,
+                            );
+                        }
                     }
                 }
             }

@@ -5,6 +5,7 @@
 //! bench_reduce [--world 2] [--sizes-mib 4,8,...,1024] [--reps N] [--warmup N]
 //!              [--chunk-elems N] [--pipeline] [--serial]
 //!              [--chunks 1,2,4,8] [--pipeline-chunks 4,8,16,32,64]
+//!              [--fold-sms-frac full,0.25,0.5,0.75] [--floors]
 //!              [--markdown FILE]
 //! ```
 //!
@@ -28,11 +29,28 @@
 //! pipeline, default chunking) and its chunk count. Ratios are against
 //! `nccl`.
 //!
-//! Sweeps (one extra table each, to pick default chunk counts from one GPU
-//! run): `--chunks LIST` times `P = L` with each chunk count,
+//! More columns of the main table: `grid` = the fold grid of folds that run
+//! beside transfers (`KernelFold::set_overlap_grid`; one-chunk plans always
+//! fold on the full grid); `sent MiB` and `fold MiB` = bytes this rank sends
+//! and bytes its folds read and write in device memory (`PlanCost`).
+//!
+//! Sweeps (one extra table each, to pick defaults from one GPU run):
+//! `--chunks LIST` times `P = L` with each chunk count,
 //! `--pipeline-chunks LIST` times `L = 2P` with each. A count `c` means
 //! `chunk_elems = ceil(len / c)` rounded up to 1024 elements. `--chunk-elems N` instead fixes the chunk
-//! length of every fixed-order column.
+//! length of every fixed-order column. `--fold-sms-frac LIST` (entries
+//! `full` or a fraction of the SMs in `(0, 1]`) repeats the `--chunks`
+//! sweep (chunk counts 1, 2, 4 when `--chunks` is not given) once per fold
+//! grid, one table per grid.
+//!
+//! `--floors` adds what bounds FixedOrder from below, measured in the same
+//! run: `p2p C=1` / `p2p C=2` = the sharded plan's transfers alone (its
+//! scatter and gather groups with no fold, 2 and 4 groups in one window);
+//! and per fold grid (`full`, the default, and every `--fold-sms-frac`
+//! entry) the fold of one chunk of a two-chunk plan alone (one `det_chain`
+//! of `P` addends over a `1/(2P)` shard, fused scale) with its HBM rate.
+//! A fold hides behind the next chunk's transfer when its time is below a
+//! quarter of `p2p C=2` (at `P = 2`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -41,9 +59,10 @@ use cudarc::driver::CudaSlice;
 use mamba_comm::bootstrap::{detect, is_rank_process, ProcessEnv};
 use mamba_comm::nccl::{self, NcclComm, NcclOptions};
 use mamba_comm::supervisor::{spawn_world, SpawnOptions};
-use mamba_comm::{rendezvous, Transport};
+use mamba_comm::{rendezvous, CommError, Transport};
 use mamba_reduce::{
-    KernelFold, NcclReducer, ReduceContract, Reducer, ReducerOptions, TransportReducer,
+    mean_factor, FoldGrid, KernelFold, NcclReducer, ReduceContract, Reducer, ReducerOptions,
+    ShardPlan, TransportReducer,
 };
 
 #[derive(Clone, Debug)]
@@ -57,7 +76,20 @@ struct Args {
     serial: bool,
     chunks: Vec<usize>,
     pipeline_chunks: Vec<usize>,
+    fold_grids: Vec<FoldGrid>,
+    floors: bool,
     markdown: Option<String>,
+}
+
+impl Args {
+    /// Chunk counts of the per-grid sweeps.
+    fn grid_chunks(&self) -> Vec<usize> {
+        if self.chunks.is_empty() {
+            vec![1, 2, 4]
+        } else {
+            self.chunks.clone()
+        }
+    }
 }
 
 fn list(name: &str, v: &str) -> Result<Vec<usize>, String> {
@@ -82,6 +114,8 @@ fn default_args() -> Args {
         serial: false,
         chunks: Vec::new(),
         pipeline_chunks: Vec::new(),
+        fold_grids: Vec::new(),
+        floors: false,
         markdown: None,
     }
 }
@@ -100,6 +134,13 @@ fn parse_args() -> Result<Args, String> {
             "--pipeline-chunks" => {
                 a.pipeline_chunks = list("--pipeline-chunks", &value("--pipeline-chunks")?)?
             }
+            "--fold-sms-frac" => {
+                a.fold_grids = value("--fold-sms-frac")?
+                    .split(',')
+                    .map(|g| g.parse::<FoldGrid>().map_err(|e| e.to_string()))
+                    .collect::<Result<_, _>>()?
+            }
+            "--floors" => a.floors = true,
             "--serial" => a.serial = true,
             "--reps" => a.reps = Some(num("--reps", value("--reps")?)?),
             "--warmup" => a.warmup = num("--warmup", value("--warmup")?)?,
@@ -236,10 +277,25 @@ struct Row {
     chunks: usize,
     groups: usize,
     launches: usize,
+    /// Bytes this rank sends, and its folds' device-memory bytes.
+    sent: u64,
+    fold_bytes: u64,
     /// `(chunk count, time)` of the `--chunks` sweep.
     sweep: Vec<(usize, Duration)>,
     /// `(chunk count, time)` of the `--pipeline-chunks` sweep.
     pipeline_sweep: Vec<(usize, Duration)>,
+    /// Per `--fold-sms-frac` grid, `(chunk count, time)`.
+    grid_sweeps: Vec<Vec<(usize, Duration)>>,
+    floors: Option<Floors>,
+}
+
+/// What bounds FixedOrder from below (see the module docs).
+struct Floors {
+    /// Transfers alone, one and two chunks.
+    p2p: [Duration; 2],
+    /// One chunk's fold alone (two-chunk plan) per grid, and its HBM bytes.
+    fold: Vec<(FoldGrid, Duration)>,
+    fold_bytes: u64,
 }
 
 /// Swap the contract (and logical world, chunking) of a reducer without
@@ -309,6 +365,26 @@ fn rank(args: &Args) -> Result<(), String> {
             r = remake(r, ReduceContract::FixedOrder, world, count(c));
             sweep.push((c, time_reducer(&mut r, &mut arena, warmup, reps)?));
         }
+        let mut grid_sweeps = Vec::new();
+        for &g in &args.fold_grids {
+            r.fold_mut()
+                .set_overlap_grid(g)
+                .map_err(|e| e.to_string())?;
+            let mut times = Vec::new();
+            for c in args.grid_chunks() {
+                r = remake(r, ReduceContract::FixedOrder, world, count(c));
+                times.push((c, time_reducer(&mut r, &mut arena, warmup, reps)?));
+            }
+            grid_sweeps.push(times);
+        }
+        r.fold_mut()
+            .set_overlap_grid(FoldGrid::DEFAULT)
+            .map_err(|e| e.to_string())?;
+        let floors = if args.floors {
+            Some(floors(&mut r, &mut arena[0], args, warmup, reps)?)
+        } else {
+            None
+        };
 
         // NcclSum on the same buffer.
         r = remake(r, ReduceContract::NcclSum, world, None);
@@ -343,8 +419,12 @@ fn rank(args: &Args) -> Result<(), String> {
             chunks: plan.chunks(),
             groups: cost.groups,
             launches: cost.fold_launches + cost.copies + cost.scale_launches,
+            sent: cost.bytes_sent,
+            fold_bytes: cost.fold_bytes,
             sweep,
             pipeline_sweep,
+            grid_sweeps,
+            floors,
         });
         if rank == 0 {
             eprintln!("bench_reduce: {mib} MiB done");
@@ -390,6 +470,138 @@ fn time_reducer(
         .all_reduce_max_i32(&mut worst)
         .map_err(|e| e.to_string())?;
     Ok(Duration::from_nanos(worst[0] as u64 * 100))
+}
+
+/// Chunk length for `c` chunks of `len`, as the sweeps round it.
+fn chunk_len(len: usize, c: usize) -> usize {
+    len.div_ceil(c).next_multiple_of(1024)
+}
+
+/// The sharded plan's transfers alone with `chunks` chunks, in one window:
+/// per chunk a scatter group (every peer's shard out of the arena, this
+/// rank's shard in from every peer into a scratch slot), then per chunk a
+/// gather group (this rank's shard out, every peer's shard into the arena),
+/// the plan's own order and sizes with no fold between them. `scratch`
+/// holds at least `len + world` elements.
+fn transfers(
+    c: &mut NcclComm,
+    arena: &mut CudaSlice<f32>,
+    scratch: &mut CudaSlice<f32>,
+    len: usize,
+    chunks: usize,
+) -> Result<(), CommError> {
+    let (rank, world) = (c.rank(), c.world());
+    let chunk = chunk_len(len, chunks);
+    let pieces: Vec<(usize, ShardPlan)> = (0..len.div_ceil(chunk))
+        .map(|a| {
+            let start = a * chunk;
+            let shards = ShardPlan::new((start + chunk).min(len) - start, world)
+                .map_err(|e| CommError::config(e.to_string()))?;
+            Ok((start, shards))
+        })
+        .collect::<Result<_, CommError>>()?;
+    let shift = |r: std::ops::Range<usize>, by: usize| r.start + by..r.end + by;
+    c.window(|c| {
+        for (start, shards) in &pieces {
+            let own = shards.range(rank);
+            let slot = shards.max_shard_len();
+            c.group(|g| {
+                for peer in (0..world).filter(|&p| p != rank) {
+                    g.send(arena, shift(shards.range(peer), *start), peer)?;
+                }
+                for peer in (0..world).filter(|&p| p != rank) {
+                    let at = start + peer * slot;
+                    g.recv(scratch, at..at + own.len(), peer)?;
+                }
+                Ok(())
+            })?;
+        }
+        for (start, shards) in &pieces {
+            c.group(|g| {
+                for peer in (0..world).filter(|&p| p != rank) {
+                    g.send(arena, shift(shards.range(rank), *start), peer)?;
+                }
+                for peer in (0..world).filter(|&p| p != rank) {
+                    g.recv(arena, shift(shards.range(peer), *start), peer)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok::<(), CommError>(())
+    })
+}
+
+/// The `--floors` measurements for one size (collective: every rank runs
+/// the same calls).
+fn floors(
+    r: &mut TransportReducer<NcclComm, KernelFold>,
+    arena: &mut CudaSlice<f32>,
+    args: &Args,
+    warmup: usize,
+    reps: usize,
+) -> Result<Floors, String> {
+    let len = arena.len();
+    let (rank, world) = (r.rank(), r.world());
+    let t = r.transport_mut();
+    let mut scratch = t.alloc(len + world).map_err(|e| e.to_string())?;
+    let mut p2p = [Duration::ZERO; 2];
+    for (i, chunks) in [1usize, 2].into_iter().enumerate() {
+        p2p[i] = time(t, warmup, reps, |c| {
+            transfers(c, arena, &mut scratch, len, chunks).map_err(|e| e.to_string())
+        })?;
+    }
+    drop(scratch);
+
+    // One chunk's fold of a two-chunk plan: a shard of chunk_len(len, 2) /
+    // P, its own values at this rank's position among P addends.
+    let shard = ShardPlan::new(chunk_len(len, 2).min(len), world)
+        .map_err(|e| e.to_string())?
+        .max_shard_len();
+    let others = r
+        .transport_mut()
+        .alloc((world - 1) * shard.next_multiple_of(4))
+        .map_err(|e| e.to_string())?;
+    let mut grids = vec![FoldGrid::Full, FoldGrid::DEFAULT];
+    for &g in &args.fold_grids {
+        if !grids.contains(&g) {
+            grids.push(g);
+        }
+    }
+    let factor = Some(mean_factor(world));
+    let mut fold = Vec::new();
+    for g in grids {
+        r.fold_mut()
+            .set_overlap_grid(g)
+            .map_err(|e| e.to_string())?;
+        let kernel = r.fold().overlap_kernel().clone();
+        let stream = r.fold().stream().clone();
+        let srcs: Vec<_> = (0..world - 1)
+            .map(|k| {
+                let at = k * shard.next_multiple_of(4);
+                others.slice(at..at + shard)
+            })
+            .collect();
+        let mut one = |_: &mut NcclComm| -> Result<(), String> {
+            let mut dst = arena.slice_mut(..shard);
+            kernel
+                .det_chain(&stream, &mut dst, Some(rank), &srcs, shard, factor)
+                .map_err(|e| e.to_string())?;
+            stream.synchronize().map_err(|e| e.to_string())
+        };
+        fold.push((g, time(r.transport_mut(), warmup, reps, &mut one)?));
+    }
+    r.fold_mut()
+        .set_overlap_grid(FoldGrid::DEFAULT)
+        .map_err(|e| e.to_string())?;
+    Ok(Floors {
+        p2p,
+        fold,
+        fold_bytes: 4 * (world as u64 + 1) * shard as u64,
+    })
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / f64::from(1u32 << 20))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -445,7 +657,8 @@ fn render(rows: &[Row], world: usize, args: &Args) -> (String, String) {
     let f = |d: Duration| format!("{:.3}", ms(d));
     let ratio = |d: Duration, r: &Row| format!("{:.2}", ms(d) / ms(r.nccl));
     let mut head: Vec<String> = [
-        "MiB", "nccl ms", "GB/s", "fixed ms", "ratio", "lib ms", "ratio", "C", "groups", "launches",
+        "MiB", "nccl ms", "GB/s", "fixed ms", "ratio", "lib ms", "ratio", "C", "grid", "groups",
+        "launches", "sent MiB", "fold MiB",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -477,8 +690,15 @@ fn render(rows: &[Row], world: usize, args: &Args) -> (String, String) {
             f(r.lib),
             ratio(r.lib, r),
             r.chunks.to_string(),
+            if r.chunks > 1 {
+                FoldGrid::DEFAULT.to_string()
+            } else {
+                FoldGrid::Full.to_string()
+            },
             r.groups.to_string(),
             r.launches.to_string(),
+            mib(r.sent),
+            mib(r.fold_bytes),
         ];
         if let Some(s) = r.serial {
             cells.extend([f(s), ratio(s, r)]);
@@ -523,6 +743,54 @@ fn render(rows: &[Row], world: usize, args: &Args) -> (String, String) {
             &|r: &Row| &r.pipeline_sweep,
         ));
     }
+    let counts = args.grid_chunks();
+    for (i, g) in args.fold_grids.iter().enumerate() {
+        tables.push(sweep(
+            &format!("FixedOrder P = L with fold grid {g} (one-chunk plans: full) by chunk count"),
+            &counts,
+            &|r: &Row| r.grid_sweeps.get(i).map_or(&[][..], |v| &v[..]),
+        ));
+    }
+    if let Some(fl) = rows.iter().find_map(|r| r.floors.as_ref()) {
+        let mut head: Vec<String> = [
+            "MiB",
+            "nccl ms",
+            "p2p C=1 ms",
+            "ratio",
+            "p2p C=2 ms",
+            "ratio",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        head.push("fold MiB".into());
+        head.extend(fl.fold.iter().map(|(g, _)| format!("fold {g} ms (GB/s)")));
+        let mut t = Table {
+            title: "Floors: the sharded plan's transfers alone (no fold), and one chunk's fold \
+                    alone (two-chunk plan) per fold grid"
+                .into(),
+            head,
+            rows: Vec::new(),
+        };
+        for r in rows {
+            let Some(fl) = &r.floors else { continue };
+            let mut cells = vec![
+                r.mib.to_string(),
+                f(r.nccl),
+                f(fl.p2p[0]),
+                ratio(fl.p2p[0], r),
+                f(fl.p2p[1]),
+                ratio(fl.p2p[1], r),
+                mib(fl.fold_bytes),
+            ];
+            cells.extend(fl.fold.iter().map(|&(_, d)| {
+                let gbs = fl.fold_bytes as f64 / d.as_secs_f64().max(1e-9) / 1e9;
+                format!("{} ({gbs:.0})", f(d))
+            }));
+            t.rows.push(cells);
+        }
+        tables.push(t);
+    }
     let plain = tables
         .iter()
         .map(Table::plain)
@@ -553,15 +821,31 @@ mod tests {
             chunks: 1,
             groups: 2,
             launches: 1,
+            sent: 2 << 20,
+            fold_bytes: 6 << 20,
             sweep: vec![(1, d(150)), (2, d(170))],
             pipeline_sweep: vec![(4, d(310))],
+            grid_sweeps: vec![vec![(1, d(150)), (2, d(140))]],
+            floors: Some(Floors {
+                p2p: [d(90), d(95)],
+                fold: vec![(FoldGrid::Full, d(10)), (FoldGrid::DEFAULT, d(20))],
+                fold_bytes: 3 << 20,
+            }),
         };
         let mut args = default_args();
         args.serial = true;
         args.pipeline = true;
         args.chunks = vec![1, 2];
         args.pipeline_chunks = vec![4];
+        args.fold_grids = vec![FoldGrid::SmFraction(0.25)];
         let (plain, md) = render(&[row], 2, &args);
+        assert!(
+            plain.contains("fold grid 0.25") && plain.contains("0.140 (1.40)"),
+            "{plain}"
+        );
+        // 3 MiB in 20 us: 157 GB/s.
+        assert!(plain.contains("0.020 (157)"), "{plain}");
+        assert!(plain.contains("p2p C=2 ms"), "{plain}");
         assert!(plain.contains("FixedOrder P = L by chunk count"), "{plain}");
         assert!(plain.contains("0.170 (1.70)"), "{plain}");
         for table in md.split("\n\n").filter(|t| t.starts_with('|')) {
@@ -569,5 +853,6 @@ mod tests {
             assert!(cols.windows(2).all(|w| w[0] == w[1]), "{table}");
         }
         assert!(md.contains("| 4 | 0.100 | 41.9 | 0.150 | 1.50 |"), "{md}");
+        assert!(md.contains("| 1 | full | 2 | 1 | 2.0 | 6.0 |"), "{md}");
     }
 }

@@ -72,9 +72,21 @@
 //! every result of the step-by-step order; the emulated world checks it
 //! with random schedules), and one host wait at the end under the
 //! communicator's watchdog (`NcclComm::window`). So the fold of chunk `t`
-//! runs while the next chunk moves, and no host round-trip sits between
+//! can run while the next chunk moves, and no host round-trip sits between
 //! groups. [`KernelFold::set_overlap`]`(false)` runs the same plan step by
 //! step instead (a host wait per group), for comparison.
+//!
+//! Event order alone does not make two kernels run at once: both need
+//! multiprocessors. A fold on the kernels' default grid (16 blocks of 256
+//! threads per SM) fills every SM, so NCCL's next transfer kernel (one
+//! block per channel) could not start until the fold drained, and its
+//! blocks then shared SMs with the peer's fold: two chunks were slower
+//! than one at every size (docs/PERFORMANCE.md). Folds that run beside
+//! transfers (plans of two or more chunks) therefore take a [`FoldGrid`]
+//! ([`KernelFold::set_overlap_grid`], default half the SMs in 1024-thread
+//! blocks, one block per SM): the fold stays on its SMs and the others are
+//! free for NCCL. A one-chunk plan's single fold has nothing to overlap and
+//! keeps the full grid. The grid never changes a bit.
 //!
 //! # Bytes, launches, memory (`N` elements of 4 bytes, `C` chunks, `B = L/P`)
 //!
@@ -84,29 +96,36 @@
 //! | point-to-point groups | `C + 2` (`2` for `C = 1`) | at most `C + 3P - 4` (`P >= 2`) |
 //! | fold launches per rank (scale fused) | `C` | `C` |
 //! | fold HBM bytes per rank | `(P+1)/P N` x 4 | `(B+1) N` x 4 on rank 0, `(B+2) N` x 4 on the others |
+//! | fold grid | full for `C = 1`, else [`FoldGrid`] (default `ceil(SMs/2)` blocks of 1024) | the same |
 //! | host waits | 1 | 1 |
 //! | scratch memory | `min(C,2)` sets of `P-1` slots of `~N/(CP)`: `~(P-1)/P N` x 4 | `min(C,2)` chunks, none on rank 0 |
-//! | default `C` ([`RankPlan::default_chunk`]) | 1 below 64 MiB, else 2 | `sqrt((3P-3) T_link / 10 us)`, 1..=64 |
+//! | default `C` ([`RankPlan::default_chunk`]) | 1 below 128 MiB, else 2 | `sqrt((3P-3) T_link / 10 us)`, 1..=64 |
 //!
-//! What this means on two H200s (NVLink ~360 GB/s per direction for NCCL
-//! point-to-point, HBM ~4 TB/s, ~10 us device-side cost per queued group;
-//! PyTorch's NCCL all-reduce there: 1 GiB in 3.39 ms, 256 MiB in 0.94 ms):
+//! What this means on two H200s (132 SMs; NVLink ~330-360 GB/s per
+//! direction for NCCL point-to-point, HBM ~4 TB/s; ~100 us of host time to
+//! enqueue each group, because the communicator is nonblocking and NCCL
+//! launches every group from a thread it creates for it; PyTorch's NCCL
+//! all-reduce there: 1 GiB in 3.39 ms, 256 MiB in 0.94 ms):
 //!
-//! - `P = L = 2`, 1 GiB, `C = 2`: each direction carries 1 GiB (0.5 GiB
-//!   scatter + 0.5 GiB gather, exactly a ring all-reduce's), ~2.98 ms of
-//!   link time; four groups (~40 us); two folds reading 1 GiB and writing
-//!   0.5 GiB in all (~0.4 ms), both hidden behind transfers (the second
-//!   runs during the third group, which gathers the first chunk).
-//!   Expected ~3.0-3.1 ms. The
-//!   version before this one ran one group, a fold, a separate scale pass
-//!   (another 1 GiB of HBM traffic, ~0.27 ms) and a second group, with two
-//!   host waits that slept up to 1 ms past completion (5.1 ms measured).
-//! - `P = L = 2`, 4 MiB, `C = 1`: two groups (~12 us of link time, ~20-30 us
-//!   of fixed cost), one fold (~2 us + launch), one host wait.
+//! - `P = L = 2`, 256 MiB, `C = 2`: each direction carries 256 MiB (four
+//!   groups of 64 MiB: scatter 0, scatter 1, gather 0, gather 1), like a
+//!   ring all-reduce; two folds of 96 MiB of HBM traffic each (read the
+//!   own and the peer's 32 MiB shard, write 32 MiB), one launch each on 66
+//!   SMs, which must stream at 3x the link rate (~1 TB/s) to hide: fold 0
+//!   runs beside scatter 1, fold 1 beside gather 0. Only the first group's
+//!   enqueue (which NCCL's own all-reduce pays too) and ~4 x 10 us of
+//!   device-side group cost remain on top of the link time; the later
+//!   groups are enqueued while earlier ones move. With the fold in the
+//!   open (`C = 1`, or the full grid) it adds ~0.1 ms at 256 MiB, 0.2 ms at
+//!   512 MiB, 0.4 ms at 1 GiB.
+//! - `P = L = 2`, 4 MiB, `C = 1`: two groups (~12 us of link time, each
+//!   ~100 us to enqueue: the host, not the link, sets the time), one fold
+//!   (~2 us + launch), one host wait.
 //! - `L = 2P = 4`, 1 GiB, `C = 30`: both directions busy with one chunk
 //!   each per step for 30 of 33 steps: `(C + 2)/C` x 2.98 ms + 33 x ~10 us
-//!   ~ 3.5 ms; the per-chunk fold on ranks `>= 1` (4 passes over a 34 MiB
-//!   chunk, ~35 us) hides behind that chunk's ~95 us transfer.
+//!   ~ 3.5 ms of device time, but 33 group enqueues of ~100 us each also
+//!   put ~3.3 ms on the host, so fewer chunks than the device-side formula
+//!   gives are as fast.
 //!
 //! Memory with `L > P`: the caller holds its `L/P` arenas (that is what a
 //! process running `L/P` logical ranks needs anyway); the reducer adds only
@@ -134,7 +153,7 @@ mod reducer;
 mod shard;
 
 pub use contract::ReduceContract;
-pub use device::KernelFold;
+pub use device::{FoldGrid, KernelFold};
 pub use emulated::{Delivery, EmulateOptions, EmulatedWorld, EmulatorMemory};
 pub use error::{ReduceError, Result};
 pub use fold::{

@@ -163,8 +163,14 @@ pub const LINK_BYTES_PER_SEC: f64 = 360e9;
 pub const GROUP_OVERHEAD_SEC: f64 = 10e-6;
 /// Arenas from this size on use two chunks in the sharded dataflow: below
 /// it the fold that two chunks would hide (`~(P+1)/P` of the arena read and
-/// written at ~4 TB/s) costs less than the two extra groups.
-pub const SHARDED_SPLIT_BYTES: usize = 64 << 20;
+/// written at ~4 TB/s, ~50 us at 128 MiB on H200) costs less than the two
+/// extra groups. A group costs the host ~100 us to enqueue (the
+/// communicator is nonblocking, so NCCL launches every group from a thread
+/// it creates for it; the 4 MiB chunk sweep of docs/PERFORMANCE.md shows
+/// 70-120 us per extra group), hidden behind the previous group only when
+/// that one moves at least ~32 MiB each way, i.e. from arenas of ~128 MiB
+/// on at `P = 2`.
+pub const SHARDED_SPLIT_BYTES: usize = 128 << 20;
 /// Chunk lengths are rounded up to a multiple of this many elements (4 KiB),
 /// so chunk and (for even `P`) shard boundaries keep 16-byte alignment.
 const CHUNK_ALIGN: usize = 1024;
@@ -287,9 +293,10 @@ impl RankPlan {
     /// processes over `logical_world` logical ranks (counts in the crate
     /// docs):
     /// - sharded (`P = L`): the whole arena below
-    ///   [`SHARDED_SPLIT_BYTES`], two chunks from it on (two are enough to
-    ///   hide every fold but the last one's behind the transfers, and more
-    ///   only add groups);
+    ///   [`SHARDED_SPLIT_BYTES`], two chunks from it on (with the lag of
+    ///   two steps, two are enough to hide both folds behind transfers —
+    ///   the first behind the second chunk's scatter, the second behind the
+    ///   first chunk's gather — and more only add groups);
     /// - pipeline (`L > P`, `P >= 2`): `C = sqrt(F T / o)` chunks, which
     ///   minimises `T (C + F) / C + (C + F) o` — the link time `T` of the
     ///   arena at [`LINK_BYTES_PER_SEC`] stretched by the `F = 3P - 3`
@@ -816,6 +823,9 @@ mod tests {
         assert_eq!(chunks(16, 2, 4), 4);
         assert_eq!(chunks(4, 2, 4), 2);
         assert_eq!(chunks(1024, 2, 2), 2);
+        assert_eq!(chunks(256, 2, 2), 2);
+        assert_eq!(chunks(128, 2, 2), 2);
+        assert_eq!(chunks(64, 2, 2), 1);
         assert_eq!(chunks(32, 2, 2), 1);
         assert_eq!(chunks(1024, 1, 4), 1);
         assert_eq!(RankPlan::default_chunk(0, 2, 4), 1);

@@ -14,8 +14,8 @@ use mamba_comm::nccl::{self, NcclComm, NcclOptions};
 use mamba_comm::supervisor::test_world;
 use mamba_comm::{rendezvous, Transport};
 use mamba_reduce::{
-    EmulateOptions, EmulatedWorld, KernelFold, NcclReducer, ReduceContract, ReduceError, Reducer,
-    ReducerOptions, RunIdentity,
+    EmulateOptions, EmulatedWorld, FoldGrid, KernelFold, NcclReducer, ReduceContract, ReduceError,
+    Reducer, ReducerOptions, RunIdentity,
 };
 
 const NAME: &str = "two_gpu_world_matches_the_oracle";
@@ -81,6 +81,7 @@ fn reduce(
     contract: ReduceContract,
     chunk: Option<usize>,
     overlap: bool,
+    grid: FoldGrid,
 ) -> (NcclComm, Vec<f32>) {
     let logical = a.len();
     let opts = ReducerOptions {
@@ -89,6 +90,7 @@ fn reduce(
     };
     let mut r = NcclReducer::new(comm, opts).expect("load kernels");
     r.fold_mut().set_overlap(overlap);
+    r.fold_mut().set_overlap_grid(grid).expect("fold grid");
     let (rank, world) = (r.rank(), r.world());
     let blocks = logical / world;
     let t = r.transport_mut();
@@ -123,34 +125,54 @@ fn rank_side() {
     .expect("NCCL init");
     let world = place.world;
     let mut fold = KernelFold::load(comm.stream()).expect("kernels");
-    // (seed, L, len, chunk, two-lane executor): P = L and L = 2P, default
-    // chunking (one chunk, and two from 64 MiB on), many chunks (with odd
-    // lengths: misaligned shards, the kernels' scalar path), and the serial
-    // executor once each.
-    for (seed, logical, len, chunk, overlap) in [
-        (1u64, 2usize, 1usize, None, true),
-        (2, 2, 1009, None, true),
-        (3, 2, (1 << 20) + 3, None, true),
-        (4, 2, 1 << 20, Some(100_003), true),
-        (5, 2, 1 << 20, Some(100_003), false),
-        (6, 2, (1 << 24) + 7, None, true),
-        (7, 2, (1 << 22) + 5, Some(77_777), true),
-        (8, 4, 1009, None, true),
-        (9, 4, (1 << 20) + 3, None, true),
-        (10, 4, 1 << 20, Some(65_536), true),
-        (11, 4, 1 << 20, Some(65_536), false),
-        (12, 4, (1 << 22) + 5, Some(50_001), true),
-        (13, 8, (1 << 20) + 1, None, true),
+    // (seed, L, len, chunk, two-lane executor, overlap fold grid): P = L and
+    // L = 2P, default chunking (one chunk, and two from 128 MiB on), many
+    // chunks (with odd lengths: misaligned shards, the kernels' scalar
+    // path), the serial executor once each, and the overlapped folds on the
+    // full grid and on a sliver of the GPU (threads loop many times).
+    let d = FoldGrid::DEFAULT;
+    for (seed, logical, len, chunk, overlap, grid) in [
+        (1u64, 2usize, 1usize, None, true, d),
+        (2, 2, 1009, None, true, d),
+        (3, 2, (1 << 20) + 3, None, true, d),
+        (4, 2, 1 << 20, Some(100_003), true, d),
+        (5, 2, 1 << 20, Some(100_003), false, d),
+        (6, 2, (1 << 24) + 7, None, true, d),
+        (7, 2, (1 << 22) + 5, Some(77_777), true, d),
+        (14, 2, (1 << 22) + 4, Some(1 << 20), true, FoldGrid::Full),
+        (
+            15,
+            2,
+            (1 << 22) + 4,
+            Some(1 << 20),
+            true,
+            FoldGrid::SmFraction(0.01),
+        ),
+        (8, 4, 1009, None, true, d),
+        (9, 4, (1 << 20) + 3, None, true, d),
+        (10, 4, 1 << 20, Some(65_536), true, d),
+        (11, 4, 1 << 20, Some(65_536), false, d),
+        (12, 4, (1 << 22) + 5, Some(50_001), true, d),
+        (
+            16,
+            4,
+            1 << 20,
+            Some(65_536),
+            true,
+            FoldGrid::SmFraction(0.01),
+        ),
+        (13, 8, (1 << 20) + 1, None, true, d),
     ] {
         let a = arenas(seed, logical, len);
         let em = EmulatedWorld::new(a.clone()).unwrap();
         let want = em.reduce_mean(world, &EmulateOptions::default()).unwrap();
         let what = format!(
-            "rank {} L={logical} P={world} len={len} chunk={chunk:?} two lanes {overlap}",
+            "rank {} L={logical} P={world} len={len} chunk={chunk:?} two lanes {overlap} \
+             grid {grid}",
             place.rank
         );
 
-        let (c, got) = reduce(comm, &a, ReduceContract::FixedOrder, chunk, overlap);
+        let (c, got) = reduce(comm, &a, ReduceContract::FixedOrder, chunk, overlap, grid);
         comm = c;
         assert_bits_eq(&got, &want, &format!("FixedOrder vs host oracle, {what}"));
 
@@ -170,7 +192,7 @@ fn rank_side() {
             &format!("L={logical} on P=1 (one GPU) vs P={world}, {what}"),
         );
 
-        let (c, lib) = reduce(comm, &a, ReduceContract::NcclSum, None, true);
+        let (c, lib) = reduce(comm, &a, ReduceContract::NcclSum, None, true, d);
         comm = c;
         let scale = a
             .iter()

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::result::memcpy_dtod_async;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use kernels::FoldKernel;
 use mamba_comm::nccl::NcclComm;
 
 use super::KernelFold;
@@ -213,6 +214,13 @@ impl KernelFold {
             .map_err(driver("ordering the fold stream after the start"))?;
 
         let this = &*self;
+        // Folds that run beside transfers take the overlap grid (see
+        // FoldGrid); a one-chunk plan's fold has the GPU to itself.
+        let kernel = if overlaps_transfers(plan) {
+            &this.overlap_kernel
+        } else {
+            &this.kernel
+        };
         let result = comm.window(|c| {
             // The latest step of the other lane each lane already waits for.
             let mut comm_waits: Option<usize> = None;
@@ -247,7 +255,7 @@ impl KernelFold {
                         }
                     }
                     for op in &step.compute {
-                        this.launch(&lane, op, &bases)?;
+                        launch(kernel, &lane, op, &bases)?;
                     }
                     if let Some(i) = events.compute[t] {
                         this.events[i]
@@ -301,54 +309,61 @@ impl KernelFold {
             .and_then(|i| self.events.get(i))
             .ok_or_else(|| ReduceError::invariant("a lane waits for a step that records no event"))
     }
+}
 
-    /// Enqueue one fold operation on the compute lane, on raw addresses.
-    fn launch(&self, lane: &CudaStream, op: &ComputeOp, bases: &Bases) -> Result<()> {
-        match op {
-            ComputeOp::Chain {
-                dst,
-                dst_off,
-                terms,
-                len,
-                factor,
-            } => {
-                let d = bases.at(*dst, *dst_off)?;
-                let addends = terms
-                    .iter()
-                    .map(|t| match t {
-                        Term::Dst => Ok(d),
-                        Term::Buf(b, off) => bases.at(*b, *off),
-                    })
-                    .collect::<Result<Vec<u64>>>()?;
-                // SAFETY: the plan is validated (every chain's output and
-                // terms lie inside buffers of plan.len() / scratch_len()
-                // elements, terms other than Dst in other buffers) and
-                // check_buffers showed the buffers are at least that long;
-                // they are borrowed for the whole window, whose end waits
-                // for this launch; the lane waits order it against every
-                // conflicting group, and the compute lane is in order.
-                unsafe {
-                    self.kernel
-                        .det_chain_raw(lane, d, &addends, *len, *factor)?;
-                }
-            }
-            ComputeOp::Copy {
-                src,
-                src_off,
-                dst,
-                dst_off,
-                len,
-            } => {
-                if *len > 0 {
-                    let (s, d) = (bases.at(*src, *src_off)?, bases.at(*dst, *dst_off)?);
-                    // SAFETY: as for the chain: in-bounds regions of live
-                    // buffers (validated plan, checked lengths), in
-                    // different buffers, ordered by the lane waits.
-                    unsafe { memcpy_dtod_async(d, s, 4 * len, lane.cu_stream()) }
-                        .map_err(driver("cuMemcpyDtoDAsync"))?;
-                }
+/// Whether some fold of `plan` runs while a group moves other elements:
+/// two or more chunks over two or more processes. (One chunk: every group
+/// waits for the fold or the fold for it. One process: no groups.)
+pub(crate) fn overlaps_transfers(plan: &RankPlan) -> bool {
+    plan.world() > 1 && plan.chunks() > 1
+}
+
+/// Enqueue one fold operation on the compute lane, on raw addresses, with
+/// `kernel`'s launch shape.
+fn launch(kernel: &FoldKernel, lane: &CudaStream, op: &ComputeOp, bases: &Bases) -> Result<()> {
+    match op {
+        ComputeOp::Chain {
+            dst,
+            dst_off,
+            terms,
+            len,
+            factor,
+        } => {
+            let d = bases.at(*dst, *dst_off)?;
+            let addends = terms
+                .iter()
+                .map(|t| match t {
+                    Term::Dst => Ok(d),
+                    Term::Buf(b, off) => bases.at(*b, *off),
+                })
+                .collect::<Result<Vec<u64>>>()?;
+            // SAFETY: the plan is validated (every chain's output and
+            // terms lie inside buffers of plan.len() / scratch_len()
+            // elements, terms other than Dst in other buffers) and
+            // check_buffers showed the buffers are at least that long;
+            // they are borrowed for the whole window, whose end waits
+            // for this launch; the lane waits order it against every
+            // conflicting group, and the compute lane is in order.
+            unsafe {
+                kernel.det_chain_raw(lane, d, &addends, *len, *factor)?;
             }
         }
-        Ok(())
+        ComputeOp::Copy {
+            src,
+            src_off,
+            dst,
+            dst_off,
+            len,
+        } => {
+            if *len > 0 {
+                let (s, d) = (bases.at(*src, *src_off)?, bases.at(*dst, *dst_off)?);
+                // SAFETY: as for the chain: in-bounds regions of live
+                // buffers (validated plan, checked lengths), in
+                // different buffers, ordered by the lane waits.
+                unsafe { memcpy_dtod_async(d, s, 4 * len, lane.cu_stream()) }
+                    .map_err(driver("cuMemcpyDtoDAsync"))?;
+            }
+        }
     }
+    Ok(())
 }
