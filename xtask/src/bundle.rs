@@ -6,7 +6,10 @@
 //!   in release and stripped;
 //! - `bin/<name>`: the `mamba-train` binary and the benchmark / example
 //!   programs;
-//! - `run.sh`: `./run.sh tests [FILTER]`, `./run.sh bench reduce|train`.
+//! - `scripts/`: the Python references (transformers cross-check, PyTorch
+//!   step benchmark);
+//! - `run.sh`: `./run.sh tests [FILTER]`, `./run.sh bench reduce|train|scaling`,
+//!   `./run.sh hf-crosscheck`.
 //!
 //! The runner sets `MAMBA_REQUIRE_GPU=1`, so a GPU test that cannot find its
 //! GPU fails instead of skipping, and it keeps `NCCL_NVLS_ENABLE=0` as the GPU
@@ -35,6 +38,16 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("mamba-reduce", "bench_reduce"),
     ("mamba-train", "bench_cuda_step"),
     ("mamba-train", "bench_cpu_step"),
+    ("mamba-train", "dp_scaling"),
+    ("mamba-train", "hf_logits"),
+];
+
+/// Python references shipped in `scripts/` (run there with the host's
+/// PyTorch and transformers): `(source path in the workspace, name)`.
+const SCRIPTS: &[(&str, &str)] = &[
+    ("scripts/hf_crosscheck.py", "hf_crosscheck.py"),
+    ("mamba-train/examples/bench_torch_step.py", "bench_torch_step.py"),
+    ("mamba-train/tests/hf_load.py", "hf_load.py"),
 ];
 
 const RUNNER: &str = include_str!("run.sh");
@@ -101,6 +114,15 @@ pub fn run(dir: &Path) -> TaskResult {
         for exe in built_executables(b, false)? {
             copy_stripped(&exe, &bin_dir.join(ex))?;
         }
+    }
+
+    let scripts_dir = dir.join("scripts");
+    fs::create_dir_all(&scripts_dir)
+        .map_err(|e| format!("cannot create {}: {e}", scripts_dir.display()))?;
+    for (src, name) in SCRIPTS {
+        let from = root.join(src);
+        fs::copy(&from, scripts_dir.join(name))
+            .map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
     }
 
     let runner = dir.join("run.sh");

@@ -4,6 +4,8 @@
 #
 #   ./run.sh tests [FILTER]     every test binary, GPU tests required (logs in $MAMBA_LOG_DIR or ./logs)
 #   ./run.sh bench reduce|train the benchmarks, printed as tables
+#   ./run.sh bench scaling      P = 2 vs P = 1 step time of the CLI at the 130m shape (dp_scaling)
+#   ./run.sh hf-crosscheck [DIR] our checkpoints in transformers and back (needs torch + transformers)
 #
 # Exit status: 0 only when every test binary passed.
 set -u
@@ -52,12 +54,23 @@ tests)
 bench)
     case "${2:-}" in
     reduce) exec "$here/bin/bench_reduce" "${@:3}" ;;
-    train) exec "$here/bin/bench_cuda_step" "${@:3}" ;;
-    *) echo "usage: run.sh bench reduce|train [ARGS]" >&2; exit 2 ;;
+    train)
+        # Ours, then transformers' PyTorch path on the same sizes, then the side-by-side table.
+        out="${MAMBA_BENCH_DIR:-$log}"
+        "$here/bin/bench_cuda_step" --json "$out/cuda_step.jsonl" "${@:3}" || exit 1
+        python3 "$here/scripts/bench_torch_step.py" --json "$out/torch_step.jsonl" || exit 1
+        exec python3 "$here/scripts/bench_torch_step.py" --report "$out/cuda_step.jsonl" "$out/torch_step.jsonl"
+        ;;
+    scaling) exec "$here/bin/dp_scaling" "${@:3}" ;;
+    *) echo "usage: run.sh bench reduce|train|scaling [ARGS]" >&2; exit 2 ;;
     esac
     ;;
+hf-crosscheck)
+    # Our checkpoints in transformers and transformers' in ours (scripts/hf_crosscheck.py).
+    exec python3 "$here/scripts/hf_crosscheck.py" "$here/bin/hf_logits" "$here/bin/mamba-train" "${2:-/tmp/hf-crosscheck}" "${@:3}"
+    ;;
 *)
-    echo "usage: run.sh tests [FILTER] | run.sh bench reduce|train [ARGS]" >&2
+    echo "usage: run.sh tests [FILTER] | run.sh bench reduce|train|scaling [ARGS] | run.sh hf-crosscheck [WORKDIR]" >&2
     exit 2
     ;;
 esac

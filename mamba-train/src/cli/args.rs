@@ -60,7 +60,9 @@ pub enum Device {
     /// The CPU reference model (all cores, same bits for any thread count).
     #[default]
     Cpu,
-    /// NVIDIA GPUs (needs the CUDA model).
+    /// NVIDIA GPUs: the CUDA model, one GPU per process, gradients reduced
+    /// through NCCL also on one GPU (needs the NVIDIA driver, NCCL 2.26 or
+    /// newer and a build with the CUDA kernels).
     Cuda,
 }
 

@@ -28,9 +28,11 @@ use super::progress::stderr_line;
 use super::resolve::resolve_run_in;
 use crate::checkpoint::{self, state::RunState, Checkpoint, STATE_FILE};
 use crate::data::{Dataset, TaskSpec};
+use crate::dp::cuda::CudaReplica;
 use crate::dp::{self, DataParallel, DpOptions, TestHooks};
 use crate::error::{Result, TrainError};
 use crate::model::cpu::CpuModel;
+use crate::model::cuda::CudaModel;
 use crate::train::{RunConfig, Trainer};
 
 pub use super::drive::{TrainSummary, METRICS_FILE, PLOT_FILE};
@@ -91,18 +93,6 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
             "--comm-timeout must be at least 1 second, got 0".into(),
         ));
     }
-    if args.device == Device::Cuda {
-        // Where the CUDA backend plugs in: a `DpBackend` over the CUDA
-        // model's device arenas and optimizer, paired with an
-        // `NcclReducer` over `NcclComm::init(place.rank, place.world,
-        // place.device(), rendezvous, ..)`, driven by `drive` exactly like
-        // the CPU rank in `run_cpu_rank`.
-        return Err(TrainError::Config(
-            "--device cuda is not supported yet: the data-parallel trainer does not drive the \
-             CUDA model in this version; use --device cpu"
-                .into(),
-        ));
-    }
     let env = ProcessEnv;
     let place = detect(&env)?;
     let ov = overrides(&env)?;
@@ -120,6 +110,12 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
             p.world
         }
         None => args.world.unwrap_or(1),
+    };
+    // Every process (supervisor, rank) checks the GPU side first: without a
+    // driver, kernels or NCCL it is one clear error before anything starts.
+    let gpu = match args.device {
+        Device::Cuda => Some(dp::cuda::preflight()?),
+        Device::Cpu => None,
     };
     let mut opts = SpawnOptions {
         grace: FAILURE_GRACE,
@@ -139,8 +135,15 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
         };
         let plan = plan_run(args, recorded.as_ref(), world, env_run)?;
         let (l, blocks) = (plan.run.logical_world, plan.run.logical_world / world);
+        if let Some(host) = &gpu {
+            dp::cuda::check_world_fits(host, world, l)?;
+        }
+        let kind = match args.device {
+            Device::Cpu => "CPU processes (",
+            Device::Cuda => "GPU processes (one GPU each, ",
+        };
         stderr_line(&format!(
-            "mamba-train: starting {world} CPU processes (logical world {l}, {blocks} \
+            "mamba-train: starting {world} {kind}logical world {l}, {blocks} \
              micro-batch{} each, contract {})",
             if blocks == 1 { "" } else { "es" },
             plan.run.contract
@@ -156,7 +159,10 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
             ));
             Ok(TrainOutcome::Supervised(report))
         }
-        Role::Rank(place) => run_cpu_rank(args, place, out),
+        Role::Rank(place) => match gpu {
+            None => run_cpu_rank(args, place, out),
+            Some(host) => run_cuda_rank(args, place, &host, out),
+        },
     }
 }
 
@@ -275,10 +281,20 @@ fn schedule_fingerprint(args: &TrainArgs, end: u64) -> u64 {
     )
 }
 
-/// One rank of a CPU world: the CPU model's [`Trainer`] over host arenas,
-/// the host reducer over loopback sockets.
-fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Result<TrainOutcome> {
-    configure_threads(args, &place);
+/// What every rank sets up the same way whatever its device: the
+/// checkpoint to resume, the resolved run, its data, the test hooks and
+/// the options of its data-parallel loop.
+struct RankSetup {
+    ck: Option<Checkpoint>,
+    plan: Plan,
+    data: Dataset,
+    resumed_from: Option<PathBuf>,
+    opts: DpOptions,
+    timeout: Duration,
+}
+
+fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
+    configure_threads(args, place);
     let ck: Option<Checkpoint> = match &args.resume {
         Some(dir) => Some(checkpoint::load(dir)?),
         None => None,
@@ -289,26 +305,45 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
         logical_world: place.logical_world,
     };
     let plan = plan_run(args, recorded.as_ref(), place.world, env_run)?;
-    let run = plan.run.clone();
+    let run = &plan.run;
     let data = match (&run.task, plan.corpus.clone()) {
         (TaskSpec::Text(t), Some(bytes)) => Dataset::with_corpus(t.clone(), bytes, run.batch)?,
         _ => Dataset::new(run.task.clone(), run.batch)?,
     };
-    let model = CpuModel::new(run.model.clone())?;
-    let resumed_from = ck.as_ref().map(|c| c.dir.clone());
-    let trainer = match ck {
-        Some(c) => Trainer::resume(model, run.clone(), data, c)?,
-        None => Trainer::new(model, run.clone())?,
-    };
-    let hooks = TestHooks::from_env(&ProcessEnv)?;
-    let timeout = Duration::from_secs(args.comm_timeout);
-    let link = dp::host::connect(&place, timeout)?;
-    let reducer = dp::host::reducer(link.transport, &run);
     let opts = DpOptions {
         replica_check_every: args.replica_check_every,
-        hooks,
+        hooks: TestHooks::from_env(&ProcessEnv)?,
         schedule_fingerprint: schedule_fingerprint(args, plan.end),
     };
+    Ok(RankSetup {
+        resumed_from: ck.as_ref().map(|c| c.dir.clone()),
+        ck,
+        plan,
+        data,
+        opts,
+        timeout: Duration::from_secs(args.comm_timeout),
+    })
+}
+
+/// One rank of a CPU world: the CPU model's [`Trainer`] over host arenas,
+/// the host reducer over loopback sockets.
+fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Result<TrainOutcome> {
+    let RankSetup {
+        ck,
+        plan,
+        data,
+        resumed_from,
+        opts,
+        timeout,
+    } = prepare_rank(args, &place)?;
+    let run = plan.run.clone();
+    let model = CpuModel::new(run.model.clone())?;
+    let trainer = match ck {
+        Some(c) => Trainer::resume(model, run.clone(), data, c)?,
+        None => Trainer::with_dataset(model, run.clone(), data)?,
+    };
+    let link = dp::host::connect(&place, timeout)?;
+    let reducer = dp::host::reducer(link.transport, &run);
     let mut world = DataParallel::new(trainer, reducer, opts)?;
     let ctx = RankContext {
         args,
@@ -320,6 +355,66 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
     let outcome = drive(&mut world, &ctx, out);
     // The rendezvous outlives the transport (rank 0 may serve it).
     drop(world);
+    drop(link.rendezvous);
+    outcome
+}
+
+/// One rank of a GPU world: the CUDA model ([`dp::cuda::CudaReplica`]) on
+/// this rank's GPU, on the stream of its NCCL communicator, reducing
+/// through the [`mamba_reduce::NcclReducer`]. A world of one is a 1-rank
+/// communicator, the same path.
+///
+/// Teardown: after a successful run the communicator is shut down in
+/// order (finalize, destroy); a failure there is reported as a warning,
+/// since every rank has already agreed on the final weights. After a
+/// failed run it is dropped, which aborts it (peers may be gone).
+fn run_cuda_rank(
+    args: &TrainArgs,
+    place: WorldPlace,
+    host: &dp::cuda::GpuHost,
+    out: &mut dyn Write,
+) -> Result<TrainOutcome> {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let device = dp::cuda::rank_device(host, &place, visible.as_deref())?;
+    let RankSetup {
+        ck,
+        plan,
+        data,
+        resumed_from,
+        opts,
+        timeout,
+    } = prepare_rank(args, &place)?;
+    let run = plan.run.clone();
+    let link = dp::cuda::connect(&place, device, timeout)?;
+    let model = CudaModel::with_stream(run.model.clone(), link.comm.stream().clone())?;
+    let replica = match ck {
+        Some(c) => CudaReplica::resume(model, run.clone(), data, c)?,
+        None => CudaReplica::new(model, run.clone(), data)?,
+    };
+    let reducer = dp::cuda::link::reducer(link.comm, &run)?;
+    let mut world = DataParallel::new(replica, reducer, opts)?;
+    let ctx = RankContext {
+        args,
+        end: plan.end,
+        resumed_from,
+        device: "cuda",
+        threads: rayon::current_num_threads(),
+    };
+    let outcome = drive(&mut world, &ctx, out);
+    let (replica, reducer) = world.into_parts();
+    // Device memory first, then the communicator, then the rendezvous
+    // (rank 0 may serve it).
+    drop(replica);
+    if outcome.is_ok() {
+        if let Err(e) = dp::cuda::link::shutdown(reducer) {
+            stderr_line(&format!(
+                "{}warning: the NCCL communicator did not shut down cleanly after the run: {e}",
+                rank_prefix()
+            ));
+        }
+    } else {
+        drop(reducer);
+    }
     drop(link.rendezvous);
     outcome
 }

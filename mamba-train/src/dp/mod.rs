@@ -26,6 +26,7 @@
 //! | stop and resume, also at another `P` | same bits | same bits at the same P, on a frozen machine |
 //! | logical world `L` | differs (part of the run's identity) | differs |
 //! | device (CPU vs CUDA) | differs (different kernels) | differs |
+//! | GPU model or build (CUDA) | may differ (per-rank kernels, cuBLAS) | may differ |
 //!
 //! Host-transport specifics (measured by the tests, not promised): under
 //! `nccl-sum` the host transport sums in ascending rank order, so with
@@ -58,6 +59,9 @@
 //! mamba-train train --world 4                        # 4 CPU processes (self-spawned), L = 4
 //! mamba-train train --world 2 --resume runs/latest   # continue that run on 2 processes, same bits
 //! mamba-train train --world 2 --logical-world 8 --contract nccl-sum
+//! mamba-train train --device cuda                    # one GPU (a 1-rank NCCL world), L = 1
+//! mamba-train train --device cuda --world 2          # two GPUs, one process each, L = 2
+//! mamba-train train --device cuda --logical-world 2  # one GPU, the same bits as --world 2
 //!
 //! # under a launcher the launcher's world is used (--world, if given, must match):
 //! torchrun --standalone --nproc-per-node 2 --no-python mamba-train train --device cuda
@@ -80,24 +84,15 @@
 //! CPU backend is the [`Trainer`](crate::train::Trainer) over host arenas
 //! with [`mamba_reduce::HostReducer`] ([`host`]).
 //!
-//! The CUDA backend is not wired yet (`--device cuda` is refused with a
-//! clear error). It is a `DpBackend` with `Buffer = CudaSlice<f32>`: the
-//! model from `CudaModel::with_stream(cfg, comm.stream().clone())` (so the
-//! reduction is ordered after the backward pass on one stream), a device
-//! parameter arena and `CudaOptimizer`; `micro_gradient` is the model's
-//! `forward_backward` on `Dataset::train_batch(seed, step, micro)`, `apply`
-//! is `CudaOptimizer::step`, `weights_digest` and `save_checkpoint`
-//! download the arena (with [`crate::train::run_state`]), `evaluate` is
-//! [`crate::train::evaluate_with`] over the model's logits, and
-//! `all_finite` may answer `true` (a non-finite addend makes the mean
-//! non-finite on every rank, and the optimizer's norm check then skips the
-//! step everywhere). It pairs with `NcclReducer::new(NcclComm::init(rank,
-//! world, place.device(), &*rendezvous, NcclOptions::default())?,
-//! ReducerOptions::new(run.contract, run.logical_world))`; in `cli::run`,
-//! the `Device::Cuda` refusal becomes a `run_cuda_rank` beside
-//! `run_cpu_rank`, which hands both to the same `cli::drive::drive`.
+//! The CUDA backend is [`cuda::CudaReplica`]: the CUDA model over device
+//! arenas (`Buffer = CudaSlice<f32>`) with its optimizer on the device,
+//! paired with [`mamba_reduce::NcclReducer`] over one NCCL communicator per
+//! rank, one GPU per rank ([`cuda`]). `--device cuda` at `P = 1` runs the
+//! same path over a 1-rank communicator, so its bits are those of every
+//! `P` at the same `L`.
 
 pub mod backend;
+pub mod cuda;
 pub mod engine;
 pub mod hooks;
 pub mod host;

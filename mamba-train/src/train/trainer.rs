@@ -15,6 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{self, arena_digest, Checkpoint, CheckpointRef, DataPosition, RunState};
+use crate::config::ModelConfig;
 use crate::data::{accuracy, Accuracy, Dataset};
 use crate::error::{Result, TrainError};
 use crate::model::{Batch, IGNORE};
@@ -117,20 +118,7 @@ impl<M: TrainModel> Trainer<M> {
     }
 
     fn check_parts(model: &M, cfg: &RunConfig, data: &Dataset) -> Result<()> {
-        cfg.validate()?;
-        if model.config() != &cfg.model {
-            return Err(TrainError::Config(format!(
-                "the model has shape {:?} but the run asks for {:?}",
-                model.config(),
-                cfg.model
-            )));
-        }
-        if data.spec() != &cfg.task || data.batch_rows() != cfg.batch {
-            return Err(TrainError::Config(
-                "the dataset does not match the run's task and batch".into(),
-            ));
-        }
-        Ok(())
+        check_run_parts(model.config(), cfg, data)
     }
 
     fn assemble(
@@ -345,6 +333,25 @@ impl<M: TrainModel> Trainer<M> {
         };
         checkpoint::save(run_dir, &ck, keep)
     }
+}
+
+/// Check that a model of shape `model` and `data` are the parts `cfg`
+/// asks for (and that `cfg` itself is valid): what every backend checks
+/// before it holds a replica of the run.
+pub(crate) fn check_run_parts(model: &ModelConfig, cfg: &RunConfig, data: &Dataset) -> Result<()> {
+    cfg.validate()?;
+    if model != &cfg.model {
+        return Err(TrainError::Config(format!(
+            "the model has shape {model:?} but the run asks for {:?}",
+            cfg.model
+        )));
+    }
+    if data.spec() != &cfg.task || data.batch_rows() != cfg.batch {
+        return Err(TrainError::Config(
+            "the dataset does not match the run's task and batch".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The checkpoint state of `cfg` after `step` steps, `optimizer_updates`
