@@ -381,7 +381,6 @@ def read_hf_dir(d):
 # transformers
 # ----------------------------------------------------------------------------
 
-_FAST = ("selective_state_update", "selective_scan_fn", "causal_conv1d_fn", "causal_conv1d_update", "mamba_inner_fn")
 
 
 def load_torch():
@@ -412,20 +411,24 @@ def strict_f32(torch):
 
 
 def force_pure_pytorch(mm):
-    """Make every MambaMixer take slow_forward: the fast-kernel globals are
-    cleared (transformers re-reads them per call; newer versions re-set them
-    when a mixer is built, so call this after building a model) and the
-    fast entry point raises if reached anyway."""
-    for name in _FAST:
-        if hasattr(mm, name):
-            setattr(mm, name, None)
-    if hasattr(mm, "is_fast_path_available"):
-        mm.is_fast_path_available = False
+    """Make sure transformers runs its pure-PyTorch Mamba path.
 
-    def refuse(*_a, **_k):
-        raise RuntimeError("transformers took its fast CUDA-kernel path; the cross-check needs the pure-PyTorch one")
+    transformers 5.x calls `causal_conv1d_fn` / `selective_scan_fn` from
+    every forward and resolves them to its own reference PyTorch
+    implementations when the `causal_conv1d` and `mamba_ssm` packages are
+    absent (it logs "falling back to its reference PyTorch implementation").
+    Clearing those handles breaks that forward, so instead refuse to run
+    when a fast-kernel package is importable. Returns what was checked."""
+    import importlib.util
 
-    mm.MambaMixer.cuda_kernels_forward = refuse
+    found = {p: importlib.util.find_spec(p) is not None for p in ("mamba_ssm", "causal_conv1d")}
+    present = [p for p, ok in found.items() if ok]
+    if present:
+        raise RuntimeError(
+            f"fast-kernel package(s) {present} are installed: transformers would not take its "
+            "pure-PyTorch path; run in an environment without them"
+        )
+    return found
 
 
 def hf_score(torch, model, tokens, b, t, device):

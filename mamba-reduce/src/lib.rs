@@ -88,6 +88,15 @@
 //! free for NCCL. A one-chunk plan's single fold has nothing to overlap and
 //! keeps the full grid. The grid never changes a bit.
 //!
+//! Measured (2x H200, docs/PERFORMANCE.md, third run): even with the
+//! limited grid, two or more chunks never beat one at `P = L`, because each
+//! extra nonblocking group costs the host ~70-120 us, more than the fold it
+//! hides. So sharded plans default to one chunk; what bounds them is the
+//! one unhidden fold pass (`(P+1)/P N` x 4 HBM bytes, 6-14% of NCCL's
+//! all-reduce time at 256 MiB - 1 GiB). The chunked machinery stays for
+//! the `L > P` pipeline (where it is the dataflow) and for explicit chunk
+//! lengths.
+//!
 //! # Bytes, launches, memory (`N` elements of 4 bytes, `C` chunks, `B = L/P`)
 //!
 //! | | `P = L` | `L > P` |
@@ -162,8 +171,6 @@ pub use fold::{
 pub use host::HostReducer;
 pub use identity::RunIdentity;
 pub use nccl::NcclReducer;
-pub use plan::{
-    Dataflow, PlanCost, RankPlan, GROUP_OVERHEAD_SEC, LINK_BYTES_PER_SEC, SHARDED_SPLIT_BYTES,
-};
+pub use plan::{Dataflow, PlanCost, RankPlan, GROUP_OVERHEAD_SEC, LINK_BYTES_PER_SEC};
 pub use reducer::{PlanRunner, Reducer, ReducerOptions, TransportReducer};
 pub use shard::ShardPlan;

@@ -161,16 +161,6 @@ pub const LINK_BYTES_PER_SEC: f64 = 360e9;
 /// Fixed device-side cost of one queued point-to-point group (kernel
 /// launch gap and NCCL's handshake, ~10 us).
 pub const GROUP_OVERHEAD_SEC: f64 = 10e-6;
-/// Arenas from this size on use two chunks in the sharded dataflow: below
-/// it the fold that two chunks would hide (`~(P+1)/P` of the arena read and
-/// written at ~4 TB/s, ~50 us at 128 MiB on H200) costs less than the two
-/// extra groups. A group costs the host ~100 us to enqueue (the
-/// communicator is nonblocking, so NCCL launches every group from a thread
-/// it creates for it; the 4 MiB chunk sweep of docs/PERFORMANCE.md shows
-/// 70-120 us per extra group), hidden behind the previous group only when
-/// that one moves at least ~32 MiB each way, i.e. from arenas of ~128 MiB
-/// on at `P = 2`.
-pub const SHARDED_SPLIT_BYTES: usize = 128 << 20;
 /// Chunk lengths are rounded up to a multiple of this many elements (4 KiB),
 /// so chunk and (for even `P`) shard boundaries keep 16-byte alignment.
 const CHUNK_ALIGN: usize = 1024;
@@ -292,11 +282,14 @@ impl RankPlan {
     /// The default chunk length for `len`-element arenas reduced by `world`
     /// processes over `logical_world` logical ranks (counts in the crate
     /// docs):
-    /// - sharded (`P = L`): the whole arena below
-    ///   [`SHARDED_SPLIT_BYTES`], two chunks from it on (with the lag of
-    ///   two steps, two are enough to hide both folds behind transfers —
-    ///   the first behind the second chunk's scatter, the second behind the
-    ///   first chunk's gather — and more only add groups);
+    /// - sharded (`P = L`): the whole arena, at every size. Chunking is meant
+    ///   to hide each chunk's fold behind the next chunk's transfer, but on
+    ///   2x H200 it never won (docs/PERFORMANCE.md, 2026-11-30: at 1 GiB one
+    ///   chunk took 1.06x NCCL's all-reduce, two 1.13-1.19x, at any fold
+    ///   grid): every extra group costs the host ~70-120 us (the communicator
+    ///   is nonblocking, so NCCL launches each group from a thread of its
+    ///   own), more than the fold it hides (~0.1 ms per 512 MiB). Chunked
+    ///   plans stay available through an explicit chunk length;
     /// - pipeline (`L > P`, `P >= 2`): `C = sqrt(F T / o)` chunks, which
     ///   minimises `T (C + F) / C + (C + F) o` — the link time `T` of the
     ///   arena at [`LINK_BYTES_PER_SEC`] stretched by the `F = 3P - 3`
@@ -311,11 +304,7 @@ impl RankPlan {
         let chunks = if world <= 1 {
             1
         } else if logical_world == world {
-            if bytes >= SHARDED_SPLIT_BYTES {
-                2
-            } else {
-                1
-            }
+            1
         } else {
             let fill = (3 * world - 3) as f64;
             let link = bytes as f64 / LINK_BYTES_PER_SEC;
@@ -755,17 +744,17 @@ mod tests {
     }
 
     #[test]
-    fn large_sharded_arenas_take_two_chunks_and_double_buffered_slots() {
-        let len = SHARDED_SPLIT_BYTES / 4;
-        let p = RankPlan::new(1, 2, 2, len, None).unwrap();
+    fn two_chunk_sharded_plans_double_buffer_their_slots() {
+        let len = 32 << 20;
+        let p = RankPlan::new(1, 2, 2, len, Some(len / 2)).unwrap();
         assert_eq!(p.chunks(), 2);
         let c = p.cost();
         assert_eq!((c.steps, c.groups, c.fold_launches), (4, 4, 2));
         assert_eq!(c.bytes_sent, 4 * len as u64);
         // Two slot sets of half a chunk's shard: still half the arena.
         assert_eq!(c.scratch_bytes, 2 * len as u64);
-        let small = RankPlan::new(1, 2, 2, len - 1, None).unwrap();
-        assert_eq!(small.chunks(), 1);
+        let default = RankPlan::new(1, 2, 2, len, None).unwrap();
+        assert_eq!(default.chunks(), 1, "sharded plans default to one chunk");
     }
 
     #[test]
@@ -822,9 +811,9 @@ mod tests {
         assert_eq!(chunks(256, 2, 4), 15);
         assert_eq!(chunks(16, 2, 4), 4);
         assert_eq!(chunks(4, 2, 4), 2);
-        assert_eq!(chunks(1024, 2, 2), 2);
-        assert_eq!(chunks(256, 2, 2), 2);
-        assert_eq!(chunks(128, 2, 2), 2);
+        assert_eq!(chunks(1024, 2, 2), 1);
+        assert_eq!(chunks(256, 2, 2), 1);
+        assert_eq!(chunks(128, 2, 2), 1);
         assert_eq!(chunks(64, 2, 2), 1);
         assert_eq!(chunks(32, 2, 2), 1);
         assert_eq!(chunks(1024, 1, 4), 1);

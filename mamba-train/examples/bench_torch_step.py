@@ -45,25 +45,27 @@ SIZES = {
     "long": (768, 24, 1, 8192),
 }
 VOCAB = 50280
-_FAST = ("selective_state_update", "selective_scan_fn", "causal_conv1d_fn", "causal_conv1d_update", "mamba_inner_fn")
 
 
 def force_pure_pytorch(mm):
-    """Clear transformers' fast-kernel handles (re-read on every call; newer
-    versions set them while building a mixer, so call after building) and
-    make the fast entry point raise if reached. Returns what was available."""
-    had = {n: getattr(mm, n, None) is not None for n in _FAST}
-    for n in _FAST:
-        if hasattr(mm, n):
-            setattr(mm, n, None)
-    if hasattr(mm, "is_fast_path_available"):
-        mm.is_fast_path_available = False
+    """Make sure transformers runs its pure-PyTorch Mamba path.
 
-    def refuse(*_a, **_k):
-        raise RuntimeError("transformers took its fast CUDA-kernel path; this benchmark measures the pure-PyTorch one")
+    transformers 5.x calls `causal_conv1d_fn` / `selective_scan_fn` from
+    every forward and resolves them to its own reference PyTorch
+    implementations when the `causal_conv1d` and `mamba_ssm` packages are
+    absent (it logs "falling back to its reference PyTorch implementation").
+    Clearing those handles breaks that forward, so instead refuse to run
+    when a fast-kernel package is importable. Returns what was checked."""
+    import importlib.util
 
-    mm.MambaMixer.cuda_kernels_forward = refuse
-    return had
+    found = {p: importlib.util.find_spec(p) is not None for p in ("mamba_ssm", "causal_conv1d")}
+    present = [p for p, ok in found.items() if ok]
+    if present:
+        raise RuntimeError(
+            f"fast-kernel package(s) {present} are installed: transformers would not take its "
+            "pure-PyTorch path; run in an environment without them"
+        )
+    return found
 
 
 def strict_f32(torch):

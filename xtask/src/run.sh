@@ -35,7 +35,7 @@ tests)
         name=$(basename "$t")
         start=$(date +%s)
         # A hung binary must not eat the whole lease: each gets a hard limit.
-        if timeout -k 5 "${MAMBA_TEST_TIMEOUT:-300}" "$t" --test-threads=1 $filter >"$log/$name.log" 2>&1; then st=ok; else st=FAILED; fail=1; fi
+        if timeout -k 5 "${MAMBA_TEST_TIMEOUT:-300}" "$t" --test-threads=1 --nocapture $filter >"$log/$name.log" 2>&1; then st=ok; else st=FAILED; fail=1; fi
         res=$(grep -E '^test result' "$log/$name.log" | tail -n 1)
         p=$(echo "$res" | sed -n 's/.* \([0-9]*\) passed.*/\1/p'); f=$(echo "$res" | sed -n 's/.* \([0-9]*\) failed.*/\1/p')
         passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
