@@ -46,7 +46,10 @@ const EXAMPLES: &[(&str, &str)] = &[
 /// PyTorch and transformers): `(source path in the workspace, name)`.
 const SCRIPTS: &[(&str, &str)] = &[
     ("scripts/hf_crosscheck.py", "hf_crosscheck.py"),
-    ("mamba-train/examples/bench_torch_step.py", "bench_torch_step.py"),
+    (
+        "mamba-train/examples/bench_torch_step.py",
+        "bench_torch_step.py",
+    ),
     ("mamba-train/tests/hf_load.py", "hf_load.py"),
 ];
 
