@@ -284,8 +284,23 @@ extern "C" __global__ void mamba_reduce_partials(const float* __restrict__ part,
                                                  float* __restrict__ out) {
     const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= ncols) return;
+    // The sum is serial in ascending p (fixed association); only the loads
+    // are batched, kBatch in flight per thread, so a long partial list (the
+    // scan's d A: batch * chunks partials) is not one memory latency per term.
+    constexpr int kBatch = 16;
+    const float* col = part + col0 + j;
     float s = 0.0f;
-    for (int p = 0; p < nparts; ++p) s = s + part[(long long)p * stride + col0 + j];
+    for (int p0 = 0; p0 < nparts; p0 += kBatch) {
+        float v[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+            v[i] = p0 + i < nparts ? col[(long long)(p0 + i) * stride] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+            if (p0 + i < nparts) s = s + v[i];
+        }
+    }
     if (mode == 1) s = s * -expf(aux[j]);
     out[j] = s;
 }

@@ -81,6 +81,20 @@ __device__ __forceinline__ long long state_index(int b, int k, int nch, int c, i
     return (((long long)b * nch + k) * D + c) * N + n;
 }
 
+// out[j] = x[(m0 + min(j, len - 1)) * ld + col], j < kChunk: the chunk's
+// column of x, the rows past a ragged chunk's end clamped to its last row
+// (1 <= len <= kChunk), so every load is in bounds and unconditional. The
+// per-chunk kernels issue all of a chunk's loads this way before their
+// serial chain starts: a load inside a `j < len` branch cannot be hoisted,
+// and the chain then waits one memory latency per step. Only the loads move;
+// the arithmetic, its order and the values used are unchanged.
+__device__ __forceinline__ void load_chunk(const float* __restrict__ x, long long ld,
+                                           long long col, long long m0, int len,
+                                           float (&out)[kChunk]) {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) out[j] = x[(m0 + min(j, len - 1)) * ld + col];
+}
+
 }  // namespace
 
 // Forward step 1. grid (ceil(D / cpb), nch, B), block 128.
@@ -97,13 +111,18 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     const int t0 = k * kChunk;
     const int len = min(kChunk, T - t0);
     const long long m0 = (long long)b * T + t0;
+    float dtv[kChunk], bv[kChunk], uv[kChunk];
+    load_chunk(dt, D, c, m0, len, dtv);
+    load_chunk(bc, ldbc, l.n, m0, len, bv);
+    load_chunk(u, D, c, m0, len, uv);
     float h = 0.0f, p = 1.0f;
-    for (int j = 0; j < len; ++j) {
-        const long long m = m0 + j;
-        const float dtv = dt[m * D + c];
-        const float a = expf(dtv * A);
-        h = a * h + (dtv * bc[m * ldbc + l.n]) * u[m * D + c];
-        p = p * a;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+        if (j < len) {
+            const float a = expf(dtv[j] * A);
+            h = a * h + (dtv[j] * bv[j]) * uv[j];
+            p = p * a;
+        }
     }
     const long long q = state_index(b, k, nch, c, D, l.n, N);
     S[q] = h;
@@ -163,16 +182,21 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     const long long m0 = (long long)b * T + t0;
     const float A = active ? -expf(a_log[c * N + l.n]) : 0.0f;
     float h = active ? Hin[state_index(b, k, nch, c, D, l.n, N)] : 0.0f;
+    // Inactive lanes load a valid element (clamped) and never use it.
+    const int cc = min(c, D - 1), nn = min(l.n, N - 1);
+    float dtv[kChunk], bv[kChunk], uv[kChunk], cv[kChunk];
+    load_chunk(dt, D, cc, m0, len, dtv);
+    load_chunk(bc, ldbc, nn, m0, len, bv);
+    load_chunk(u, D, cc, m0, len, uv);
+    load_chunk(bc, ldbc, N + nn, m0, len, cv);
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) {
         if (j < len) {  // uniform over the block
             float part = 0.0f;
             if (active) {
-                const long long m = m0 + j;
-                const float dtv = dt[m * D + c];
-                const float a = expf(dtv * A);
-                h = a * h + (dtv * bc[m * ldbc + l.n]) * u[m * D + c];
-                part = bc[m * ldbc + N + l.n] * h;
+                const float a = expf(dtv[j] * A);
+                h = a * h + (dtv[j] * bv[j]) * uv[j];
+                part = cv[j] * h;
             }
             part = group_sum(part, l.sw);
             if (threadIdx.x % l.sw == 0) sred[j][l.sub] = part;
@@ -209,14 +233,19 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     const int t0 = k * kChunk;
     const int len = min(kChunk, T - t0);
     const long long m0 = (long long)b * T + t0;
+    float dtv[kChunk], cv[kChunk], dyv[kChunk];
+    load_chunk(dt, D, c, m0, len, dtv);
+    load_chunk(bc, ldbc, N + l.n, m0, len, cv);
+    load_chunk(dy, D, c, m0, len, dyv);
     float carry = 0.0f, p = 1.0f;
-    for (int j = len - 1; j >= 0; --j) {
-        const long long m = m0 + j;
-        const float dtv = dt[m * D + c];
-        const float a = expf(dtv * A);
-        const float g = bc[m * ldbc + N + l.n] * dy[m * D + c] + carry;
-        carry = a * g;
-        p = p * a;
+#pragma unroll
+    for (int j = kChunk - 1; j >= 0; --j) {
+        if (j < len) {
+            const float a = expf(dtv[j] * A);
+            const float g = cv[j] * dyv[j] + carry;
+            carry = a * g;
+            p = p * a;
+        }
     }
     const long long q = state_index(b, k, nch, c, D, l.n, N);
     G[q] = carry;
@@ -263,8 +292,9 @@ extern "C" __global__ void mamba_scan_bwd_combine(float* __restrict__ G,
 // part + Dp dy (x_proj's backward GEMM adds its share later);
 // dA_part[(b, k), c, n] = sum over the chunk of g a h_{t-1} dt;
 // part[grp][m][0..N) = d B, part[grp][m][N..2N) = d C summed over the group.
-// grid (groups, nch, B), block 128.
-extern "C" __global__ void __launch_bounds__(kThreads)
+// grid (groups, nch, B), block 128. Three blocks per SM: the chunk's inputs
+// live in registers (load_chunk); four would spill (ptxas, sm_90).
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
     mamba_scan_bwd(const float* __restrict__ u, const float* __restrict__ dt,
                    const float* __restrict__ bc, long long ldbc,
                    const float* __restrict__ a_log, const float* __restrict__ dpar,
@@ -295,6 +325,13 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         const bool active = c < D && l.n < N;
         const long long q = active ? state_index(b, k, nch, c, D, l.n, N) : 0;
         const float A = active ? -expf(a_log[c * N + l.n]) : 0.0f;
+        // The chunk's inputs, loaded up front (inactive lanes: a clamped
+        // valid element, never used).
+        const int cc = min(c, D - 1), nn = min(l.n, N - 1);
+        float dtv[kChunk], uv[kChunk], bv[kChunk];
+        load_chunk(dt, D, cc, m0, len, dtv);
+        load_chunk(u, D, cc, m0, len, uv);
+        load_chunk(bc, ldbc, nn, m0, len, bv);
         // Recompute the chunk's states: hs[j] = h_{t0+j-1}, hs[len] = last.
         float hs[kChunk + 1], as[kChunk];
         hs[0] = active ? Hin[q] : 0.0f;
@@ -303,13 +340,14 @@ extern "C" __global__ void __launch_bounds__(kThreads)
             as[j] = 0.0f;
             hs[j + 1] = hs[j];
             if (j < len && active) {
-                const long long m = m0 + j;
-                const float dtv = dt[m * D + c];
-                const float a = expf(dtv * A);
+                const float a = expf(dtv[j] * A);
                 as[j] = a;
-                hs[j + 1] = a * hs[j] + (dtv * bc[m * ldbc + l.n]) * u[m * D + c];
+                hs[j + 1] = a * hs[j] + (dtv[j] * bv[j]) * uv[j];
             }
         }
+        float cv[kChunk], dyv[kChunk];
+        load_chunk(bc, ldbc, N + nn, m0, len, cv);
+        load_chunk(dy, D, cc, m0, len, dyv);
         float carry = active ? Gin[q] : 0.0f;
         float dA = 0.0f;
 #pragma unroll
@@ -317,19 +355,13 @@ extern "C" __global__ void __launch_bounds__(kThreads)
             if (j < len) {  // uniform over the block
                 float cB = 0.0f, cC = 0.0f, pdt = 0.0f, pdu = 0.0f;
                 if (active) {
-                    const long long m = m0 + j;
-                    const float dtv = dt[m * D + c];
-                    const float uv = u[m * D + c];
-                    const float bv = bc[m * ldbc + l.n];
-                    const float cv = bc[m * ldbc + N + l.n];
-                    const float dyv = dy[m * D + c];
-                    const float g = cv * dyv + carry;
+                    const float g = cv[j] * dyv[j] + carry;
                     const float hp = as[j] * hs[j];  // a_t h_{t-1}
-                    cC = dyv * hs[j + 1];
-                    cB = (g * dtv) * uv;
-                    pdt = g * (A * hp + bv * uv);
-                    pdu = (g * dtv) * bv;
-                    dA = dA + (g * hp) * dtv;
+                    cC = dyv[j] * hs[j + 1];
+                    cB = (g * dtv[j]) * uv[j];
+                    pdt = g * (A * hp + bv[j] * uv[j]);
+                    pdu = (g * dtv[j]) * bv[j];
+                    dA = dA + (g * hp) * dtv[j];
                     carry = as[j] * g;
                 }
                 sB[j][threadIdx.x] = cB;
