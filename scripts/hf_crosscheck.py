@@ -68,6 +68,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_reference import force_pure_pytorch, strict_f32  # noqa: E402
+
 # ----------------------------------------------------------------------------
 # safetensors, by hand (header length u64 LE, JSON header, raw LE data)
 # ----------------------------------------------------------------------------
@@ -393,42 +396,6 @@ def load_torch():
                          "use --self-test-format on a machine without them")
     print(f"float32 arithmetic: {strict_f32(torch)}")
     return torch, transformers, modeling_mamba
-
-
-def strict_f32(torch):
-    """f32 means f32: no TF32 in matmuls or convolutions. cuDNN is switched
-    off (conv1d then takes PyTorch's native kernel; cuDNN convolutions default
-    to TF32), and the matmul flag is set through one API only: torch >= 2.9
-    raises when its legacy (allow_tf32) and new (fp32_precision) settings
-    disagree."""
-    torch.backends.cudnn.enabled = False
-    m = torch.backends.cuda.matmul
-    if hasattr(m, "fp32_precision"):
-        m.fp32_precision = "ieee"
-        return f"cuda.matmul.fp32_precision = {m.fp32_precision!r}, cuDNN off"
-    m.allow_tf32 = False
-    return "cuda.matmul.allow_tf32 = False, cuDNN off"
-
-
-def force_pure_pytorch(mm):
-    """Make sure transformers runs its pure-PyTorch Mamba path.
-
-    transformers 5.x calls `causal_conv1d_fn` / `selective_scan_fn` from
-    every forward and resolves them to its own reference PyTorch
-    implementations when the `causal_conv1d` and `mamba_ssm` packages are
-    absent (it logs "falling back to its reference PyTorch implementation").
-    Clearing those handles breaks that forward, so instead refuse to run
-    when a fast-kernel package is importable. Returns what was checked."""
-    import importlib.util
-
-    found = {p: importlib.util.find_spec(p) is not None for p in ("mamba_ssm", "causal_conv1d")}
-    present = [p for p, ok in found.items() if ok]
-    if present:
-        raise RuntimeError(
-            f"fast-kernel package(s) {present} are installed: transformers would not take its "
-            "pure-PyTorch path; run in an environment without them"
-        )
-    return found
 
 
 def hf_score(torch, model, tokens, b, t, device):

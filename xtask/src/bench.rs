@@ -60,7 +60,7 @@ const SCALING_EXAMPLE: &str = "dp_scaling";
 ///
 /// 1. `bench_cuda_step` (release): ours at each size, with its floor and
 ///    memory high-water mark, JSON lines to `target/bench-train/cuda_step.jsonl`;
-/// 2. `mamba-train/examples/bench_torch_step.py`: the same step through
+/// 2. `scripts/bench_torch_step.py`: the same step through
 ///    transformers' pure-PyTorch path, JSON lines to
 ///    `target/bench-train/torch_step.jsonl` (it halves the batch of a size
 ///    that runs out of memory; the table then compares tokens/s);
@@ -95,7 +95,7 @@ fn train() -> TaskResult {
         .args(env_args("MAMBA_BENCH_CUDA_ARGS"));
     run_checked(&mut ours)?;
 
-    let script = root.join("mamba-train/examples/bench_torch_step.py");
+    let script = root.join("scripts/bench_torch_step.py");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     eprintln!("bench train: the PyTorch reference (bench_torch_step.py), sizes {sizes}");
     let mut torch = Command::new(&python);

@@ -46,11 +46,9 @@ const EXAMPLES: &[(&str, &str)] = &[
 /// PyTorch and transformers): `(source path in the workspace, name)`.
 const SCRIPTS: &[(&str, &str)] = &[
     ("scripts/hf_crosscheck.py", "hf_crosscheck.py"),
-    (
-        "mamba-train/examples/bench_torch_step.py",
-        "bench_torch_step.py",
-    ),
+    ("scripts/bench_torch_step.py", "bench_torch_step.py"),
     ("mamba-train/tests/hf_load.py", "hf_load.py"),
+    ("scripts/torch_reference.py", "torch_reference.py"),
 ];
 
 const RUNNER: &str = include_str!("run.sh");

@@ -35,9 +35,13 @@ floor. It needs no GPU. `cargo xtask bench train` runs all three.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_reference import force_pure_pytorch, strict_f32  # noqa: E402
 
 SIZES = {
     "small": (256, 4, 8, 1024),
@@ -45,42 +49,6 @@ SIZES = {
     "long": (768, 24, 1, 8192),
 }
 VOCAB = 50280
-
-
-def force_pure_pytorch(mm):
-    """Make sure transformers runs its pure-PyTorch Mamba path.
-
-    transformers 5.x calls `causal_conv1d_fn` / `selective_scan_fn` from
-    every forward and resolves them to its own reference PyTorch
-    implementations when the `causal_conv1d` and `mamba_ssm` packages are
-    absent (it logs "falling back to its reference PyTorch implementation").
-    Clearing those handles breaks that forward, so instead refuse to run
-    when a fast-kernel package is importable. Returns what was checked."""
-    import importlib.util
-
-    found = {p: importlib.util.find_spec(p) is not None for p in ("mamba_ssm", "causal_conv1d")}
-    present = [p for p, ok in found.items() if ok]
-    if present:
-        raise RuntimeError(
-            f"fast-kernel package(s) {present} are installed: transformers would not take its "
-            "pure-PyTorch path; run in an environment without them"
-        )
-    return found
-
-
-def strict_f32(torch):
-    """f32 means f32, as ours: no TF32 anywhere. cuDNN is switched off
-    (its convolutions default to TF32; conv1d then takes PyTorch's native
-    kernel, a small part of this step), and the matmul flag is set through
-    one API only (torch >= 2.9 raises when its legacy allow_tf32 and new
-    fp32_precision settings disagree)."""
-    torch.backends.cudnn.enabled = False
-    m = torch.backends.cuda.matmul
-    if hasattr(m, "fp32_precision"):
-        m.fp32_precision = "ieee"
-        return f"cuda.matmul.fp32_precision = {m.fp32_precision!r}, cuDNN off"
-    m.allow_tf32 = False
-    return "cuda.matmul.allow_tf32 = False, cuDNN off"
 
 
 def no_decay(name):
