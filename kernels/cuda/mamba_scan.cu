@@ -292,9 +292,13 @@ extern "C" __global__ void mamba_scan_bwd_combine(float* __restrict__ G,
 // part + Dp dy (x_proj's backward GEMM adds its share later);
 // dA_part[(b, k), c, n] = sum over the chunk of g a h_{t-1} dt;
 // part[grp][m][0..N) = d B, part[grp][m][N..2N) = d C summed over the group.
-// grid (groups, nch, B), block 128. Three blocks per SM: the chunk's inputs
-// live in registers (load_chunk); four would spill (ptxas, sm_90).
-extern "C" __global__ void __launch_bounds__(kThreads, 3)
+// grid (groups, nch, B), block 128. Four blocks per SM (128 registers, 48 KiB
+// static shared memory each; it was three at 168 registers): the chunk's
+// inputs live in registers (load_chunk), the d B / d C accumulators in shared
+// memory, and the walk recomputes a_t rather than keeping it; ptxas (sm_90)
+// reports no spills at this bound (`cargo xtask kernels`). Keeping a_t in
+// registers or in shared memory both spilled at 128 registers.
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mamba_scan_bwd(const float* __restrict__ u, const float* __restrict__ dt,
                    const float* __restrict__ bc, long long ldbc,
                    const float* __restrict__ a_log, const float* __restrict__ dpar,
@@ -306,6 +310,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
     __shared__ float sC[kChunk][kThreads];
     __shared__ float sDt[kChunk][kThreads];
     __shared__ float sDu[kChunk][kThreads];
+    __shared__ float sAcc[2][kChunk][kThreads];
     const Lanes l = lanes(np);
     const int b = blockIdx.z, k = blockIdx.y, nch = gridDim.y, grp = blockIdx.x;
     const long long M = (long long)gridDim.z * T;
@@ -313,11 +318,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
     const int len = min(kChunk, T - t0);
     const long long m0 = (long long)b * T + t0;
     // d B / d C accumulators: element e = tid + 128 i of the chunk's
-    // [kChunk][np] tile, i < nacc.
+    // [kChunk][np] tile, i < nacc. They live in shared memory, one private
+    // slot per (i, thread) that only this thread touches (so no barrier
+    // guards them): in registers they took 2 * kChunk registers for every
+    // np because nacc is a runtime value, which held the kernel to three
+    // blocks per SM. Same additions in the same order: bits unchanged.
     const int nacc = (kChunk * np + kThreads - 1) / kThreads;
-    float accB[kChunk], accC[kChunk];
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) accB[i] = accC[i] = 0.0f;
+    float(&accB)[kChunk][kThreads] = sAcc[0];
+    float(&accC)[kChunk][kThreads] = sAcc[1];
+    for (int i = 0; i < nacc; ++i) accB[i][threadIdx.x] = accC[i][threadIdx.x] = 0.0f;
 
     for (int r = 0; r < rounds; ++r) {
         const int cbase = (grp * rounds + r) * l.cpb;
@@ -333,15 +342,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
         load_chunk(u, D, cc, m0, len, uv);
         load_chunk(bc, ldbc, nn, m0, len, bv);
         // Recompute the chunk's states: hs[j] = h_{t0+j-1}, hs[len] = last.
-        float hs[kChunk + 1], as[kChunk];
+        // a_t is not kept (16 registers more would not fit four blocks per
+        // SM); the walk below recomputes it from the same operands, so it
+        // has the same bits.
+        float hs[kChunk + 1];
         hs[0] = active ? Hin[q] : 0.0f;
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
-            as[j] = 0.0f;
             hs[j + 1] = hs[j];
             if (j < len && active) {
                 const float a = expf(dtv[j] * A);
-                as[j] = a;
                 hs[j + 1] = a * hs[j] + (dtv[j] * bv[j]) * uv[j];
             }
         }
@@ -356,13 +366,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
                 float cB = 0.0f, cC = 0.0f, pdt = 0.0f, pdu = 0.0f;
                 if (active) {
                     const float g = cv[j] * dyv[j] + carry;
-                    const float hp = as[j] * hs[j];  // a_t h_{t-1}
+                    const float a = expf(dtv[j] * A);  // as in the recompute
+                    const float hp = a * hs[j];         // a_t h_{t-1}
                     cC = dyv[j] * hs[j + 1];
                     cB = (g * dtv[j]) * uv[j];
                     pdt = g * (A * hp + bv[j] * uv[j]);
                     pdu = (g * dtv[j]) * bv[j];
                     dA = dA + (g * hp) * dtv[j];
-                    carry = as[j] * g;
+                    carry = a * g;
                 }
                 sB[j][threadIdx.x] = cB;
                 sC[j][threadIdx.x] = cC;
@@ -400,8 +411,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
                     sb = sb + sB[j][cl2 * np + n2];
                     sc = sc + sC[j][cl2 * np + n2];
                 }
-                accB[i] = accB[i] + sb;
-                accC[i] = accC[i] + sc;
+                accB[i][threadIdx.x] = accB[i][threadIdx.x] + sb;
+                accC[i][threadIdx.x] = accC[i][threadIdx.x] + sc;
             }
         }
         __syncthreads();
@@ -413,8 +424,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
             const int j = e / np, n2 = e % np;
             if (j < len && n2 < N) {
                 const long long row = ((long long)grp * M + m0 + j) * (2 * N);
-                part[row + n2] = accB[i];
-                part[row + N + n2] = accC[i];
+                part[row + n2] = accB[i][threadIdx.x];
+                part[row + N + n2] = accC[i][threadIdx.x];
             }
         }
     }
