@@ -301,9 +301,8 @@ impl RankPlan {
     /// Rounded up to a multiple of 1024 elements; never changes bits.
     pub fn default_chunk(len: usize, world: usize, logical_world: usize) -> usize {
         let bytes = 4 * len;
-        let chunks = if world <= 1 {
-            1
-        } else if logical_world == world {
+        // One process, or the sharded dataflow (P = L): the whole arena.
+        let chunks = if world <= 1 || logical_world == world {
             1
         } else {
             let fill = (3 * world - 3) as f64;
