@@ -38,8 +38,8 @@ pub use simd::{set_max_simd, SimdLevel};
 use std::sync::Mutex;
 
 use crate::config::ModelConfig;
-use crate::error::{Result, TrainError};
-use crate::model::{Batch, IGNORE};
+use crate::error::Result;
+use crate::model::Batch;
 use crate::params::ParamLayout;
 use float::Float;
 
@@ -149,8 +149,8 @@ impl CpuModel {
         grads: &mut [F],
         ws: &mut net::Workspace<F>,
     ) -> Result<f64> {
-        self.check_arena("params", params.len())?;
-        self.check_arena("grads", grads.len())?;
+        self.check_arena("params arena", params.len())?;
+        self.check_arena("grads arena", grads.len())?;
         self.check_batch(batch)?;
         if batch.batch * batch.seq_len == 0 {
             grads.fill(F::ZERO);
@@ -177,7 +177,7 @@ impl CpuModel {
         batch: &Batch,
         ws: &mut net::Workspace<F>,
     ) -> Result<f64> {
-        self.check_arena("params", params.len())?;
+        self.check_arena("params arena", params.len())?;
         self.check_batch(batch)?;
         if batch.batch * batch.seq_len == 0 {
             return Ok(0.0);
@@ -200,7 +200,7 @@ impl CpuModel {
         batch: &Batch,
         ws: &mut net::Workspace<F>,
     ) -> Result<Vec<F>> {
-        self.check_arena("params", params.len())?;
+        self.check_arena("params arena", params.len())?;
         self.check_batch(batch)?;
         if batch.batch * batch.seq_len == 0 {
             return Ok(Vec::new());
@@ -218,52 +218,10 @@ impl CpuModel {
     }
 
     fn check_arena(&self, what: &str, len: usize) -> Result<()> {
-        if len != self.layout.len() {
-            return Err(TrainError::Config(format!(
-                "{what} arena has {len} elements; this model ({} layers, d_model {}, vocab {}) needs {}",
-                self.cfg.n_layer,
-                self.cfg.d_model,
-                self.cfg.vocab_size,
-                self.layout.len()
-            )));
-        }
-        Ok(())
+        crate::model::check_arena_len(&self.cfg, &self.layout, what, len)
     }
 
-    /// Shapes and ids of a batch: `batch * seq_len` tokens and targets,
-    /// tokens below the vocabulary size, targets below it or [`IGNORE`].
     fn check_batch(&self, b: &Batch) -> Result<()> {
-        let n = b.batch.checked_mul(b.seq_len).ok_or_else(|| {
-            TrainError::Data(format!(
-                "batch {} x seq_len {} overflows",
-                b.batch, b.seq_len
-            ))
-        })?;
-        if b.tokens.len() != n || b.targets.len() != n {
-            return Err(TrainError::Data(format!(
-                "batch of {} x {} needs {n} tokens and {n} targets, got {} and {}",
-                b.batch,
-                b.seq_len,
-                b.tokens.len(),
-                b.targets.len()
-            )));
-        }
-        let v = self.cfg.vocab_size;
-        if let Some((i, &tok)) = b.tokens.iter().enumerate().find(|(_, &t)| t as usize >= v) {
-            return Err(TrainError::Data(format!(
-                "token {tok} at position {i} is outside the vocabulary (size {v})"
-            )));
-        }
-        if let Some((i, &t)) = b
-            .targets
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t != IGNORE && (t < 0 || t as usize >= v))
-        {
-            return Err(TrainError::Data(format!(
-                "target {t} at position {i} is neither in 0..{v} nor the ignore value {IGNORE}"
-            )));
-        }
-        Ok(())
+        b.validate(self.cfg.vocab_size).map(|_| ())
     }
 }

@@ -37,7 +37,7 @@ pub use optim::{CudaAdamW, CudaOptimizer};
 
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
-use crate::model::{Batch, IGNORE};
+use crate::model::Batch;
 use crate::params::ParamLayout;
 use blas::Blas;
 use workspace::Workspace;
@@ -174,8 +174,8 @@ impl CudaModel {
         batch: &Batch,
         grads: &mut CudaSlice<f32>,
     ) -> Result<f32> {
-        self.check_arena("params", params.len())?;
-        self.check_arena("grads", grads.len())?;
+        self.check_arena("params arena", params.len())?;
+        self.check_arena("grads arena", grads.len())?;
         let counted = self.check_batch(batch)?;
         if batch.batch * batch.seq_len == 0 || counted == 0 {
             self.engine
@@ -196,7 +196,7 @@ impl CudaModel {
 
     /// Mean loss only (0 with no counted target). Synchronizes the stream.
     pub fn loss(&mut self, params: &CudaSlice<f32>, batch: &Batch) -> Result<f32> {
-        self.check_arena("params", params.len())?;
+        self.check_arena("params arena", params.len())?;
         let counted = self.check_batch(batch)?;
         if batch.batch * batch.seq_len == 0 || counted == 0 {
             return Ok(0.0);
@@ -210,7 +210,7 @@ impl CudaModel {
 
     /// Logits `[batch, seq_len, vocab]`, row-major, on the host.
     pub fn logits(&mut self, params: &CudaSlice<f32>, batch: &Batch) -> Result<Vec<f32>> {
-        self.check_arena("params", params.len())?;
+        self.check_arena("params arena", params.len())?;
         self.check_batch(batch)?;
         if batch.batch * batch.seq_len == 0 {
             return Ok(Vec::new());
@@ -231,7 +231,7 @@ impl CudaModel {
         batch: &Batch,
         grads: &mut [f32],
     ) -> Result<f32> {
-        self.check_arena("grads", grads.len())?;
+        self.check_arena("grads arena", grads.len())?;
         let p = self.upload(params)?;
         let mut g = self.zeros_arena()?;
         let loss = self.forward_backward(&p, batch, &mut g)?;
@@ -257,55 +257,11 @@ impl CudaModel {
     }
 
     fn check_arena(&self, what: &str, len: usize) -> Result<()> {
-        if len != self.layout.len() {
-            return Err(TrainError::Config(format!(
-                "{what} has {len} elements; this model ({} layers, d_model {}, vocab {}) needs {}",
-                self.cfg.n_layer,
-                self.cfg.d_model,
-                self.cfg.vocab_size,
-                self.layout.len()
-            )));
-        }
-        Ok(())
+        crate::model::check_arena_len(&self.cfg, &self.layout, what, len)
     }
 
-    /// The CPU model's batch rules (tokens below the vocabulary, targets
-    /// below it or [`IGNORE`]); returns the number of counted targets.
     fn check_batch(&self, b: &Batch) -> Result<usize> {
-        let n = b.batch.checked_mul(b.seq_len).ok_or_else(|| {
-            TrainError::Data(format!(
-                "batch {} x seq_len {} overflows",
-                b.batch, b.seq_len
-            ))
-        })?;
-        if b.tokens.len() != n || b.targets.len() != n {
-            return Err(TrainError::Data(format!(
-                "batch of {} x {} needs {n} tokens and {n} targets, got {} and {}",
-                b.batch,
-                b.seq_len,
-                b.tokens.len(),
-                b.targets.len()
-            )));
-        }
-        let v = self.cfg.vocab_size;
-        if let Some((i, t)) = b.tokens.iter().enumerate().find(|(_, &t)| t as usize >= v) {
-            return Err(TrainError::Data(format!(
-                "token {t} at position {i} is not below the vocabulary size {v}"
-            )));
-        }
-        let mut counted = 0;
-        for (i, &t) in b.targets.iter().enumerate() {
-            if t == IGNORE {
-                continue;
-            }
-            if t < 0 || t as usize >= v {
-                return Err(TrainError::Data(format!(
-                    "target {t} at position {i}: expected a token id below {v} or {IGNORE} (ignored)"
-                )));
-            }
-            counted += 1;
-        }
-        Ok(counted)
+        b.validate(self.cfg.vocab_size)
     }
 }
 
