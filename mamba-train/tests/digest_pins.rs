@@ -1,0 +1,59 @@
+//! Pinned weights digests: the exact bits of reference runs, as the build
+//! of 2026-11-30 (commit 5800479) produced them.
+//!
+//! A refactor of the trainer, the optimizer, the reducer or the CPU model
+//! must leave every one of these unchanged; a change that is meant to
+//! change the bits (a new initialisation, another association of a sum)
+//! changes a pin here in the same commit and says why. The CPU model's bits
+//! do not depend on the CPU's instruction set (the SIMD dispatch performs
+//! the same IEEE operations at every width), so the pins hold on every
+//! x86-64 machine.
+
+use std::process::Command;
+
+mod common;
+
+use common::{bin, last_line_digest, ok};
+
+/// `mamba-train train` with no flags at all (the README's main command).
+const NO_FLAGS: &str = "4eaa1ec9ecddfa8b211ed05aa06626b5da3eb0543212ab2a8cce3e35a42407a8";
+
+/// `--world 2 --logical-world 4 --steps 100` (two host processes, two
+/// micro-batches each) and `--logical-world 4 --steps 100` (one process):
+/// the same bits, as the fixed-order contract promises.
+const WORLD_2_OF_4: &str = "b9b9be143a2bd4adc4ad4f25dab132cafa90b9cb264cf1f989723ac7bfb3060a";
+
+fn digest_of(args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .arg("train")
+        .args(args)
+        .arg("--out")
+        .arg(dir.path().join("run"))
+        .output()
+        .expect("the mamba-train binary runs");
+    last_line_digest(&ok(&out))
+}
+
+#[test]
+fn the_no_flag_run_keeps_its_pinned_digest() {
+    assert_eq!(digest_of(&[]), NO_FLAGS);
+}
+
+#[test]
+fn a_two_process_run_at_logical_world_four_keeps_its_pinned_digest() {
+    assert_eq!(
+        digest_of(&["--world", "2", "--logical-world", "4", "--steps", "100"]),
+        WORLD_2_OF_4
+    );
+    assert_eq!(
+        digest_of(&["--logical-world", "4", "--steps", "100"]),
+        WORLD_2_OF_4,
+        "one process at L = 4 must equal two"
+    );
+    // Negative control: another logical world is another run.
+    assert_ne!(
+        digest_of(&["--world", "2", "--logical-world", "2", "--steps", "100"]),
+        WORLD_2_OF_4
+    );
+}
