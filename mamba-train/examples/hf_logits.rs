@@ -44,13 +44,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use mamba_train::checkpoint::{self, HF_CONFIG_FILE, LATEST, STATE_FILE};
-use mamba_train::config::RMS_EPS;
 use mamba_train::model::cpu::CpuModel;
 use mamba_train::model::cuda::CudaModel;
 use mamba_train::model::{Batch, IGNORE};
 use mamba_train::ModelConfig;
 use safetensors::tensor::{Dtype, TensorView};
-use serde_json::Value;
 
 /// Where the forward pass runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -160,8 +158,9 @@ pub fn load_model(dir: &Path) -> Result<Loaded, String> {
         || dir.join(checkpoint::CHECKPOINTS_DIR).join(LATEST).is_file()
         || dir.join(LATEST).is_file();
     if ours {
+        // load() checks config.json against the model, the fields it
+        // hard-codes (activation, inner width, epsilon) included.
         let ck = checkpoint::load(dir).map_err(|e| e.to_string())?;
-        check_hf_extras(&ck.dir.join(HF_CONFIG_FILE))?;
         return Ok(Loaded {
             cfg: ck.state.run.model.clone(),
             params: ck.params,
@@ -170,7 +169,6 @@ pub fn load_model(dir: &Path) -> Result<Loaded, String> {
         });
     }
     if dir.join(HF_CONFIG_FILE).is_file() {
-        check_hf_extras(&dir.join(HF_CONFIG_FILE))?;
         let (cfg, params) = checkpoint::load_hf(dir).map_err(|e| e.to_string())?;
         return Ok(Loaded {
             cfg,
@@ -184,52 +182,6 @@ pub fn load_model(dir: &Path) -> Result<Loaded, String> {
          checkpoints/{LATEST}) or a Hugging Face directory ({HF_CONFIG_FILE} + model.safetensors)",
         dir.display()
     ))
-}
-
-/// Check the `config.json` fields that `checkpoint::hf_config` does not read
-/// because this model hard-codes them; a different value would change the
-/// logits silently. Absent fields take transformers' defaults, which are
-/// this model's.
-pub fn check_hf_extras(path: &Path) -> Result<(), String> {
-    let bytes = fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-    let json: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{}: not valid JSON: {e}", path.display()))?;
-    check_hf_extras_json(&json).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// [`check_hf_extras`] on parsed JSON.
-pub fn check_hf_extras_json(json: &Value) -> Result<(), String> {
-    if let Some(v) = json.get("layer_norm_epsilon") {
-        let eps = v
-            .as_f64()
-            .ok_or_else(|| format!("layer_norm_epsilon is {v}, expected a number"))?;
-        // transformers adds it to an f32 variance, so only its f32 value counts.
-        if eps as f32 != RMS_EPS {
-            return Err(format!(
-                "layer_norm_epsilon is {eps}; this model's RMSNorm uses {RMS_EPS:e}"
-            ));
-        }
-    }
-    if let Some(v) = json.get("hidden_act") {
-        if v.as_str() != Some("silu") {
-            return Err(format!(
-                "hidden_act is {v}; this model supports only \"silu\""
-            ));
-        }
-    }
-    if let Some(v) = json.get("intermediate_size") {
-        let want = json
-            .get("expand")
-            .and_then(Value::as_u64)
-            .unwrap_or(2)
-            .saturating_mul(json.get("hidden_size").and_then(Value::as_u64).unwrap_or(0));
-        if v.as_u64() != Some(want) {
-            return Err(format!(
-                "intermediate_size is {v}; this model uses expand * hidden_size = {want}"
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Read exactly `batch * seq_len` little-endian `u32` ids, each below `vocab`.

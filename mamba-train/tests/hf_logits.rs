@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hf_logits::{Args, Device, Precision};
-use mamba_train::checkpoint::{hf_config::hf_config_json, tensors};
+use mamba_train::checkpoint::hf_config::{hf_config_json, model_config_from_hf};
+use mamba_train::checkpoint::tensors;
 use mamba_train::model::cpu::CpuModel;
 use mamba_train::model::IGNORE;
 use mamba_train::seed::Rng;
@@ -47,14 +48,12 @@ fn weights(cfg: &ModelConfig, seed: u64) -> Vec<f32> {
 }
 
 /// Write a directory the way transformers' `save_pretrained` does: its own
-/// config keys (`dtype`, `transformers_version`, `use_mambapy`; no
-/// `torch_dtype`) and, with `head`, a stored `lm_head.weight`.
+/// config keys (`transformers_version`, `use_mambapy`) besides ours, and,
+/// with `head`, a stored `lm_head.weight`.
 fn write_hf_dir(dir: &Path, cfg: &ModelConfig, params: &[f32], head: Option<&[f32]>) {
     fs::create_dir_all(dir).unwrap();
     let mut c = hf_config_json(cfg);
     let obj = c.as_object_mut().unwrap();
-    obj.remove("torch_dtype");
-    obj.insert("dtype".into(), json!("float32"));
     obj.insert("transformers_version".into(), json!("5.17.0"));
     obj.insert("use_mambapy".into(), json!(false));
     obj.insert("layer_norm_epsilon".into(), json!(1e-5));
@@ -413,31 +412,33 @@ fn bad_inputs_are_refused_with_the_reason() {
 fn config_fields_the_model_hard_codes_are_checked() {
     let cfg = odd_config();
     let base = hf_config_json(&cfg);
-    hf_logits::check_hf_extras_json(&base).unwrap();
-    // transformers writes 1e-05 as a double; ours is the f32 value widened.
-    let mut v = base.clone();
-    v["layer_norm_epsilon"] = json!(1e-5);
-    hf_logits::check_hf_extras_json(&v).unwrap();
+    assert_eq!(model_config_from_hf(&base).unwrap(), cfg);
     // Absent fields take transformers' defaults, which are the model's.
     let mut v = base.clone();
     for k in ["layer_norm_epsilon", "hidden_act", "intermediate_size"] {
         v.as_object_mut().unwrap().remove(k);
     }
-    hf_logits::check_hf_extras_json(&v).unwrap();
+    assert_eq!(model_config_from_hf(&v).unwrap(), cfg);
     for (key, bad, needle) in [
         ("layer_norm_epsilon", json!(1e-6), "layer_norm_epsilon"),
-        ("layer_norm_epsilon", json!("1e-5"), "expected a number"),
+        ("layer_norm_epsilon", json!("1e-5"), "layer_norm_epsilon"),
         ("hidden_act", json!("gelu"), "silu"),
-        (
-            "intermediate_size",
-            json!(cfg.d_model * 2),
-            "expand * hidden_size = 36",
-        ),
+        ("intermediate_size", json!(cfg.d_model * 2), "= 36"),
     ] {
         let mut v = base.clone();
         v[key] = bad;
-        let e = hf_logits::check_hf_extras_json(&v).unwrap_err();
+        let e = model_config_from_hf(&v).unwrap_err();
         assert!(e.contains(needle), "{key}: {e}");
+        // And a whole directory with that config.json is refused on load.
+        let dir = tempfile::tempdir().unwrap();
+        write_hf_dir(dir.path(), &cfg, &weights(&cfg, 1), None);
+        fs::write(
+            dir.path().join("config.json"),
+            serde_json::to_vec(&v).unwrap(),
+        )
+        .unwrap();
+        let e = hf_logits::load_model(dir.path()).unwrap_err();
+        assert!(e.contains(key), "{key}: {e}");
     }
 }
 

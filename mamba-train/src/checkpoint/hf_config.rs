@@ -5,9 +5,77 @@ use serde_json::{json, Value};
 
 use crate::config::{ModelConfig, RMS_EPS};
 
+/// [`RMS_EPS`] as the decimal it stands for.
+const LAYER_NORM_EPSILON: f64 = 1e-5;
+const _: () = assert!(LAYER_NORM_EPSILON as f32 == RMS_EPS);
+
+/// Fields whose value this model fixes: `(name, the only value supported)`.
+/// A config that omits one gets the Hugging Face default, which is the
+/// supported value for each.
+fn fixed_fields() -> [(&'static str, Value); 4] {
+    [
+        ("use_bias", json!(false)),
+        ("use_conv_bias", json!(true)),
+        ("tie_word_embeddings", json!(true)),
+        ("hidden_act", json!("silu")),
+    ]
+}
+
+/// Refuse a config whose fixed fields, `intermediate_size` or
+/// `layer_norm_epsilon` this model cannot honour (each named, with what is
+/// supported). `missing_ok`: an absent field means its Hugging Face default
+/// (a config written by someone else) rather than an error (ours).
+fn check_supported(
+    json: &Value,
+    cfg: &ModelConfig,
+    missing_ok: bool,
+) -> std::result::Result<(), String> {
+    for (name, want) in fixed_fields() {
+        match json.get(name) {
+            Some(got) if *got == want => {}
+            None if missing_ok => {}
+            got => {
+                return Err(format!(
+                    "config.json {name} is {}; this model supports only {want}",
+                    got.map_or_else(|| "missing".to_string(), Value::to_string)
+                ))
+            }
+        }
+    }
+    match json.get("intermediate_size") {
+        Some(v) if v.as_u64() == Some(cfg.d_inner() as u64) => {}
+        None if missing_ok => {}
+        got => {
+            return Err(format!(
+                "config.json intermediate_size is {}, but this model's inner width is expand x \
+                 hidden_size = {} x {} = {}",
+                got.map_or_else(|| "missing".to_string(), Value::to_string),
+                cfg.expand,
+                cfg.d_model,
+                cfg.d_inner()
+            ))
+        }
+    }
+    match json.get("layer_norm_epsilon") {
+        Some(v) if v.as_f64().is_some_and(|e| e as f32 == RMS_EPS) => {}
+        None if missing_ok => {}
+        got => {
+            return Err(format!(
+                "config.json layer_norm_epsilon is {}; this model's RMSNorm uses only \
+                 {LAYER_NORM_EPSILON:e}",
+                got.map_or_else(|| "missing".to_string(), Value::to_string)
+            ))
+        }
+    }
+    Ok(())
+}
+
 /// The `MambaConfig` JSON for `cfg` (keys sorted, so the file is
 /// deterministic). The LM head is tied to the embedding; projections have no
-/// bias, the conv has one; dt init constants are the reference's.
+/// bias, the conv has one; the init fields describe the initialisation the
+/// weights were made with ([`crate::model::init`]: embeddings N(0, 0.02),
+/// `out_proj` rescaled by `1/sqrt(n_layer)`, the reference's dt constants);
+/// `dtype` is the key transformers 5 writes.
 pub fn hf_config_json(cfg: &ModelConfig) -> Value {
     json!({
         "architectures": ["MambaForCausalLM"],
@@ -20,31 +88,34 @@ pub fn hf_config_json(cfg: &ModelConfig) -> Value {
         "expand": cfg.expand,
         "intermediate_size": cfg.d_inner(),
         "time_step_rank": cfg.dt_rank,
-        "layer_norm_epsilon": RMS_EPS,
+        // Written as the decimal 1e-5 the model means, not the f32's
+        // widened value (9.99999974e-6).
+        "layer_norm_epsilon": LAYER_NORM_EPSILON,
         "use_bias": false,
         "use_conv_bias": true,
         "hidden_act": "silu",
         "residual_in_fp32": true,
-        "rescale_prenorm_residual": false,
+        "rescale_prenorm_residual": true,
         "tie_word_embeddings": true,
         "time_step_scale": 1.0,
         "time_step_min": 0.001,
         "time_step_max": 0.1,
         "time_step_floor": 0.0001,
         "time_step_init_scheme": "random",
-        "initializer_range": 0.1,
+        "initializer_range": 0.02,
         "pad_token_id": 0,
         "bos_token_id": 0,
         "eos_token_id": 0,
         "use_cache": true,
-        "torch_dtype": "float32",
+        "dtype": "float32",
     })
 }
 
 /// The [`ModelConfig`] a Hugging Face `MambaConfig` JSON describes (e.g. one
 /// written by `transformers`' `save_pretrained`). Refuses what this model
-/// does not implement (untied head, projection biases, no conv bias), naming
-/// the field. `time_step_rank: "auto"` is `ceil(hidden_size / 16)`.
+/// does not implement (untied head, projection biases, no conv bias, an
+/// activation other than SiLU, an `intermediate_size` other than `expand x
+/// hidden_size`, another RMSNorm epsilon), naming the field. `time_step_rank: "auto"` is `ceil(hidden_size / 16)`.
 pub fn model_config_from_hf(json: &Value) -> std::result::Result<ModelConfig, String> {
     match json.get("model_type").and_then(Value::as_str) {
         Some("mamba") => {}
@@ -78,20 +149,7 @@ pub fn model_config_from_hf(json: &Value) -> std::result::Result<ModelConfig, St
         expand: int("expand", Some(2))?,
         dt_rank,
     };
-    // Hugging Face defaults: use_bias false, use_conv_bias true, tied head.
-    for (name, want) in [
-        ("use_bias", false),
-        ("use_conv_bias", true),
-        ("tie_word_embeddings", true),
-    ] {
-        let got = json.get(name).map_or(Some(want), Value::as_bool);
-        if got != Some(want) {
-            return Err(format!(
-                "config.json {name} is {:?}; this model supports only {want}",
-                json[name]
-            ));
-        }
-    }
+    check_supported(json, &cfg, true)?;
     Ok(cfg)
 }
 
@@ -124,17 +182,7 @@ pub fn check_hf_config(json: &Value, cfg: &ModelConfig) -> std::result::Result<(
             ));
         }
     }
-    for (name, want) in [
-        ("use_bias", false),
-        ("use_conv_bias", true),
-        ("tie_word_embeddings", true),
-    ] {
-        let got = json.get(name).and_then(Value::as_bool);
-        if got != Some(want) {
-            return Err(format!("config.json {name} is {got:?}, expected {want}"));
-        }
-    }
-    Ok(())
+    check_supported(json, cfg, false)
 }
 
 #[cfg(test)]
@@ -161,6 +209,35 @@ mod tests {
         assert!(model_config_from_hf(&untied)
             .unwrap_err()
             .contains("tie_word_embeddings"));
+        // What the model cannot honour is refused, naming the field.
+        for (field, value) in [
+            ("hidden_act", json!("gelu")),
+            ("intermediate_size", json!(65)),
+            ("layer_norm_epsilon", json!(1e-6)),
+            ("use_bias", json!(true)),
+        ] {
+            let mut other = j.clone();
+            other[field] = value;
+            let e = model_config_from_hf(&other).unwrap_err();
+            assert!(e.contains(field), "{e}");
+            let e = check_hf_config(&other, &cfg).unwrap_err();
+            assert!(e.contains(field), "{e}");
+        }
+        // Someone else's config may omit them (the defaults are ours) ...
+        let mut sparse = j.clone();
+        for field in ["hidden_act", "intermediate_size", "layer_norm_epsilon"] {
+            sparse.as_object_mut().unwrap().remove(field);
+        }
+        assert_eq!(model_config_from_hf(&sparse).unwrap(), cfg);
+        // ... but a checkpoint of ours must carry them.
+        assert!(check_hf_config(&sparse, &cfg)
+            .unwrap_err()
+            .contains("missing"));
+        // The init it describes, and the dtype key of transformers 5.
+        assert_eq!(j["initializer_range"], 0.02);
+        assert_eq!(j["rescale_prenorm_residual"], true);
+        assert_eq!(j["layer_norm_epsilon"], 1e-5);
+        assert_eq!(j["dtype"], "float32");
         let mut bad = j.clone();
         bad["model_type"] = json!("llama");
         assert!(check_hf_config(&bad, &cfg)
