@@ -11,168 +11,15 @@
 
 use rayon::prelude::*;
 
+use super::conv;
 use super::float::Float;
 use super::gemm::{gemm, Accum, MatRef};
-use super::ops::{self, ConvDims, TOK_CHUNK};
-use super::scan::{self, ScanDims, ScanGrads};
+use super::ops::{self, TOK_CHUNK};
+use super::scan::{self, ScanGrads};
+use super::workspace::Dims;
+pub(crate) use super::workspace::Workspace;
 use crate::config::{ModelConfig, RMS_EPS};
 use crate::params::ParamLayout;
-
-/// Sizes of one call.
-#[derive(Clone, Copy, Debug)]
-struct Dims {
-    l: usize,
-    t: usize,
-    d: usize,
-    e: usize,
-    n: usize,
-    r: usize,
-    k: usize,
-    v: usize,
-    ld_bc: usize,
-}
-
-impl Dims {
-    fn new(cfg: &ModelConfig, nseq: usize, l: usize) -> Self {
-        let (r, n) = (cfg.dt_rank, cfg.d_state);
-        Dims {
-            l,
-            t: nseq * l,
-            d: cfg.d_model,
-            e: cfg.d_inner(),
-            n,
-            r,
-            k: cfg.d_conv,
-            v: cfg.vocab_size,
-            ld_bc: r + 2 * n,
-        }
-    }
-    fn scan(&self) -> ScanDims {
-        ScanDims {
-            l: self.l,
-            e: self.e,
-            n: self.n,
-            ld_bc: self.ld_bc,
-            b_off: self.r,
-            c_off: self.r + self.n,
-        }
-    }
-    fn conv(&self) -> ConvDims {
-        ConvDims {
-            l: self.l,
-            e: self.e,
-            k: self.k,
-            ld_in: 2 * self.e,
-        }
-    }
-}
-
-/// What one block's backward needs from its forward (its input is the
-/// workspace's residual stream `xs[i]`).
-#[derive(Default)]
-struct LayerActs<F> {
-    rstd: Vec<F>,
-    xn: Vec<F>,
-    xz: Vec<F>,
-    xc: Vec<F>,
-    u: Vec<F>,
-    dbc: Vec<F>,
-    dtr: Vec<F>,
-    dt: Vec<F>,
-    y: Vec<F>,
-    g: Vec<F>,
-}
-
-/// Every buffer of a forward and backward pass, kept between calls so a
-/// training step does not allocate (and page-fault) its activations anew.
-/// Each buffer is resized to the call's shapes and fully overwritten before
-/// it is read, so stale contents never leak into a result.
-#[derive(Default)]
-pub(crate) struct Workspace<F> {
-    layers: Vec<LayerActs<F>>,
-    /// Residual streams: `xs[0]` = embeddings, `xs[i+1]` = output of block i.
-    xs: Vec<Vec<F>>,
-    rstd_f: Vec<F>,
-    xf: Vec<F>,
-    /// `[T, vocab]` after [`forward`].
-    pub(crate) logits: Vec<F>,
-    // Backward scratch.
-    dlogits: Vec<F>,
-    dxf: Vec<F>,
-    dx: Vec<F>,
-    dg: Vec<F>,
-    dy: Vec<F>,
-    dxz: Vec<F>,
-    du: Vec<F>,
-    ddt: Vec<F>,
-    ddbc: Vec<F>,
-    dxn: Vec<F>,
-    da_log: Vec<F>,
-    dd: Vec<F>,
-    // Small per-layer scratch.
-    panels: Vec<F>,
-    conv_wt: Vec<F>,
-}
-
-/// Resize to `len` (contents unspecified; the caller overwrites them).
-fn size<F: Float>(v: &mut Vec<F>, len: usize) {
-    v.resize(len, F::ZERO);
-}
-
-impl<F: Float> Workspace<F> {
-    fn size_forward(&mut self, dm: &Dims, n_layer: usize) {
-        let Dims {
-            t, d, e, v, ld_bc, ..
-        } = *dm;
-        self.layers.resize_with(n_layer, LayerActs::default);
-        self.xs.resize_with(n_layer + 1, Vec::new);
-        for x in &mut self.xs {
-            size(x, t * d);
-        }
-        for la in &mut self.layers {
-            size(&mut la.rstd, t);
-            size(&mut la.xn, t * d);
-            size(&mut la.xz, t * 2 * e);
-            for b in [
-                &mut la.xc,
-                &mut la.u,
-                &mut la.dtr,
-                &mut la.dt,
-                &mut la.y,
-                &mut la.g,
-            ] {
-                size(b, t * e);
-            }
-            size(&mut la.dbc, t * ld_bc);
-        }
-        size(&mut self.rstd_f, t);
-        size(&mut self.xf, t * d);
-        size(&mut self.logits, t * v);
-    }
-
-    fn size_backward(&mut self, dm: &Dims) {
-        let Dims {
-            t,
-            d,
-            e,
-            n,
-            v,
-            ld_bc,
-            ..
-        } = *dm;
-        size(&mut self.dlogits, t * v);
-        for b in [&mut self.dxf, &mut self.dx, &mut self.dxn] {
-            size(b, t * d);
-        }
-        for b in [&mut self.dg, &mut self.dy, &mut self.du, &mut self.ddt] {
-            size(b, t * e);
-        }
-        size(&mut self.dxz, t * 2 * e);
-        size(&mut self.ddbc, t * ld_bc);
-        size(&mut self.da_log, e * n);
-        size(&mut self.dd, e);
-    }
-}
 
 /// Forward pass over `tokens` (`nseq` sequences of `l`; ids already
 /// validated) into `ws`. `nseq * l` must be positive.
@@ -222,8 +69,8 @@ pub(crate) fn forward<F: Float>(
             Accum::Overwrite,
             panels,
         );
-        ops::conv_weight_t(&p[lo.conv_w.clone()], e, k, &mut ws.conv_wt);
-        ops::conv_silu_fwd(
+        conv::conv_weight_t(&p[lo.conv_w.clone()], e, k, &mut ws.conv_wt);
+        conv::conv_silu_fwd(
             &la.xz,
             &ws.conv_wt,
             &p[lo.conv_b.clone()],
@@ -424,9 +271,9 @@ pub(crate) fn backward<F: Float>(
         gemm(ddbc, x_proj, &mut ws.du, e, Accum::Add, panels);
         // u = silu(xc): du becomes d loss / d xc in place.
         ops::silu_bwd(&mut ws.du, &la.xc);
-        ops::conv_weight_t(&p[lo.conv_w.clone()], e, k, &mut ws.conv_wt);
+        conv::conv_weight_t(&p[lo.conv_w.clone()], e, k, &mut ws.conv_wt);
         let (dcw, dcb) = two_mut(grads, lo.conv_w.clone(), lo.conv_b.clone());
-        ops::conv_bwd(
+        conv::conv_bwd(
             &ws.du,
             &la.xz,
             &ws.conv_wt,
