@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use mamba_train::config::ModelConfig;
 use mamba_train::data::{SelectiveCopyConfig, TaskSpec};
+use mamba_train::dp::{self, DpOptions};
 use mamba_train::model::cpu::CpuModel;
 use mamba_train::optim::{AdamWConfig, Schedule};
 use mamba_train::train::{RunConfig, Trainer, DEFAULT_CONTRACT};
@@ -86,7 +87,8 @@ fn main() {
                 continue;
             }
         };
-        let mut t = match Trainer::new(model, run.clone()) {
+        let trainer = Trainer::new(model, run.clone());
+        let mut t = match trainer.and_then(|t| dp::host::local(t, DpOptions::default())) {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("{}: {e}", s.name);
@@ -96,7 +98,7 @@ fn main() {
         let mut times = Vec::with_capacity(s.steps);
         for i in 0..s.steps + 2 {
             let t0 = Instant::now();
-            if let Err(e) = t.train_step() {
+            if let Err(e) = t.step() {
                 eprintln!("{}: {e}", s.name);
                 break;
             }
@@ -116,7 +118,7 @@ fn main() {
             s.layers,
             s.batch,
             s.seq_len,
-            t.params().len(),
+            t.trainer().arena_len(),
             median * 1e3,
             run.tokens_per_step() as f64 / median
         );

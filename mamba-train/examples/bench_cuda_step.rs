@@ -34,9 +34,9 @@ use clap::Parser;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 use mamba_train::model::cuda::blas::{Blas, Operand};
-use mamba_train::model::cuda::{CudaModel, CudaOptimizer};
+use mamba_train::model::cuda::CudaModel;
 use mamba_train::model::Batch;
-use mamba_train::optim::{AdamWConfig, Schedule};
+use mamba_train::optim::{AdamWConfig, Optimizer, Schedule};
 use mamba_train::seed::Rng;
 use mamba_train::{ModelConfig, TrainError};
 
@@ -270,6 +270,33 @@ fn ceilings(
     })
 }
 
+/// One size's result, one JSON line of `--json`.
+#[derive(serde::Serialize)]
+struct StepRecord {
+    size: String,
+    d_model: usize,
+    n_layer: usize,
+    vocab: usize,
+    batch: usize,
+    seq_len: usize,
+    step_ms: f64,
+    wall_ms: f64,
+    tokens_per_s: f64,
+    forward_ms: f64,
+    optimizer_ms: f64,
+    gemm_ms: f64,
+    gemm_flops: f64,
+    floor_ms: f64,
+    floor_gemm_ms: f64,
+    floor_bytes_ms: f64,
+    step_over_floor: f64,
+    peak_bytes: usize,
+    model_bytes: usize,
+    copy_gbps: f64,
+    cublas_tflops: f64,
+    loss: f32,
+}
+
 fn main() -> Res<()> {
     let args = Args::parse();
     let ctx = kernels::open_context(args.device)?;
@@ -342,7 +369,17 @@ fn main() -> Res<()> {
             total_steps: 1000,
             min_lr_frac: 0.1,
         };
-        let mut opt = CudaOptimizer::new(&model, AdamWConfig::default(), sched)?;
+        let fresh = |model: &CudaModel| -> Res<Optimizer<CudaSlice<f32>>> {
+            let (m, v) = (model.zeros_arena()?, model.zeros_arena()?);
+            Ok(Optimizer::fresh(
+                AdamWConfig::default(),
+                sched,
+                model.layout(),
+                m,
+                v,
+            )?)
+        };
+        let mut opt = fresh(&model)?;
         let mut r = Rng::new(7);
         let tokens: Vec<u32> = (0..rows)
             .map(|_| r.below(cfg.vocab_size as u64) as u32)
@@ -367,7 +404,7 @@ fn main() -> Res<()> {
         let mut step =
             |model: &mut CudaModel, p: &mut CudaSlice<f32>, g: &mut CudaSlice<f32>| -> Res<f32> {
                 let loss = model.forward_backward(p, &batch, g)?;
-                opt.step(step_no, p, g, loss.is_finite())?;
+                opt.step(model, step_no, p, g, loss.is_finite())?;
                 step_no += 1;
                 Ok(loss)
             };
@@ -393,11 +430,11 @@ fn main() -> Res<()> {
                 Ok(())
             })?);
         }
-        let mut opt2 = CudaOptimizer::new(&model, AdamWConfig::default(), sched)?;
+        let mut opt2 = fresh(&model)?;
         let mut opt_ms = Vec::new();
         for i in 0..args.steps {
             opt_ms.push(timed(&stream, || {
-                opt2.step(i as u64, &mut params, &grads, true)?;
+                opt2.step(&mut model, i as u64, &mut params, &grads, true)?;
                 Ok(())
             })?);
         }
@@ -439,24 +476,39 @@ fn main() -> Res<()> {
             peak as f64 / (1u64 << 30) as f64,
             exact as f64 / (1u64 << 30) as f64,
         );
-        json.push(format!(
-            "{{\"size\":\"{sz}\",\"d_model\":{},\"n_layer\":{},\"vocab\":{},\"batch\":{nb},\"seq_len\":{t},\
-             \"step_ms\":{sm:.4},\"wall_ms\":{:.4},\"tokens_per_s\":{tokps:.1},\"forward_ms\":{fm:.4},\"optimizer_ms\":{om:.4},\
-             \"gemm_ms\":{gemm_ms:.4},\"gemm_flops\":{flops:.6e},\"floor_ms\":{floor:.4},\"floor_gemm_ms\":{floor_gemm:.4},\
-             \"floor_bytes_ms\":{floor_bytes:.4},\"step_over_floor\":{:.3},\"peak_bytes\":{peak},\"model_bytes\":{exact},\
-             \"copy_gbps\":{:.1},\"cublas_tflops\":{:.2},\"loss\":{last_loss}}}",
-            cfg.d_model,
-            cfg.n_layer,
-            cfg.vocab_size,
-            wm,
-            sm / floor,
-            ceil.copy_bytes_per_s / 1e9,
-            ceil.gemm_flops_per_s / 1e12,
-        ));
+        json.push(StepRecord {
+            size: sz.to_string(),
+            d_model: cfg.d_model,
+            n_layer: cfg.n_layer,
+            vocab: cfg.vocab_size,
+            batch: nb,
+            seq_len: t,
+            step_ms: sm,
+            wall_ms: wm,
+            tokens_per_s: tokps,
+            forward_ms: fm,
+            optimizer_ms: om,
+            gemm_ms,
+            gemm_flops: flops,
+            floor_ms: floor,
+            floor_gemm_ms: floor_gemm,
+            floor_bytes_ms: floor_bytes,
+            step_over_floor: sm / floor,
+            peak_bytes: peak,
+            model_bytes: exact,
+            copy_gbps: ceil.copy_bytes_per_s / 1e9,
+            cublas_tflops: ceil.gemm_flops_per_s / 1e12,
+            loss: last_loss,
+        });
         drop((opt2, params, grads, model));
     }
     if let Some(path) = &args.json {
-        std::fs::write(path, json.join("\n") + "\n")?;
+        let mut lines = String::new();
+        for r in &json {
+            lines += &serde_json::to_string(r)?;
+            lines.push('\n');
+        }
+        std::fs::write(path, lines)?;
     }
     Ok(())
 }

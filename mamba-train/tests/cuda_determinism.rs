@@ -9,9 +9,10 @@
 mod cuda_common;
 
 use cuda_common::{batch, cuda_model, digest, perturbed};
-use mamba_train::model::cuda::{CudaModel, CudaOptimizer};
+use cudarc::driver::CudaSlice;
+use mamba_train::model::cuda::CudaModel;
 use mamba_train::model::Batch;
-use mamba_train::optim::{AdamWConfig, Optimizer, Schedule};
+use mamba_train::optim::{AdamWConfig, HostMath, Optimizer, Schedule};
 use mamba_train::seed::Rng;
 use mamba_train::ModelConfig;
 
@@ -72,10 +73,20 @@ fn random(n: usize, seed: u64, scale: f64) -> Vec<f32> {
     (0..n).map(|_| (r.normal() * scale) as f32).collect()
 }
 
+/// A fresh optimizer with its moments on `model`'s device.
+fn device_optimizer(
+    model: &CudaModel,
+    adam: AdamWConfig,
+    sched: Schedule,
+) -> Optimizer<CudaSlice<f32>> {
+    let zeros = || model.zeros_arena().expect("moments");
+    Optimizer::fresh(adam, sched, model.layout(), zeros(), zeros()).expect("device optimizer")
+}
+
 #[test]
 fn device_optimizer_matches_the_cpu_optimizer_bit_for_bit() {
     let cfg = ModelConfig::new(500, 64, 2); // > 2 norm chunks of 16384
-    let Some(model) = cuda_model(&cfg) else {
+    let Some(mut model) = cuda_model(&cfg) else {
         return;
     };
     let n = model.layout().len();
@@ -88,7 +99,7 @@ fn device_optimizer_matches_the_cpu_optimizer_bit_for_bit() {
         min_lr_frac: 0.1,
     };
     let mut cpu = Optimizer::new(adam, sched, model.layout()).expect("cpu optimizer");
-    let mut gpu = CudaOptimizer::new(&model, adam, sched).expect("gpu optimizer");
+    let mut gpu = device_optimizer(&model, adam, sched);
     let mut p_host = random(n, 1, 0.1);
     let mut p_dev = model.upload(&p_host).expect("upload");
     // Steps 0-1 small gradients (no clipping), 2-3 large ones (clipped).
@@ -96,8 +107,12 @@ fn device_optimizer_matches_the_cpu_optimizer_bit_for_bit() {
         let scale = if step < 2 { 1e-4 } else { 1.0 };
         let g = random(n, 10 + step, scale);
         let g_dev = model.upload(&g).expect("upload grads");
-        let want = cpu.step(step, &mut p_host, &g, true).expect("cpu step");
-        let got = gpu.step(step, &mut p_dev, &g_dev, true).expect("gpu step");
+        let want = cpu
+            .step(&mut HostMath, step, &mut p_host, &g, true)
+            .expect("cpu step");
+        let got = gpu
+            .step(&mut model, step, &mut p_dev, &g_dev, true)
+            .expect("gpu step");
         assert_eq!(
             got.grad_norm.to_bits(),
             want.grad_norm.to_bits(),
@@ -122,14 +137,24 @@ fn device_optimizer_matches_the_cpu_optimizer_bit_for_bit() {
         );
     }
     assert!(cpu.adamw().exp_avg().iter().any(|&m| m != 0.0));
-    let back = gpu.to_host().expect("to_host");
+    let back = Optimizer::from_parts(
+        gpu.adamw()
+            .try_map_ref(|a| model.download(a))
+            .expect("moments download"),
+        *gpu.schedule(),
+    )
+    .expect("host optimizer");
     assert_eq!(back, cpu, "moments and step count round-trip bit for bit");
     // A non-finite gradient skips on both.
     let mut g = random(n, 99, 1.0);
     g[5] = f32::NAN;
     let g_dev = model.upload(&g).expect("upload");
     let before = model.download(&p_dev).expect("download");
-    assert!(gpu.step(4, &mut p_dev, &g_dev, true).expect("step").skipped);
+    assert!(
+        gpu.step(&mut model, 4, &mut p_dev, &g_dev, true)
+            .expect("step")
+            .skipped
+    );
     assert_eq!(
         digest(&model.download(&p_dev).expect("download")),
         digest(&before)
@@ -152,12 +177,12 @@ fn training_steps_replay_bit_for_bit() {
         };
         let mut p = model.init_params(42).expect("init");
         let mut g = model.zeros_arena().expect("grads");
-        let mut opt = CudaOptimizer::new(&model, AdamWConfig::default(), sched).expect("optimizer");
+        let mut opt = device_optimizer(&model, AdamWConfig::default(), sched);
         let mut losses = Vec::new();
         for step in 0..4u64 {
             let b = batch(&cfg, 2, 23, 1000 + step);
             let loss = model.forward_backward(&p, &b, &mut g).expect("step");
-            opt.step(step, &mut p, &g, loss.is_finite())
+            opt.step(&mut model, step, &mut p, &g, loss.is_finite())
                 .expect("update");
             losses.push(loss.to_bits());
         }

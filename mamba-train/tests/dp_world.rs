@@ -3,9 +3,9 @@
 //! under a hand-made launcher environment, with injected faults.
 //!
 //! The headline: at a fixed logical world L the final weights are the same
-//! bits for P = 1, 2 and 4 processes, equal to the single-process trainer's
-//! fold of L micro-batches (which `tests/tests/dp_emulated.rs` pins to
-//! mamba-reduce's EmulatedWorld), and a checkpoint written at P = 4
+//! bits for P = 1, 2 and 4 processes, equal to the engine stepped by the
+//! contract's definition (a host fold of the L micro-batches; `tests/tests/
+//! dp_emulated.rs` pins it to mamba-reduce's EmulatedWorld), and a checkpoint written at P = 4
 //! resumes at P = 2 onto the unbroken run's bits.
 
 use std::path::Path;
@@ -19,7 +19,7 @@ use mamba_train::cli::{resolve::resolve_run, Cli, Command as Sub};
 use mamba_train::model::cpu::CpuModel;
 use mamba_train::train::Trainer;
 
-use common::{bin, err, last_line_digest, ok, text};
+use common::{bin, err, last_line_digest, ok, text, train_by_definition};
 
 /// A tiny selective-copy run: 1 block of width 16, rows of 12 tokens.
 const TINY: &[&str] = &[
@@ -81,8 +81,9 @@ fn world_digest(o: &Output, world: usize) -> String {
     d
 }
 
-/// The in-process reference: the single-process trainer's fused step
-/// (its own ascending fold of L micro-batches) for the same flags.
+/// The in-process reference: the engine stepped by the fixed-order
+/// contract's definition (a host fold of the L micro-batches, no reducer)
+/// for the same flags.
 fn reference_digest(extra: &[&str]) -> String {
     let mut argv = vec!["mamba-train", "train"];
     argv.extend_from_slice(TINY);
@@ -91,10 +92,8 @@ fn reference_digest(extra: &[&str]) -> String {
     let Sub::Train(args) = cli.command;
     let run = resolve_run(&args, None).expect("run resolves").run;
     let mut t = Trainer::new(CpuModel::new(run.model.clone()).unwrap(), run).unwrap();
-    while !t.finished() {
-        t.train_step().unwrap();
-    }
-    t.weights_digest()
+    train_by_definition(&mut t);
+    t.weights_digest().unwrap()
 }
 
 fn metrics(dir: &Path) -> Vec<serde_json::Value> {

@@ -1,9 +1,13 @@
-//! The trainer driving the real CPU Mamba: the backward / reduce / step seam,
-//! thread-count invariance, and checkpoint resume, bit for bit.
+//! The engine driving the real CPU Mamba: the one-process loop against the
+//! contract's definition, thread-count invariance, and checkpoint resume,
+//! bit for bit.
+
+mod common;
 
 use mamba_train::checkpoint;
 use mamba_train::config::ModelConfig;
 use mamba_train::data::{Dataset, SelectiveCopyConfig, TaskSpec};
+use mamba_train::dp::{self, DpOptions};
 use mamba_train::model::cpu::CpuModel;
 use mamba_train::optim::{AdamWConfig, Schedule};
 use mamba_train::train::{RunConfig, Trainer, DEFAULT_CONTRACT};
@@ -35,42 +39,37 @@ fn trainer(r: &RunConfig) -> Trainer<CpuModel> {
     Trainer::new(CpuModel::new(r.model.clone()).unwrap(), r.clone()).unwrap()
 }
 
-fn finish(t: &mut Trainer<CpuModel>) {
-    while !t.finished() {
-        t.train_step().unwrap();
+/// Train to the end in a one-process world (the library's loop).
+fn finish(t: Trainer<CpuModel>) -> Trainer<CpuModel> {
+    steps(t, u64::MAX)
+}
+
+/// At most `n` steps in a one-process world.
+fn steps(t: Trainer<CpuModel>, n: u64) -> Trainer<CpuModel> {
+    let mut w = dp::host::local(t, DpOptions::default()).unwrap();
+    for _ in 0..n {
+        if w.finished() {
+            break;
+        }
+        w.step().unwrap();
     }
+    w.into_parts().0
 }
 
 #[test]
-fn separate_backward_reduce_and_step_equal_the_fused_step() {
+fn the_local_loop_equals_the_contract_definition() {
     for l in [1usize, 2] {
         let r = run(4, l);
-        let mut fused = trainer(&r);
-        let mut split = trainer(&r);
-        let n = split.params().len();
-        for _ in 0..4 {
-            fused.train_step().unwrap();
-            // The reducer's view: one arena per logical micro-batch, folded in
-            // ascending order, then scaled by 1/L.
-            let mut locals = vec![vec![0.0f32; n]; l];
-            let mut loss = 0.0f32;
-            for (micro, g) in locals.iter_mut().enumerate() {
-                loss += split.micro_gradient(micro as u64, g).unwrap();
-            }
-            let (first, rest) = locals.split_first_mut().unwrap();
-            for g in rest.iter() {
-                first.iter_mut().zip(g).for_each(|(a, b)| *a += *b);
-            }
-            if l > 1 {
-                let inv = 1.0 / l as f32;
-                first.iter_mut().for_each(|a| *a *= inv);
-                loss *= inv;
-            }
-            let s = split.apply_external(first, loss).unwrap();
-            assert!(!s.skipped && s.loss.is_finite());
-        }
-        assert_eq!(fused.weights_digest(), split.weights_digest(), "L = {l}");
-        assert_eq!(fused.optimizer(), split.optimizer(), "L = {l}");
+        let mut world = finish(trainer(&r));
+        let mut reference = trainer(&r);
+        common::train_by_definition(&mut reference);
+        assert_eq!(
+            world.weights_digest().unwrap(),
+            reference.weights_digest().unwrap(),
+            "L = {l}"
+        );
+        assert_eq!(world.optimizer(), reference.optimizer(), "L = {l}");
+        assert_eq!(world.skipped_steps(), 0);
     }
 }
 
@@ -81,11 +80,7 @@ fn whole_training_is_the_same_bits_on_one_or_four_threads() {
             .num_threads(threads)
             .build()
             .unwrap()
-            .install(|| {
-                let mut t = trainer(&run(3, 1));
-                finish(&mut t);
-                t.weights_digest()
-            })
+            .install(|| finish(trainer(&run(3, 1))).weights_digest().unwrap())
     };
     assert_eq!(digest(1), digest(4));
 }
@@ -94,33 +89,29 @@ fn whole_training_is_the_same_bits_on_one_or_four_threads() {
 fn resume_matches_the_unbroken_run_and_fresh_moments_do_not() {
     let dir = tempfile::tempdir().unwrap();
     let r = run(6, 1);
-    let mut unbroken = trainer(&r);
-    finish(&mut unbroken);
+    let mut unbroken = finish(trainer(&r));
 
-    let mut first = trainer(&r);
-    for _ in 0..2 {
-        first.train_step().unwrap();
-    }
+    let mut first = steps(trainer(&r), 2);
     first.save_checkpoint(dir.path(), 2).unwrap();
     drop(first);
 
     let ck = checkpoint::load(dir.path()).unwrap();
     let data = Dataset::new(r.task.clone(), r.batch).unwrap();
     let model = || CpuModel::new(r.model.clone()).unwrap();
-    let mut resumed = Trainer::resume(model(), r.clone(), data.clone(), ck.clone()).unwrap();
-    finish(&mut resumed);
-    assert_eq!(resumed.weights_digest(), unbroken.weights_digest());
+    let resumed = Trainer::resume(model(), r.clone(), data.clone(), ck.clone()).unwrap();
+    let mut resumed = finish(resumed);
+    let want = unbroken.weights_digest().unwrap();
+    assert_eq!(resumed.weights_digest().unwrap(), want);
 
-    let mut weights_only = Trainer::resume_weights_only(model(), r.clone(), data, ck).unwrap();
-    finish(&mut weights_only);
-    assert_ne!(weights_only.weights_digest(), unbroken.weights_digest());
+    let weights_only = Trainer::resume_weights_only(model(), r.clone(), data, ck).unwrap();
+    assert_ne!(finish(weights_only).weights_digest().unwrap(), want);
 }
 
 #[test]
 fn the_model_learns_a_little_in_a_few_steps() {
     let mut t = trainer(&run(30, 1));
     let before = t.evaluate(2, 16).unwrap().loss;
-    finish(&mut t);
+    let mut t = finish(t);
     let after = t.evaluate(2, 16).unwrap().loss;
     assert!(after < before, "held-out loss {before} -> {after}");
 }

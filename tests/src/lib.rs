@@ -1,9 +1,10 @@
 //! Shared helpers for the cross-crate integration tests.
 //!
 //! [`dp`]: three ways to train the same run, whose bits must agree under
-//! the fixed-order contract: the single-process trainer's fused step, the
-//! trainer's step math over mamba-reduce's [`EmulatedWorld`] oracle, and
-//! the data-parallel loop on a live host world of threads.
+//! the fixed-order contract: the engine stepped by the contract's
+//! definition (an ascending host fold, no reducer), the engine's step with
+//! the mean from mamba-reduce's [`EmulatedWorld`] oracle, and the
+//! data-parallel loop on a live host world of threads.
 //!
 //! [`EmulatedWorld`]: mamba_reduce::EmulatedWorld
 
@@ -13,8 +14,8 @@ pub mod dp {
 
     use mamba_comm::host::{HostOptions, HostTransport};
     use mamba_reduce::{
-        host_fold, mean_factor, EmulateOptions, EmulatedWorld, HostReducer, ReduceContract,
-        ReducerOptions,
+        host_fold, host_mean, mean_factor, EmulateOptions, EmulatedWorld, HostReducer,
+        ReduceContract, ReducerOptions,
     };
     use mamba_train::checkpoint;
     use mamba_train::config::ModelConfig;
@@ -68,18 +69,33 @@ pub mod dp {
         .expect("trainer")
     }
 
-    /// The single-process trainer's fused step (its own ascending fold of
-    /// the L micro-batches), to the end.
-    pub fn fused_run(run: &RunConfig) -> Trace {
+    /// The engine stepped by the fixed-order contract's definition, to the
+    /// end: each step the `L` micro-batch gradients and losses are folded
+    /// in ascending order on the host and scaled by `fl(1/L)` (no reducer);
+    /// a non-finite loss or gradient skips the step.
+    pub fn definition_run(run: &RunConfig) -> Trace {
         let mut t = trainer(run);
+        let l = run.logical_world;
+        let n = t.arena_len();
         let (mut losses, mut skipped) = (Vec::new(), Vec::new());
         while !t.finished() {
-            let s = t.train_step().expect("step");
+            let mut grads = vec![vec![0.0f32; n]; l];
+            let mut micro = Vec::with_capacity(l);
+            for (j, g) in grads.iter_mut().enumerate() {
+                micro.push([t.micro_gradient(j as u64, g).expect("gradient")]);
+            }
+            let finite = micro.iter().all(|m| m[0].is_finite())
+                && grads.iter().all(|g| g.iter().all(|x| x.is_finite()));
+            let rows: Vec<&[f32]> = grads.iter().map(|g| &g[..]).collect();
+            let mean = host_mean(&rows).expect("gradient fold");
+            let rows: Vec<&[f32]> = micro.iter().map(|m| &m[..]).collect();
+            let loss = host_mean(&rows).expect("loss fold")[0];
+            let s = t.apply(&mean, loss, finite).expect("apply");
             losses.push(s.loss.to_bits());
             skipped.push(s.skipped);
         }
         Trace {
-            digest: t.weights_digest(),
+            digest: t.weights_digest().expect("digest"),
             losses,
             skipped,
         }
@@ -94,7 +110,7 @@ pub mod dp {
     pub fn emulated_run(run: &RunConfig, world: usize, opts: &EmulateOptions) -> Trace {
         let mut t = trainer(run);
         let l = run.logical_world;
-        let n = t.params().len();
+        let n = t.arena_len();
         let (mut losses, mut skipped) = (Vec::new(), Vec::new());
         while !t.finished() {
             let mut grads = vec![vec![0.0f32; n]; l];
@@ -120,12 +136,12 @@ pub mod dp {
             } else {
                 grads.swap_remove(0)
             };
-            let s = t.apply_with_verdict(&mean, loss, finite).expect("apply");
+            let s = t.apply(&mean, loss, finite).expect("apply");
             losses.push(s.loss.to_bits());
             skipped.push(s.skipped);
         }
         Trace {
-            digest: t.weights_digest(),
+            digest: t.weights_digest().expect("digest"),
             losses,
             skipped,
         }
@@ -197,14 +213,14 @@ pub mod dp {
         let mut dp = DataParallel::new(t, reducer, how.opts)?;
         let end = how.stop_at.unwrap_or(run.schedule.total_steps);
         let (mut losses, mut skipped) = (Vec::new(), Vec::new());
-        while dp.backend().step() < end {
+        while dp.trainer().step() < end {
             let s = dp.step()?;
             losses.push(s.loss.to_bits());
             skipped.push(s.skipped);
         }
         let agreed = dp.replica_check("at the end")?;
         if let (0, Some(dir)) = (dp.rank(), how.save_to) {
-            dp.backend().save_checkpoint(dir, 2)?;
+            dp.trainer_mut().save_checkpoint(dir, 2)?;
         }
         Ok(Trace {
             digest: agreed.digest,

@@ -1,17 +1,17 @@
 //! The data-parallel trainer against mamba-reduce's oracle, across crates:
-//! the trainer's step math over an `EmulatedWorld`, the data-parallel loop
-//! on live host worlds of 1..L threads, and the single-process trainer's
-//! fused step give the same weights and the same logged losses, bit for
+//! the engine's step with the mean from an `EmulatedWorld`, the
+//! data-parallel loop on live host worlds of 1..L threads, and the engine
+//! stepped by the contract's definition (a host fold, no reducer) give the same weights and the same logged losses, bit for
 //! bit, at every physical world size. (`mamba-train/tests/dp_world.rs`
-//! does the same with real processes through the CLI, against the fused
+//! does the same with real processes through the CLI, against the definition
 //! step.)
 
 use mamba_integration_tests::dp::{
-    emulated_run, fused_run, thread_world, tiny_run, try_thread_world, Trace, WorldRun,
+    definition_run, emulated_run, thread_world, tiny_run, try_thread_world, Trace, WorldRun,
 };
 use mamba_reduce::{Delivery, EmulateOptions, ReduceContract};
-use mamba_train::dp::hooks::RankStep;
-use mamba_train::dp::{DpOptions, TestHooks};
+use mamba_train::dp::fault_hooks::RankStep;
+use mamba_train::dp::{DpOptions, FaultHooks};
 use proptest::prelude::*;
 
 fn divisors(l: usize) -> Vec<usize> {
@@ -26,11 +26,11 @@ fn assert_world(traces: &[Trace], want: &Trace, what: &str) {
 }
 
 #[test]
-fn every_world_size_equals_the_emulated_world_and_the_fused_step() {
+fn every_world_size_equals_the_emulated_world_and_the_definition() {
     for (seed, l, steps) in [(3u64, 4usize, 4u64), (11, 6, 3)] {
         let run = tiny_run(seed, l, steps);
-        let fused = fused_run(&run);
-        assert_eq!(fused.losses.len(), steps as usize);
+        let want = definition_run(&run);
+        assert_eq!(want.losses.len(), steps as usize);
         for emulated in divisors(l) {
             let opts = EmulateOptions {
                 delivery: Delivery::Shuffled(seed + emulated as u64),
@@ -38,11 +38,11 @@ fn every_world_size_equals_the_emulated_world_and_the_fused_step() {
                 ..EmulateOptions::default()
             };
             let got = emulated_run(&run, emulated, &opts);
-            assert_eq!(got, fused, "L = {l}, emulated P = {emulated}");
+            assert_eq!(got, want, "L = {l}, emulated P = {emulated}");
         }
         for world in divisors(l) {
             let traces = thread_world(&run, world, WorldRun::default());
-            assert_world(&traces, &fused, &format!("L = {l}, live P = {world}"));
+            assert_world(&traces, &want, &format!("L = {l}, live P = {world}"));
         }
     }
 }
@@ -50,9 +50,9 @@ fn every_world_size_equals_the_emulated_world_and_the_fused_step() {
 #[test]
 fn the_logical_world_and_library_sums_are_negative_controls() {
     let four = tiny_run(5, 4, 3);
-    let want = fused_run(&four);
+    let want = definition_run(&four);
     // Another L is another run.
-    let two = fused_run(&tiny_run(5, 2, 3));
+    let two = definition_run(&tiny_run(5, 2, 3));
     assert_ne!(two.digest, want.digest);
     // nccl-sum on P = 2 < L = 4 adds block sums: the bits move away from
     // the fixed-order fold (same on both of its ranks, though).
@@ -73,7 +73,7 @@ fn the_logical_world_and_library_sums_are_negative_controls() {
 fn a_checkpoint_of_four_ranks_resumes_on_two_and_on_one_onto_the_unbroken_bits() {
     let dir = tempfile::tempdir().unwrap();
     let run = tiny_run(8, 4, 6);
-    let unbroken = fused_run(&run);
+    let unbroken = definition_run(&run);
     let first = thread_world(
         &run,
         4,
@@ -103,14 +103,14 @@ fn a_checkpoint_of_four_ranks_resumes_on_two_and_on_one_onto_the_unbroken_bits()
 #[test]
 fn a_nan_on_any_rank_skips_the_same_step_everywhere() {
     let run = tiny_run(2, 4, 4);
-    let clean = fused_run(&run);
+    let clean = definition_run(&run);
     let mut traces = Vec::new();
     for (world, rank) in [(4, 3), (2, 1), (1, 0)] {
         let how = WorldRun {
             opts: DpOptions {
-                hooks: TestHooks {
+                hooks: FaultHooks {
                     inject_nan: Some(RankStep { rank, step: 2 }),
-                    ..TestHooks::default()
+                    ..FaultHooks::default()
                 },
                 ..DpOptions::default()
             },
@@ -134,9 +134,9 @@ fn a_perturbed_replica_is_reported_by_every_rank() {
     let how = WorldRun {
         opts: DpOptions {
             replica_check_every: 1,
-            hooks: TestHooks {
+            hooks: FaultHooks {
                 perturb_weights: Some(RankStep { rank: 2, step: 3 }),
-                ..TestHooks::default()
+                ..FaultHooks::default()
             },
             ..DpOptions::default()
         },

@@ -1,6 +1,6 @@
 //! Defaults of `mamba-train train`, chosen so that the command with no flags
-//! finishes on two CPU cores in about two minutes and visibly learns the
-//! selective-copying task (see the performance notes for the measurement).
+//! finishes on two CPU cores in well under a minute and visibly learns the
+//! selective-copying task (docs/PERFORMANCE.md has the measured time).
 
 /// Default task.
 pub const TASK: crate::data::TaskKind = crate::data::TaskKind::SelectiveCopy;

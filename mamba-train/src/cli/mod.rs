@@ -5,8 +5,10 @@ pub mod args;
 pub mod defaults;
 pub mod drive;
 pub mod progress;
+pub mod report;
 pub mod resolve;
 pub mod run;
+pub mod run_dir;
 
 pub use args::{Cli, Command, Device, TrainArgs};
 pub use run::{rank_prefix, train, TrainOutcome, TrainSummary, METRICS_FILE, PLOT_FILE};

@@ -81,14 +81,6 @@ impl Progress {
         }
     }
 
-    /// Print a note without tearing the bar.
-    pub fn note(&self, msg: &str) {
-        match &self.bar {
-            Some(bar) => bar.println(msg),
-            None => stderr_line(msg),
-        }
-    }
-
     /// Remove the bar.
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {

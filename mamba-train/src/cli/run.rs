@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mamba_comm::bootstrap::{detect, overrides, Launcher, ProcessEnv, WorldPlace};
-use mamba_comm::supervisor::{start_world, Role, SpawnOptions, WorldReport};
-use mamba_reduce::{ReduceContract, RunIdentity};
+use mamba_comm::supervisor::{start_world, Role, SpawnOptions};
+use mamba_reduce::RunIdentity;
 
 use super::args::{Device, TrainArgs};
 use super::drive::{drive, RankContext};
@@ -28,38 +28,21 @@ use super::progress::stderr_line;
 use super::resolve::resolve_run_in;
 use crate::checkpoint::{self, state::RunState, Checkpoint, STATE_FILE};
 use crate::data::{Dataset, TaskSpec};
-use crate::dp::cuda::CudaReplica;
-use crate::dp::{self, DataParallel, DpOptions, TestHooks};
+#[cfg(feature = "fault-injection")]
+use crate::dp::FaultHooks;
+use crate::dp::{self, DataParallel, DpOptions};
 use crate::error::{Result, TrainError};
 use crate::model::cpu::CpuModel;
 use crate::model::cuda::CudaModel;
 use crate::train::{RunConfig, Trainer};
 
-pub use super::drive::{TrainSummary, METRICS_FILE, PLOT_FILE};
+pub use super::report::{TrainOutcome, TrainSummary};
+pub use super::run_dir::{METRICS_FILE, PLOT_FILE};
 
 /// After the first failed rank, how long the others may take to notice
 /// (their transports fail at once when a peer's socket closes) and log
 /// their own error before the supervisor kills them.
 pub const FAILURE_GRACE: Duration = Duration::from_secs(2);
-
-/// What a finished `train` command was in the world.
-#[derive(Debug)]
-pub enum TrainOutcome {
-    /// Rank 0 (or the only process): the run's summary, printed to stdout.
-    Summary(TrainSummary),
-    /// Another rank: its final state, equal to rank 0's (checked).
-    Replica {
-        /// This rank.
-        rank: usize,
-        /// Steps completed.
-        steps: u64,
-        /// Hex SHA-256 of its final weights.
-        weights_digest: String,
-    },
-    /// This process started the ranks and waited for them; they did the
-    /// work (rank 0 printed the summary). Every rank succeeded.
-    Supervised(WorldReport),
-}
 
 /// The `[rank R of P] ` prefix for messages of a rank in a world of more
 /// than one process (empty otherwise, or when the environment is invalid).
@@ -310,9 +293,18 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
         (TaskSpec::Text(t), Some(bytes)) => Dataset::with_corpus(t.clone(), bytes, run.batch)?,
         _ => Dataset::new(run.task.clone(), run.batch)?,
     };
+    #[cfg(feature = "fault-injection")]
+    let hooks = FaultHooks::from_env(&ProcessEnv)?;
+    #[cfg(feature = "fault-injection")]
+    if hooks.any() && place.rank == 0 {
+        stderr_line(&format!(
+            "note: fault-injection hooks are set ({hooks:?}); this is a test run"
+        ));
+    }
     let opts = DpOptions {
         replica_check_every: args.replica_check_every,
-        hooks: TestHooks::from_env(&ProcessEnv)?,
+        #[cfg(feature = "fault-injection")]
+        hooks,
         schedule_fingerprint: schedule_fingerprint(args, plan.end),
     };
     Ok(RankSetup {
@@ -325,7 +317,7 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
     })
 }
 
-/// One rank of a CPU world: the CPU model's [`Trainer`] over host arenas,
+/// One rank of a CPU world: the engine over the CPU model (host arenas),
 /// the host reducer over loopback sockets.
 fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Result<TrainOutcome> {
     let RankSetup {
@@ -349,7 +341,6 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
         args,
         end: plan.end,
         resumed_from,
-        device: "cpu",
         threads: rayon::current_num_threads(),
     };
     let outcome = drive(&mut world, &ctx, out);
@@ -359,8 +350,8 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
     outcome
 }
 
-/// One rank of a GPU world: the CUDA model ([`dp::cuda::CudaReplica`]) on
-/// this rank's GPU, on the stream of its NCCL communicator, reducing
+/// One rank of a GPU world: the engine over the CUDA model on this rank's
+/// GPU, on the stream of its NCCL communicator, reducing
 /// through the [`mamba_reduce::NcclReducer`]. A world of one is a 1-rank
 /// communicator, the same path.
 ///
@@ -387,26 +378,25 @@ fn run_cuda_rank(
     let run = plan.run.clone();
     let link = dp::cuda::connect(&place, device, timeout)?;
     let model = CudaModel::with_stream(run.model.clone(), link.comm.stream().clone())?;
-    let replica = match ck {
-        Some(c) => CudaReplica::resume(model, run.clone(), data, c)?,
-        None => CudaReplica::new(model, run.clone(), data)?,
+    let trainer = match ck {
+        Some(c) => Trainer::resume(model, run.clone(), data, c)?,
+        None => Trainer::with_dataset(model, run.clone(), data)?,
     };
-    let reducer = dp::cuda::link::reducer(link.comm, &run)?;
-    let mut world = DataParallel::new(replica, reducer, opts)?;
+    let reducer = dp::cuda::reducer(link.comm, &run)?;
+    let mut world = DataParallel::new(trainer, reducer, opts)?;
     let ctx = RankContext {
         args,
         end: plan.end,
         resumed_from,
-        device: "cuda",
         threads: rayon::current_num_threads(),
     };
     let outcome = drive(&mut world, &ctx, out);
-    let (replica, reducer) = world.into_parts();
+    let (trainer, reducer) = world.into_parts();
     // Device memory first, then the communicator, then the rendezvous
     // (rank 0 may serve it).
-    drop(replica);
+    drop(trainer);
     if outcome.is_ok() {
-        if let Err(e) = dp::cuda::link::shutdown(reducer) {
+        if let Err(e) = dp::cuda::shutdown(reducer) {
             stderr_line(&format!(
                 "{}warning: the NCCL communicator did not shut down cleanly after the run: {e}",
                 rank_prefix()
@@ -417,21 +407,4 @@ fn run_cuda_rank(
     }
     drop(link.rendezvous);
     outcome
-}
-
-/// `--contract` as the trainer records it.
-pub fn contract_note(c: ReduceContract, world: usize, logical: usize) -> Option<String> {
-    (c == ReduceContract::NcclSum).then(|| {
-        if world > 1 && world < logical {
-            format!(
-                "note: --contract nccl-sum with {world} processes and logical world {logical}: \
-                 each process sums its block first, so the bits differ from --world 1 or \
-                 --contract fixed-order"
-            )
-        } else {
-            "note: --contract nccl-sum: the library's sum; its bits may change with the world \
-             size, the transport or the machine"
-                .to_string()
-        }
-    })
 }

@@ -1,13 +1,14 @@
-//! [`DataParallel`]: one rank's training loop over a backend and a reducer.
+//! [`DataParallel`]: one rank's training loop over the engine
+//! ([`Trainer`]) and a reducer.
 
 use mamba_reduce::{mean_factor, Reducer, RunIdentity};
 
-use super::backend::DpBackend;
-use super::hooks::TestHooks;
+#[cfg(feature = "fault-injection")]
+use super::fault_hooks::FaultHooks;
 use super::reduce_err;
-use super::replica::{self, ReplicaState};
+use super::replica_check::{self, ReplicaState};
 use crate::error::{Result, TrainError};
-use crate::train::StepStats;
+use crate::train::{Backend, StepStats, Trainer};
 
 /// Settings of a [`DataParallel`] loop besides the run itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -16,8 +17,10 @@ pub struct DpOptions {
     /// [`DataParallel::replica_check`] is called, e.g. before checkpoints
     /// and at the end).
     pub replica_check_every: u64,
-    /// Fault-injection hooks (tests only).
-    pub hooks: TestHooks,
+    /// Fault-injection hooks (test builds only: the `fault-injection`
+    /// feature).
+    #[cfg(feature = "fault-injection")]
+    pub hooks: FaultHooks,
     /// A fingerprint of everything outside the [`RunConfig`] that decides
     /// *when* a rank makes a collective call (checkpoint period, replica
     /// check period, stop step): it joins the agreement check, so ranks
@@ -28,8 +31,8 @@ pub struct DpOptions {
     pub schedule_fingerprint: u64,
 }
 
-/// One rank of a data-parallel world: a model replica ([`DpBackend`]) and
-/// the world's [`Reducer`].
+/// One rank of a data-parallel world: a model replica (the [`Trainer`]
+/// over its [`Backend`]) and the world's [`Reducer`].
 ///
 /// A step (every call is collective: all ranks make the same calls in the
 /// same order):
@@ -50,30 +53,30 @@ pub struct DpOptions {
 ///
 /// Memory: the `L/P` local gradient arenas (in the backend's memory), plus
 /// what the reducer keeps.
-pub struct DataParallel<B: DpBackend, R: Reducer<Buffer = B::Buffer>> {
-    backend: B,
+pub struct DataParallel<B: Backend, R: Reducer<Buffer = B::Arena>> {
+    trainer: Trainer<B>,
     reducer: R,
-    locals: Vec<B::Buffer>,
+    locals: Vec<B::Arena>,
     opts: DpOptions,
     checked_at: Option<u64>,
     replica_checks: u64,
 }
 
-impl<B: DpBackend, R: Reducer<Buffer = B::Buffer>> DataParallel<B, R> {
+impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
     /// Join the world: the agreement check (arena length, contract, logical
     /// world, and a fingerprint of the run and schedule, on every rank),
     /// then the first replica check (every rank starts from the same
     /// weights and step, e.g. the same checkpoint). Collective.
-    pub fn new(backend: B, reducer: R, opts: DpOptions) -> Result<Self> {
+    pub fn new(trainer: Trainer<B>, reducer: R, opts: DpOptions) -> Result<Self> {
         let mut dp = DataParallel {
-            backend,
+            trainer,
             reducer,
             locals: Vec::new(),
             opts,
             checked_at: None,
             replica_checks: 0,
         };
-        let run = dp.backend.run_config();
+        let run = dp.trainer.run_config();
         let fingerprint = RunIdentity::fingerprint_of(
             format!(
                 "{:016x}/{:016x}",
@@ -83,7 +86,7 @@ impl<B: DpBackend, R: Reducer<Buffer = B::Buffer>> DataParallel<B, R> {
             .as_bytes(),
         );
         let id = RunIdentity::new(
-            dp.backend.arena_len(),
+            dp.trainer.arena_len(),
             run.contract,
             run.logical_world,
             fingerprint,
@@ -93,10 +96,10 @@ impl<B: DpBackend, R: Reducer<Buffer = B::Buffer>> DataParallel<B, R> {
         dp.reducer.check_agreement(&id).map_err(reduce_err)?;
         let blocks = dp.blocks();
         for _ in 0..blocks {
-            let arena = dp.backend.alloc_arena()?;
+            let arena = dp.trainer.backend_mut().zeros()?;
             dp.locals.push(arena);
         }
-        let step = dp.backend.step();
+        let step = dp.trainer.step();
         dp.replica_check(&format!("at the start (step {step})"))?;
         Ok(dp)
     }
@@ -122,13 +125,13 @@ impl<B: DpBackend, R: Reducer<Buffer = B::Buffer>> DataParallel<B, R> {
     }
 
     /// The model replica.
-    pub fn backend(&self) -> &B {
-        &self.backend
+    pub fn trainer(&self) -> &Trainer<B> {
+        &self.trainer
     }
 
     /// The model replica, mutable (rank 0 saves and evaluates through it).
-    pub fn backend_mut(&mut self) -> &mut B {
-        &mut self.backend
+    pub fn trainer_mut(&mut self) -> &mut Trainer<B> {
+        &mut self.trainer
     }
 
     /// Replica checks run so far (the start's included).
@@ -138,32 +141,32 @@ impl<B: DpBackend, R: Reducer<Buffer = B::Buffer>> DataParallel<B, R> {
 
     /// True once the schedule's steps are done.
     pub fn finished(&self) -> bool {
-        self.backend.step() >= self.backend.run_config().schedule.total_steps
+        self.trainer.finished()
     }
 
-    /// The backend and the reducer back.
-    pub fn into_parts(self) -> (B, R) {
-        (self.backend, self.reducer)
+    /// The trainer and the reducer back.
+    pub fn into_parts(self) -> (Trainer<B>, R) {
+        (self.trainer, self.reducer)
     }
 
     /// One data-parallel step (see the type's docs). Collective.
     pub fn step(&mut self) -> Result<StepStats> {
+        #[cfg(feature = "fault-injection")]
         let hooks = self.opts.hooks;
-        if let Some(d) = hooks.step_delay {
-            std::thread::sleep(d);
-        }
+        #[cfg(feature = "fault-injection")]
+        hooks.before_step();
         let rank = self.rank();
         let logical = self.logical_world();
         let first = rank * self.blocks();
-        let number = self.backend.step() + 1;
         let mut losses = Vec::with_capacity(self.locals.len());
         let mut finite = true;
         for (j, arena) in self.locals.iter_mut().enumerate() {
-            let loss = self.backend.micro_gradient((first + j) as u64, arena)?;
-            if j == 0 && hooks.inject_nan.is_some_and(|h| h.fires(rank, number)) {
-                self.backend.poison_gradient(arena)?;
+            let loss = self.trainer.micro_gradient((first + j) as u64, arena)?;
+            #[cfg(feature = "fault-injection")]
+            if j == 0 {
+                hooks.after_gradient(rank, &mut self.trainer, arena)?;
             }
-            finite &= loss.is_finite() && self.backend.all_finite(arena)?;
+            finite &= loss.is_finite() && self.trainer.backend_mut().all_finite(arena)?;
             losses.push([loss]);
         }
         let skip = self.reducer.any(!finite).map_err(reduce_err)?;
@@ -191,14 +194,13 @@ impl<B: DpBackend, R: Reducer<Buffer = B::Buffer>> DataParallel<B, R> {
                 "a data-parallel rank holds no gradient arena (L / P = 0)".to_string(),
             ));
         };
-        let mut stats = self.backend.apply(mean, loss, !skip)?;
+        let mut stats = self.trainer.apply(mean, loss, !skip)?;
         if skip {
             // Nothing was reduced: no rank has the world's gradient norm.
             stats.grad_norm = f64::NAN;
         }
-        if hooks.perturb_weights.is_some_and(|h| h.fires(rank, number)) {
-            self.backend.perturb_weights()?;
-        }
+        #[cfg(feature = "fault-injection")]
+        hooks.after_step(rank, stats.step, &mut self.trainer)?;
         let every = self.opts.replica_check_every;
         if every > 0 && stats.step % every == 0 {
             self.replica_check(&format!("after step {}", stats.step))?;
@@ -212,15 +214,15 @@ impl<B: DpBackend, R: Reducer<Buffer = B::Buffer>> DataParallel<B, R> {
     /// already checked. Collective.
     pub fn replica_check(&mut self, when: &str) -> Result<ReplicaState> {
         let mine = ReplicaState {
-            step: self.backend.step(),
-            digest: self.backend.weights_digest()?,
+            step: self.trainer.step(),
+            digest: self.trainer.weights_digest()?,
         };
         if self.checked_at == Some(mine.step) {
             return Ok(mine);
         }
-        let values = replica::encode(&mine)?;
+        let values = replica_check::encode(&mine)?;
         let all = self.reducer.all_gather_host(&values).map_err(reduce_err)?;
-        let agreed = replica::verdict(&all, self.world(), when)?;
+        let agreed = replica_check::verdict(&all, self.world(), when)?;
         self.checked_at = Some(mine.step);
         self.replica_checks += 1;
         Ok(agreed)

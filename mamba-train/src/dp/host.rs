@@ -8,8 +8,9 @@ use mamba_comm::host::{HostOptions, HostTransport};
 use mamba_comm::rendezvous::{self, Rendezvous};
 use mamba_reduce::{HostReducer, ReducerOptions};
 
+use super::{DataParallel, DpOptions};
 use crate::error::Result;
-use crate::train::RunConfig;
+use crate::train::{Backend, RunConfig, Trainer};
 
 /// Rendezvous-key prefix of the trainer's host transport.
 pub const HOST_TAG: &str = "mamba-train-host";
@@ -49,4 +50,21 @@ pub fn reducer(transport: HostTransport, run: &RunConfig) -> HostReducer {
         transport,
         ReducerOptions::new(run.contract, run.logical_world),
     )
+}
+
+/// A single process as a one-rank world: `trainer` with the host reducer
+/// over a one-rank in-process transport. The same loop (and so the same
+/// bits) as `--world P` at the trainer's logical world, with no process or
+/// socket around it: what the library offers for training in one process.
+pub fn local<B: Backend<Arena = Vec<f32>>>(
+    trainer: Trainer<B>,
+    opts: DpOptions,
+) -> Result<DataParallel<B, HostReducer>> {
+    let mut world =
+        HostTransport::thread_world(1, HostOptions::with_timeout(Duration::from_secs(60)))?;
+    let transport = world.pop().ok_or_else(|| {
+        crate::error::TrainError::Config("a one-rank host world has no rank".into())
+    })?;
+    let reducer = reducer(transport, trainer.run_config());
+    DataParallel::new(trainer, reducer, opts)
 }

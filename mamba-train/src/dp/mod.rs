@@ -49,7 +49,8 @@
 //!   [`CommError::ReplicaDivergence`]
 //!   on every rank.
 //!
-//! Test hooks that inject these faults are in [`hooks`].
+//! Test hooks that inject these faults are in `fault_hooks` (compiled only
+//! with the `fault-injection` feature, which test builds turn on).
 //!
 //! # Running
 //!
@@ -79,29 +80,27 @@
 //!
 //! # Backends
 //!
-//! [`DataParallel`] is generic over a [`DpBackend`] (weights, gradients,
-//! optimizer) and a reducer whose buffers are the backend's arenas. The
-//! CPU backend is the [`Trainer`](crate::train::Trainer) over host arenas
-//! with [`mamba_reduce::HostReducer`] ([`host`]).
-//!
-//! The CUDA backend is [`cuda::CudaReplica`]: the CUDA model over device
-//! arenas (`Buffer = CudaSlice<f32>`) with its optimizer on the device,
-//! paired with [`mamba_reduce::NcclReducer`] over one NCCL communicator per
-//! rank, one GPU per rank ([`cuda`]). `--device cuda` at `P = 1` runs the
-//! same path over a 1-rank communicator, so its bits are those of every
-//! `P` at the same `L`.
+//! [`DataParallel`] drives the one engine, [`Trainer`](crate::train::Trainer),
+//! over any [`Backend`](crate::train::Backend), with a reducer whose
+//! buffers are the backend's arenas: the CPU model over host arenas with
+//! [`mamba_reduce::HostReducer`] ([`host`]), or the CUDA model over device
+//! arenas (`CudaSlice<f32>`, its optimizer on the device too) with
+//! [`mamba_reduce::NcclReducer`] over one NCCL communicator per rank, one
+//! GPU per rank ([`cuda`]). `--device cuda` at `P = 1` runs the same path
+//! over a 1-rank communicator, so its bits are those of every `P` at the
+//! same `L`.
 
-pub mod backend;
 pub mod cuda;
 pub mod engine;
-pub mod hooks;
+#[cfg(feature = "fault-injection")]
+pub mod fault_hooks;
 pub mod host;
-pub mod replica;
+pub mod replica_check;
 
-pub use backend::DpBackend;
 pub use engine::{DataParallel, DpOptions};
-pub use hooks::TestHooks;
-pub use replica::ReplicaState;
+#[cfg(feature = "fault-injection")]
+pub use fault_hooks::FaultHooks;
+pub use replica_check::ReplicaState;
 
 use mamba_comm::CommError;
 use mamba_reduce::ReduceError;

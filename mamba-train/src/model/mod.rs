@@ -1,5 +1,5 @@
-//! The Mamba-1 language model: a CPU reference ([`cpu`]) and, later, a CUDA
-//! path, both over the flat arenas of [`crate::params`].
+//! The Mamba-1 language model: a CPU reference ([`cpu`]) and a CUDA path
+//! ([`cuda`]), both over the flat arenas of [`crate::params`].
 
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};

@@ -16,6 +16,9 @@ use std::ops::Range;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use kernels::mamba::AdamWStep;
+
+use super::math::ArenaMath;
 use crate::error::{Result, TrainError};
 use crate::params::{ParamKind, ParamLayout};
 
@@ -82,33 +85,33 @@ impl AdamWConfig {
     }
 }
 
-/// Optimizer state: the two moment arenas (same layout as the parameters)
-/// and the number of updates applied so far (`t`, for bias correction).
+/// Optimizer state: the two moment arenas (same layout as the parameters,
+/// in whatever memory `A` is: host `Vec<f32>` or device memory) and the
+/// number of updates applied so far (`t`, for bias correction).
+///
+/// The arithmetic is not here but in an [`ArenaMath`] (the CPU's
+/// [`HostMath`], or a device model's kernels), which every backend
+/// implements with the same per-element formula and the same per-step
+/// constants ([`AdamWStep`], computed once, here), so one state machine
+/// serves every device.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AdamW {
+pub struct AdamW<A = Vec<f32>> {
     cfg: AdamWConfig,
     /// Arena ranges that are decayed (`ParamKind::Matrix`), ascending.
     decayed: Vec<Range<usize>>,
-    m: Vec<f32>,
-    v: Vec<f32>,
+    m: A,
+    v: A,
     t: u64,
 }
 
-impl AdamW {
-    /// Fresh state (zero moments, `t = 0`) for `layout`.
+impl AdamW<Vec<f32>> {
+    /// Fresh host state (zero moments, `t = 0`) for `layout`.
     pub fn new(cfg: AdamWConfig, layout: &ParamLayout) -> Result<Self> {
-        cfg.validate()?;
         let n = layout.len();
-        Ok(AdamW {
-            cfg,
-            decayed: decayed_ranges(layout),
-            m: vec![0.0; n],
-            v: vec![0.0; n],
-            t: 0,
-        })
+        Self::from_state(cfg, layout, vec![0.0; n], vec![0.0; n], 0)
     }
 
-    /// State restored from a checkpoint.
+    /// Host state restored from a checkpoint.
     pub fn from_state(
         cfg: AdamWConfig,
         layout: &ParamLayout,
@@ -116,7 +119,6 @@ impl AdamW {
         v: Vec<f32>,
         t: u64,
     ) -> Result<Self> {
-        cfg.validate()?;
         if m.len() != layout.len() || v.len() != layout.len() {
             return Err(TrainError::Config(format!(
                 "optimizer moments have {} and {} elements; the model has {}",
@@ -125,6 +127,16 @@ impl AdamW {
                 layout.len()
             )));
         }
+        Self::from_arenas(cfg, layout, m, v, t)
+    }
+}
+
+impl<A> AdamW<A> {
+    /// State over moment arenas `m`, `v` of `layout`'s length (the caller's
+    /// memory; length-checked by the arithmetic at every update) after `t`
+    /// updates.
+    pub fn from_arenas(cfg: AdamWConfig, layout: &ParamLayout, m: A, v: A, t: u64) -> Result<Self> {
+        cfg.validate()?;
         Ok(AdamW {
             cfg,
             decayed: decayed_ranges(layout),
@@ -139,101 +151,127 @@ impl AdamW {
         &self.cfg
     }
     /// First moments.
-    pub fn exp_avg(&self) -> &[f32] {
+    pub fn exp_avg(&self) -> &A {
         &self.m
     }
     /// Second moments.
-    pub fn exp_avg_sq(&self) -> &[f32] {
+    pub fn exp_avg_sq(&self) -> &A {
         &self.v
     }
     /// Updates applied so far.
     pub fn updates(&self) -> u64 {
         self.t
     }
+    /// The decayed arena ranges (`ParamKind::Matrix` tensors, merged where
+    /// adjacent, ascending).
+    pub fn decayed(&self) -> &[Range<usize>] {
+        &self.decayed
+    }
 
-    /// Apply one update with learning rate `lr`, using `grads * clip_scale`.
-    /// `params` and `grads` must have the layout's length.
-    pub fn update(
+    /// Apply one update with learning rate `lr`, using `grads * clip_scale`,
+    /// through `math`. The update counter advances only when the update
+    /// was applied (a refused one, e.g. of a wrong length, does not count).
+    pub fn update<M: ArenaMath<Arena = A> + ?Sized>(
         &mut self,
-        params: &mut [f32],
-        grads: &[f32],
+        math: &mut M,
+        params: &mut A,
+        grads: &A,
         clip_scale: f32,
         lr: f32,
     ) -> Result<()> {
-        let n = self.m.len();
-        if params.len() != n || grads.len() != n {
-            return Err(TrainError::Config(format!(
-                "AdamW update: params {} and grads {} elements, optimizer state {}",
-                params.len(),
-                grads.len(),
-                n
-            )));
-        }
-        self.t += 1;
         let c = self.cfg;
-        let t = self.t as i32;
-        let bc1 = 1.0 - (c.beta1 as f64).powi(t);
-        let bc2 = 1.0 - (c.beta2 as f64).powi(t);
-        let k = Consts {
-            b1: c.beta1,
-            b2: c.beta2,
-            one_minus_b1: 1.0 - c.beta1,
-            one_minus_b2: 1.0 - c.beta2,
-            eps: c.eps,
-            decay_factor: 1.0 - lr * c.weight_decay,
-            step_size: (lr as f64 / bc1) as f32,
-            bc2_sqrt: bc2.sqrt() as f32,
-            scale: clip_scale,
-        };
-        let decayed = &self.decayed;
-        params
-            .par_chunks_mut(UPDATE_CHUNK)
-            .zip(grads.par_chunks(UPDATE_CHUNK))
-            .zip(self.m.par_chunks_mut(UPDATE_CHUNK))
-            .zip(self.v.par_chunks_mut(UPDATE_CHUNK))
-            .enumerate()
-            .for_each(|(ci, (((p, g), m), v))| {
-                let base = ci * UPDATE_CHUNK;
-                let mut i = 0;
-                // Walk the chunk as runs of equal decay, so the inner loop
-                // has no per-element branch on the tensor kind.
-                while i < p.len() {
-                    let (decay, run_end) = decay_run(decayed, base + i, base + p.len());
-                    let end = run_end - base;
-                    update_run(
-                        &k,
-                        decay,
-                        &mut p[i..end],
-                        &g[i..end],
-                        &mut m[i..end],
-                        &mut v[i..end],
-                    );
-                    i = end;
-                }
-            });
+        let k = AdamWStep::new(
+            c.beta1,
+            c.beta2,
+            c.eps,
+            c.weight_decay,
+            lr,
+            self.t + 1,
+            clip_scale,
+        );
+        math.adamw(&k, &self.decayed, params, grads, &mut self.m, &mut self.v)?;
+        self.t += 1;
         Ok(())
+    }
+
+    /// The same state over other arenas (e.g. the moments moved to or from
+    /// a device): `f` converts each moment arena.
+    pub fn map_arenas<B>(self, mut f: impl FnMut(A) -> Result<B>) -> Result<AdamW<B>> {
+        Ok(AdamW {
+            cfg: self.cfg,
+            decayed: self.decayed,
+            m: f(self.m)?,
+            v: f(self.v)?,
+            t: self.t,
+        })
+    }
+
+    /// [`Self::map_arenas`] by reference.
+    pub fn try_map_ref<B>(&self, mut f: impl FnMut(&A) -> Result<B>) -> Result<AdamW<B>> {
+        Ok(AdamW {
+            cfg: self.cfg,
+            decayed: self.decayed.clone(),
+            m: f(&self.m)?,
+            v: f(&self.v)?,
+            t: self.t,
+        })
     }
 }
 
-/// Per-step constants of the update.
-struct Consts {
-    b1: f32,
-    b2: f32,
-    one_minus_b1: f32,
-    one_minus_b2: f32,
-    eps: f32,
-    decay_factor: f32,
-    step_size: f32,
-    bc2_sqrt: f32,
-    scale: f32,
+/// One AdamW update over host slices, in fixed chunks (any thread count,
+/// the same bits): the CPU's [`ArenaMath::adamw`].
+pub(crate) fn host_adamw(
+    k: &AdamWStep,
+    decayed: &[Range<usize>],
+    params: &mut [f32],
+    grads: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+) -> Result<()> {
+    let n = m.len();
+    if params.len() != n || grads.len() != n || v.len() != n {
+        return Err(TrainError::Config(format!(
+            "AdamW update: params {} and grads {} elements, optimizer state {} and {}",
+            params.len(),
+            grads.len(),
+            n,
+            v.len()
+        )));
+    }
+    params
+        .par_chunks_mut(UPDATE_CHUNK)
+        .zip(grads.par_chunks(UPDATE_CHUNK))
+        .zip(m.par_chunks_mut(UPDATE_CHUNK))
+        .zip(v.par_chunks_mut(UPDATE_CHUNK))
+        .enumerate()
+        .for_each(|(ci, (((p, g), m), v))| {
+            let base = ci * UPDATE_CHUNK;
+            let mut i = 0;
+            // Walk the chunk as runs of equal decay, so the inner loop
+            // has no per-element branch on the tensor kind.
+            while i < p.len() {
+                let (decay, run_end) = decay_run(decayed, base + i, base + p.len());
+                let end = run_end - base;
+                update_run(
+                    k,
+                    decay,
+                    &mut p[i..end],
+                    &g[i..end],
+                    &mut m[i..end],
+                    &mut v[i..end],
+                );
+                i = end;
+            }
+        });
+    Ok(())
 }
 
 #[inline]
-fn update_run(k: &Consts, decay: bool, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+fn update_run(k: &AdamWStep, decay: bool, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
     for i in 0..p.len() {
         let gi = g[i] * k.scale;
-        let mi = k.b1 * m[i] + k.one_minus_b1 * gi;
-        let vi = k.b2 * v[i] + k.one_minus_b2 * gi * gi;
+        let mi = k.b1 * m[i] + k.omb1 * gi;
+        let vi = k.b2 * v[i] + k.omb2 * gi * gi;
         m[i] = mi;
         v[i] = vi;
         let mut pi = p[i];
@@ -257,8 +295,9 @@ fn decay_run(decayed: &[Range<usize>], at: usize, limit: usize) -> (bool, usize)
     }
 }
 
-/// The arena ranges of `ParamKind::Matrix` tensors, merged where adjacent.
-fn decayed_ranges(layout: &ParamLayout) -> Vec<Range<usize>> {
+/// The arena ranges of `ParamKind::Matrix` tensors, merged where adjacent:
+/// the one definition of which weights decay, for every device.
+pub fn decayed_ranges(layout: &ParamLayout) -> Vec<Range<usize>> {
     let mut out: Vec<Range<usize>> = Vec::new();
     for e in layout.entries() {
         if e.kind != ParamKind::Matrix || e.is_empty() {
@@ -277,6 +316,7 @@ fn decayed_ranges(layout: &ParamLayout) -> Vec<Range<usize>> {
 mod tests {
     use super::*;
     use crate::config::ModelConfig;
+    use crate::optim::HostMath;
     use crate::seed::Rng;
 
     fn layout() -> ParamLayout {
@@ -343,7 +383,7 @@ mod tests {
             pool.install(|| {
                 for step in 0..3u64 {
                     let g = random(n, 10 + step, 1.0);
-                    opt.update(&mut p, &g, 0.5, 1e-2).unwrap();
+                    opt.update(&mut HostMath, &mut p, &g, 0.5, 1e-2).unwrap();
                 }
             });
             results.push((p, opt));
@@ -385,7 +425,8 @@ mod tests {
         let p0 = random(n, 2, 1.0);
         let mut p = p0.clone();
         // Zero gradients: the Adam term is 0 / (0 + eps) = 0, so only decay acts.
-        opt.update(&mut p, &vec![0.0; n], 1.0, 0.5).unwrap();
+        opt.update(&mut HostMath, &mut p, &vec![0.0; n], 1.0, 0.5)
+            .unwrap();
         let factor = 1.0f32 - 0.5 * 0.1;
         let mut saw = [false, false];
         for e in l.entries() {
@@ -424,7 +465,7 @@ mod tests {
         let mut opt = AdamW::new(cfg, &l).unwrap();
         let g = random(n, 3, 1.0);
         let mut p = vec![0.0f32; n];
-        opt.update(&mut p, &g, 1.0, 1e-3).unwrap();
+        opt.update(&mut HostMath, &mut p, &g, 1.0, 1e-3).unwrap();
         for i in 0..n {
             if g[i].abs() > 1e-3 {
                 assert!(
@@ -442,7 +483,9 @@ mod tests {
         let l = layout();
         let mut opt = AdamW::new(AdamWConfig::default(), &l).unwrap();
         let mut p = vec![0.0; l.len()];
-        assert!(opt.update(&mut p, &[0.0; 3], 1.0, 1e-3).is_err());
+        assert!(opt
+            .update(&mut HostMath, &mut p, &vec![0.0; 3], 1.0, 1e-3)
+            .is_err());
         assert_eq!(opt.updates(), 0, "a refused update must not count");
         let e = AdamW::new(
             AdamWConfig {

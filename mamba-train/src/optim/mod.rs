@@ -2,15 +2,22 @@
 //! AdamW, applied to a finished gradient arena.
 //!
 //! The step is deliberately separate from the backward pass: the backward
-//! fills a gradient arena, a reducer (issue 6) may replace it with the mean
-//! over all logical micro-batches, and only then [`Optimizer::step`] runs.
+//! fills a gradient arena, a reducer replaces it with the mean over all
+//! logical micro-batches, and only then [`Optimizer::step`] runs.
+//!
+//! One state machine for every device: [`Optimizer`] is generic over the
+//! arenas' memory and takes the arithmetic from an [`ArenaMath`]
+//! ([`HostMath`] on the CPU, the CUDA model's kernels on a GPU), which keep
+//! the same bits.
 
 pub mod adamw;
 pub mod clip;
+pub mod math;
 pub mod schedule;
 
-pub use adamw::{AdamW, AdamWConfig};
+pub use adamw::{decayed_ranges, AdamW, AdamWConfig};
 pub use clip::{clip_scale, global_norm};
+pub use math::{ArenaMath, HostMath};
 pub use schedule::Schedule;
 
 use crate::error::Result;
@@ -30,50 +37,69 @@ pub struct StepOutcome {
     pub skipped: bool,
 }
 
-/// AdamW plus its schedule and clipping.
+/// AdamW plus its schedule and clipping, over arenas of type `A`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Optimizer {
-    adamw: AdamW,
+pub struct Optimizer<A = Vec<f32>> {
+    adamw: AdamW<A>,
     schedule: Schedule,
 }
 
-impl Optimizer {
-    /// Fresh state for `layout`.
+impl Optimizer<Vec<f32>> {
+    /// Fresh host state for `layout`.
     pub fn new(cfg: AdamWConfig, schedule: Schedule, layout: &ParamLayout) -> Result<Self> {
-        schedule.validate()?;
-        Ok(Optimizer {
-            adamw: AdamW::new(cfg, layout)?,
+        Self::from_parts(AdamW::new(cfg, layout)?, schedule)
+    }
+}
+
+impl<A> Optimizer<A> {
+    /// Fresh state (step 0) over two zero-filled moment arenas of
+    /// `layout`'s length, in any memory (e.g. `backend.zeros()`).
+    pub fn fresh(
+        cfg: AdamWConfig,
+        schedule: Schedule,
+        layout: &ParamLayout,
+        zero_m: A,
+        zero_v: A,
+    ) -> Result<Self> {
+        Self::from_parts(
+            AdamW::from_arenas(cfg, layout, zero_m, zero_v, 0)?,
             schedule,
-        })
+        )
     }
 
-    /// Restored state.
-    pub fn from_parts(adamw: AdamW, schedule: Schedule) -> Result<Self> {
+    /// Restored (or freshly allocated) state.
+    pub fn from_parts(adamw: AdamW<A>, schedule: Schedule) -> Result<Self> {
         schedule.validate()?;
         Ok(Optimizer { adamw, schedule })
     }
 
     /// The AdamW state.
-    pub fn adamw(&self) -> &AdamW {
+    pub fn adamw(&self) -> &AdamW<A> {
         &self.adamw
     }
     /// The schedule.
     pub fn schedule(&self) -> &Schedule {
         &self.schedule
     }
+    /// The AdamW state and the schedule, taken apart.
+    pub fn into_parts(self) -> (AdamW<A>, Schedule) {
+        (self.adamw, self.schedule)
+    }
 
     /// Step `step` (0-based, selects the learning rate): clip by the global
-    /// norm, then AdamW. `loss_finite == false` or a non-finite gradient norm
-    /// skips the step, leaving parameters and moments untouched.
-    pub fn step(
+    /// norm, then AdamW, with `math`'s arithmetic. `loss_finite == false` or
+    /// a non-finite gradient norm skips the step, leaving parameters and
+    /// moments untouched.
+    pub fn step<M: ArenaMath<Arena = A> + ?Sized>(
         &mut self,
+        math: &mut M,
         step: u64,
-        params: &mut [f32],
-        grads: &[f32],
+        params: &mut A,
+        grads: &A,
         loss_finite: bool,
     ) -> Result<StepOutcome> {
         let lr = self.schedule.lr(step);
-        let grad_norm = global_norm(grads);
+        let grad_norm = math.global_norm(grads)?;
         if !loss_finite || !grad_norm.is_finite() {
             return Ok(StepOutcome {
                 lr,
@@ -83,7 +109,7 @@ impl Optimizer {
             });
         }
         let scale = clip_scale(grad_norm, self.adamw.config().clip_norm);
-        self.adamw.update(params, grads, scale, lr)?;
+        self.adamw.update(math, params, grads, scale, lr)?;
         Ok(StepOutcome {
             lr,
             grad_norm,
@@ -112,15 +138,15 @@ mod tests {
         let mut g = vec![0.1f32; l.len()];
         g[3] = f32::NAN;
         let before = opt.clone();
-        let out = opt.step(0, &mut p, &g, true).unwrap();
+        let out = opt.step(&mut HostMath, 0, &mut p, &g, true).unwrap();
         assert!(out.skipped);
         assert_eq!(opt, before);
         assert!(p.iter().all(|&x| x == 0.5));
         g[3] = 0.1;
-        let out = opt.step(0, &mut p, &g, false).unwrap();
+        let out = opt.step(&mut HostMath, 0, &mut p, &g, false).unwrap();
         assert!(out.skipped, "a non-finite loss skips too");
         // Negative control: a finite step does move.
-        let out = opt.step(0, &mut p, &g, true).unwrap();
+        let out = opt.step(&mut HostMath, 0, &mut p, &g, true).unwrap();
         assert!(!out.skipped);
         assert!(p.iter().any(|&x| x != 0.5));
         assert_eq!(opt.adamw().updates(), 1);
@@ -138,7 +164,7 @@ mod tests {
         let mut opt = Optimizer::new(AdamWConfig::default(), sched, &l).unwrap();
         let mut p = vec![0.0f32; l.len()];
         let g = vec![1.0f32; l.len()];
-        let out = opt.step(0, &mut p, &g, true).unwrap();
+        let out = opt.step(&mut HostMath, 0, &mut p, &g, true).unwrap();
         let expect = (l.len() as f64).sqrt();
         assert!((out.grad_norm - expect).abs() < 1e-9);
         let clipped = (l.len() as f64).sqrt() * out.clip_scale as f64;

@@ -14,7 +14,7 @@ use crate::model::{Batch, IGNORE};
 use crate::optim::{AdamWConfig, Schedule};
 use crate::params::ParamLayout;
 use crate::seed::{self, Domain, Rng};
-use crate::train::model::TrainModel;
+use crate::train::backend::HostModel;
 use crate::train::run_config::{RunConfig, DEFAULT_CONTRACT};
 
 /// The bigram test model.
@@ -41,7 +41,7 @@ impl ToyModel {
     }
 }
 
-impl TrainModel for ToyModel {
+impl HostModel for ToyModel {
     fn config(&self) -> &ModelConfig {
         &self.cfg
     }
@@ -130,4 +130,17 @@ pub fn toy_run(steps: u64) -> RunConfig {
 /// The toy model of a run.
 pub fn toy_model(run: &RunConfig) -> ToyModel {
     ToyModel::new(run.model.clone())
+}
+
+/// `t` after at most `n` more steps in a one-process world (the library's
+/// loop, [`crate::dp::host::local`]); `u64::MAX` trains to the end.
+pub fn run_steps<M: HostModel>(t: crate::train::Trainer<M>, n: u64) -> crate::train::Trainer<M> {
+    let mut w = crate::dp::host::local(t, crate::dp::DpOptions::default()).unwrap();
+    for _ in 0..n {
+        if w.finished() {
+            break;
+        }
+        w.step().unwrap();
+    }
+    w.into_parts().0
 }

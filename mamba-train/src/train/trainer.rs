@@ -1,16 +1,20 @@
-//! The single-process training loop, with the seam data-parallel training
-//! needs.
+//! [`Trainer`]: the one training engine, over any [`Backend`] (the CPU
+//! model over host arenas, the CUDA model over device arenas).
 //!
-//! A step is three separate calls:
-//! 1. [`Trainer::micro_gradient`] / [`Trainer::backward`]: gradients of the
-//!    step's logical micro-batches into a gradient arena;
-//! 2. a reducer ([`crate::dp`]) replaces that arena with the mean over all
-//!    L logical micro-batches, folded in ascending logical order;
-//! 3. [`Trainer::apply`] / [`Trainer::apply_external`]: clip + AdamW with the
-//!    step's learning rate, then the step counter advances.
+//! It owns one replica of a run: weights, optimizer state, data position,
+//! and the step and skip counters; it starts fresh or resumes a checkpoint,
+//! computes micro-batch gradients, applies a reduced gradient, writes
+//! checkpoints and evaluates. A step is two calls with the reduction in
+//! between, which is the data-parallel loop's ([`crate::dp::DataParallel`]):
+//! 1. [`Trainer::micro_gradient`] for each of the step's logical
+//!    micro-batches this process holds, each into its own arena;
+//! 2. a reducer replaces them with the mean over all `L`, folded in
+//!    ascending logical order;
+//! 3. [`Trainer::apply`]: clip + AdamW with the step's learning rate (or a
+//!    skip, agreed by every rank), then the step counter advances.
 //!
-//! [`Trainer::train_step`] is 1 then 3 in one call; the unit tests assert
-//! it equals the split path, with an external copy in between, bit for bit.
+//! A single process is a one-rank world of the same loop
+//! ([`crate::dp::host::local`]), so there is one path to every result.
 
 use std::path::{Path, PathBuf};
 
@@ -20,7 +24,7 @@ use crate::data::{accuracy, Accuracy, Dataset};
 use crate::error::{Result, TrainError};
 use crate::model::{Batch, IGNORE};
 use crate::optim::{AdamW, Optimizer};
-use crate::train::model::TrainModel;
+use crate::train::backend::Backend;
 use crate::train::run_config::RunConfig;
 
 /// What one step did (for metrics).
@@ -53,128 +57,147 @@ pub struct EvalReport {
     pub chance: f64,
 }
 
-/// Model, weights, optimizer and data position of one run.
-pub struct Trainer<M: TrainModel> {
-    model: M,
+/// Model, weights, optimizer and data position of one run, on the
+/// backend's device.
+///
+/// Everything heavy lives where the backend keeps its arenas: the weights,
+/// the moments (inside the [`Optimizer`]) and the gradient arenas the
+/// caller allocates through [`Backend::zeros`]. The host sees the weights
+/// only for the digest, checkpoints and the replica check.
+pub struct Trainer<B: Backend> {
+    backend: B,
     cfg: RunConfig,
     data: Dataset,
-    params: Vec<f32>,
-    grads: Vec<f32>,
-    scratch: Vec<f32>,
-    opt: Optimizer,
+    params: B::Arena,
+    opt: Optimizer<B::Arena>,
     step: u64,
     skipped: u64,
 }
 
-impl<M: TrainModel> Trainer<M> {
+impl<B: Backend> Trainer<B> {
     /// A fresh run: weights from the seed law, zero moments, step 0.
-    pub fn new(model: M, cfg: RunConfig) -> Result<Self> {
+    pub fn new(backend: B, cfg: RunConfig) -> Result<Self> {
         let data = Dataset::new(cfg.task.clone(), cfg.batch)?;
-        Self::with_dataset(model, cfg, data)
+        Self::with_dataset(backend, cfg, data)
     }
 
     /// A fresh run over an already built dataset (e.g. a loaded corpus).
-    pub fn with_dataset(model: M, cfg: RunConfig, data: Dataset) -> Result<Self> {
-        Self::check_parts(&model, &cfg, &data)?;
-        let params = model.init_params(cfg.seed);
-        let opt = Optimizer::new(cfg.optimizer, cfg.schedule, model.layout())?;
-        Self::assemble(model, cfg, data, params, opt, 0, 0)
+    pub fn with_dataset(mut backend: B, cfg: RunConfig, data: Dataset) -> Result<Self> {
+        check_run_parts(backend.config(), &cfg, &data)?;
+        let params = backend.init_params(cfg.seed)?;
+        let opt = fresh_optimizer(&mut backend, &cfg)?;
+        Ok(Self::assemble(backend, cfg, data, params, opt, 0, 0))
     }
 
-    /// Continue the run recorded in `ck`. `cfg` is the requested run; it must
-    /// equal the recorded one (the error names every differing setting).
-    pub fn resume(model: M, cfg: RunConfig, data: Dataset, ck: Checkpoint) -> Result<Self> {
-        Self::check_parts(&model, &cfg, &data)?;
+    /// Continue the run recorded in `ck` (weights and moments moved to the
+    /// backend's memory). `cfg` is the requested run; it must equal the
+    /// recorded one (the error names every differing setting). A
+    /// checkpoint written on another device loads too (same format); the
+    /// bits then follow this backend from here on.
+    pub fn resume(mut backend: B, cfg: RunConfig, data: Dataset, ck: Checkpoint) -> Result<Self> {
+        check_run_parts(backend.config(), &cfg, &data)?;
+        let path = ck.dir.display().to_string();
         cfg.mismatches(&ck.state.run)
             .map_err(|detail| TrainError::Checkpoint {
-                path: ck.dir.display().to_string(),
+                path: path.clone(),
                 detail,
             })?;
         let st = &ck.state;
         let adamw = AdamW::from_state(
             cfg.optimizer,
-            model.layout(),
+            backend.layout(),
             ck.exp_avg,
             ck.exp_avg_sq,
             st.optimizer_updates,
-        )?;
+        )?
+        .map_arenas(|host| backend.upload(&host))?;
         let opt = Optimizer::from_parts(adamw, cfg.schedule)?;
-        Self::assemble(model, cfg, data, ck.params, opt, st.step, st.skipped_steps)
+        let params = upload_weights(&mut backend, &ck.params, &path)?;
+        let (step, skipped) = (st.step, st.skipped_steps);
+        Ok(Self::assemble(
+            backend, cfg, data, params, opt, step, skipped,
+        ))
     }
 
     /// Continue from `ck`'s weights and step but with *fresh* optimizer
     /// moments. Not a faithful resume: it exists as the negative control
     /// that shows the moments matter (its bits differ from the unbroken run).
     pub fn resume_weights_only(
-        model: M,
+        mut backend: B,
         cfg: RunConfig,
         data: Dataset,
         ck: Checkpoint,
     ) -> Result<Self> {
-        Self::check_parts(&model, &cfg, &data)?;
-        let opt = Optimizer::new(cfg.optimizer, cfg.schedule, model.layout())?;
+        check_run_parts(backend.config(), &cfg, &data)?;
+        let opt = fresh_optimizer(&mut backend, &cfg)?;
+        let params = upload_weights(&mut backend, &ck.params, &ck.dir.display().to_string())?;
         let (step, skipped) = (ck.state.step, ck.state.skipped_steps);
-        Self::assemble(model, cfg, data, ck.params, opt, step, skipped)
-    }
-
-    fn check_parts(model: &M, cfg: &RunConfig, data: &Dataset) -> Result<()> {
-        check_run_parts(model.config(), cfg, data)
+        Ok(Self::assemble(
+            backend, cfg, data, params, opt, step, skipped,
+        ))
     }
 
     fn assemble(
-        model: M,
+        backend: B,
         cfg: RunConfig,
         data: Dataset,
-        params: Vec<f32>,
-        opt: Optimizer,
+        params: B::Arena,
+        opt: Optimizer<B::Arena>,
         step: u64,
         skipped: u64,
-    ) -> Result<Self> {
-        let n = model.layout().len();
-        if params.len() != n {
-            return Err(TrainError::Config(format!(
-                "weights have {} elements, the model {n}",
-                params.len()
-            )));
-        }
-        Ok(Trainer {
-            model,
+    ) -> Self {
+        Trainer {
+            backend,
             cfg,
             data,
             params,
-            grads: vec![0.0; n],
-            // Allocated by the first fused step with L > 1; a data-parallel
-            // run keeps its own per-logical-rank arenas and never needs it.
-            scratch: Vec::new(),
             opt,
             step,
             skipped,
-        })
+        }
     }
 
     /// The run's identity.
     pub fn run_config(&self) -> &RunConfig {
         &self.cfg
     }
-    /// The model.
-    pub fn model(&self) -> &M {
-        &self.model
+    /// The backend (the model on its device).
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+    /// The backend, mutable (e.g. to allocate an arena).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
     }
     /// The dataset.
     pub fn dataset(&self) -> &Dataset {
         &self.data
     }
     /// The weight arena.
-    pub fn params(&self) -> &[f32] {
+    pub fn params(&self) -> &B::Arena {
         &self.params
     }
-    /// Mutable weights (for a replica check or a test that corrupts them).
-    pub fn params_mut(&mut self) -> &mut [f32] {
-        &mut self.params
+    /// The weights on the host (a borrow on the CPU, a download on a GPU).
+    pub fn params_host(&mut self) -> Result<Vec<f32>> {
+        Ok(self.backend.to_host(&self.params)?.into_owned())
     }
     /// The optimizer.
-    pub fn optimizer(&self) -> &Optimizer {
+    pub fn optimizer(&self) -> &Optimizer<B::Arena> {
         &self.opt
+    }
+    /// The optimizer with its moments on the host (for checkpoints and
+    /// comparisons across devices).
+    pub fn optimizer_host(&mut self) -> Result<Optimizer> {
+        let backend = &mut self.backend;
+        let adamw = self
+            .opt
+            .adamw()
+            .try_map_ref(|a| Ok(backend.to_host(a)?.into_owned()))?;
+        Optimizer::from_parts(adamw, *self.opt.schedule())
+    }
+    /// Elements of the parameter (and every gradient) arena.
+    pub fn arena_len(&self) -> usize {
+        self.backend.layout().len()
     }
     /// Steps completed; also the index of the next step.
     pub fn step(&self) -> u64 {
@@ -188,97 +211,34 @@ impl<M: TrainModel> Trainer<M> {
     pub fn finished(&self) -> bool {
         self.step >= self.cfg.schedule.total_steps
     }
-    /// The gradient arena [`backward`](Self::backward) fills.
-    pub fn grads(&self) -> &[f32] {
-        &self.grads
-    }
-    /// The gradient arena, for a reducer to replace in place.
-    pub fn grads_mut(&mut self) -> &mut [f32] {
-        &mut self.grads
-    }
-    /// Hex SHA-256 of the weight arena.
-    pub fn weights_digest(&self) -> String {
-        arena_digest(&self.params)
+    /// Hex SHA-256 of the weight arena's little-endian bytes (the
+    /// `weights-digest`).
+    pub fn weights_digest(&mut self) -> Result<String> {
+        Ok(arena_digest(&self.backend.to_host(&self.params)?))
     }
 
     /// Loss and gradient (into `grads`, overwritten) of logical micro-batch
     /// `micro` of the current step. Changes no training state (weights,
     /// moments, step): a process holding logical ranks `a..b` calls it for
     /// each of them.
-    pub fn micro_gradient(&mut self, micro: u64, grads: &mut [f32]) -> Result<f32> {
+    pub fn micro_gradient(&mut self, micro: u64, grads: &mut B::Arena) -> Result<f32> {
         let batch = self.data.train_batch(self.cfg.seed, self.step, micro);
-        self.model.forward_backward(&self.params, &batch, grads)
+        self.backend.forward_backward(&self.params, &batch, grads)
     }
 
-    /// Fill the gradient arena with the mean gradient over all of the step's
-    /// logical micro-batches, summed in ascending order `((g0 + g1) + g2)...`
-    /// in f32 and then scaled by `1/L` (the fixed-order contract, as a
-    /// reducer would produce it). Returns the mean loss (same order).
-    pub fn backward(&mut self) -> Result<f32> {
-        let mut grads = std::mem::take(&mut self.grads);
-        let result = self.fold_micro_batches(&mut grads);
-        self.grads = grads;
-        result
-    }
-
-    fn fold_micro_batches(&mut self, acc: &mut [f32]) -> Result<f32> {
-        let l = self.cfg.logical_world;
-        let mut loss = self.micro_gradient(0, acc)?;
-        if l == 1 {
-            return Ok(loss);
-        }
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.resize(acc.len(), 0.0);
-        for micro in 1..l as u64 {
-            match self.micro_gradient(micro, &mut scratch) {
-                Ok(li) => loss += li,
-                Err(e) => {
-                    self.scratch = scratch;
-                    return Err(e);
-                }
-            }
-            for (a, s) in acc.iter_mut().zip(&scratch) {
-                *a += *s;
-            }
-        }
-        self.scratch = scratch;
-        let inv = 1.0 / l as f32;
-        for a in acc.iter_mut() {
-            *a *= inv;
-        }
-        Ok(loss * inv)
-    }
-
-    /// Optimizer step on the gradient arena (after [`backward`](Self::backward)
-    /// and any reduction); advances the step.
-    pub fn apply(&mut self, loss: f32) -> Result<StepStats> {
-        let grads = std::mem::take(&mut self.grads);
-        let result = self.apply_external(&grads, loss);
-        self.grads = grads;
-        result
-    }
-
-    /// Optimizer step on `grads` (e.g. a reducer's output buffer); advances
-    /// the step. A non-finite `loss` or gradient skips the update (the
-    /// weights and moments stay) but the step still advances and is counted.
-    pub fn apply_external(&mut self, grads: &[f32], loss: f32) -> Result<StepStats> {
-        self.apply_with_verdict(grads, loss, loss.is_finite())
-    }
-
-    /// [`apply_external`](Self::apply_external) with the finiteness verdict
-    /// decided by the caller, e.g. a world that agreed (through the
-    /// reducer's `any`) that some rank saw a non-finite loss: every rank then
-    /// passes `losses_finite = false` and all skip the same step. A
-    /// non-finite gradient norm skips as well.
-    pub fn apply_with_verdict(
-        &mut self,
-        grads: &[f32],
-        loss: f32,
-        losses_finite: bool,
-    ) -> Result<StepStats> {
-        let out = self
-            .opt
-            .step(self.step, &mut self.params, grads, losses_finite)?;
+    /// Finish the step with the world's `mean` gradient: clip and AdamW
+    /// when `proceed` (every rank saw finite losses and gradients), skip the
+    /// update otherwise (weights and moments untouched, the skip counted);
+    /// a non-finite gradient norm skips as well. The step advances either
+    /// way. `loss` is the world's logged loss.
+    pub fn apply(&mut self, mean: &B::Arena, loss: f32, proceed: bool) -> Result<StepStats> {
+        let out = self.opt.step(
+            &mut self.backend,
+            self.step,
+            &mut self.params,
+            mean,
+            proceed,
+        )?;
         self.step += 1;
         if out.skipped {
             self.skipped += 1;
@@ -294,51 +254,76 @@ impl<M: TrainModel> Trainer<M> {
         })
     }
 
-    /// One whole step: [`backward`](Self::backward) then [`apply`](Self::apply).
-    pub fn train_step(&mut self) -> Result<StepStats> {
-        let loss = self.backward()?;
-        self.apply(loss)
-    }
-
     /// Loss and accuracy on `batches` held-out batches of `rows` rows each
     /// (`Domain::Eval`, independent of training samples and of the step).
     pub fn evaluate(&mut self, batches: usize, rows: usize) -> Result<EvalReport> {
-        let (model, params) = (&mut self.model, &self.params);
+        let (backend, params) = (&mut self.backend, &self.params);
         evaluate_with(&self.data, &self.cfg, batches, rows, |batch| {
-            model.logits(params, batch)
+            backend.logits(params, batch)
         })
     }
 
     /// The checkpoint state of the current step.
-    pub fn run_state(&self) -> RunState {
-        run_state(
+    pub fn run_state(&mut self) -> Result<RunState> {
+        let digest = self.weights_digest()?;
+        Ok(run_state(
             &self.cfg,
             self.step,
             self.opt.adamw().updates(),
             self.skipped,
-            self.weights_digest(),
-        )
+            digest,
+        ))
     }
 
     /// Save a checkpoint of the current step under `run_dir` (atomically;
-    /// see [`checkpoint`]), keeping the newest `keep`.
-    pub fn save_checkpoint(&self, run_dir: &Path, keep: usize) -> Result<PathBuf> {
-        let state = self.run_state();
+    /// see [`checkpoint`]), keeping the newest `keep`. Weights and moments
+    /// are read on the host (downloaded from a device).
+    pub fn save_checkpoint(&mut self, run_dir: &Path, keep: usize) -> Result<PathBuf> {
+        let state = self.run_state()?;
+        let backend = &mut self.backend;
         let adamw = self.opt.adamw();
+        let params = backend.to_host(&self.params)?;
+        let exp_avg = backend.to_host(adamw.exp_avg())?;
+        let exp_avg_sq = backend.to_host(adamw.exp_avg_sq())?;
         let ck = CheckpointRef {
             state: &state,
-            params: &self.params,
-            exp_avg: adamw.exp_avg(),
-            exp_avg_sq: adamw.exp_avg_sq(),
+            params: &params,
+            exp_avg: &exp_avg,
+            exp_avg_sq: &exp_avg_sq,
         };
         checkpoint::save(run_dir, &ck, keep)
     }
+
+    /// Replace the weights with `host` (same length). For fault-injection
+    /// tests and tools that edit weights; not part of training.
+    pub fn set_params_host(&mut self, host: &[f32]) -> Result<()> {
+        self.params = self.backend.upload(host)?;
+        Ok(())
+    }
+}
+
+/// Zero moments on `backend` for `cfg`'s optimizer and schedule.
+fn fresh_optimizer<B: Backend>(backend: &mut B, cfg: &RunConfig) -> Result<Optimizer<B::Arena>> {
+    let (m, v) = (backend.zeros()?, backend.zeros()?);
+    Optimizer::fresh(cfg.optimizer, cfg.schedule, backend.layout(), m, v)
+}
+
+/// A checkpoint's weights on `backend`, after checking their length.
+fn upload_weights<B: Backend>(backend: &mut B, host: &[f32], path: &str) -> Result<B::Arena> {
+    let n = backend.layout().len();
+    if host.len() != n {
+        return Err(TrainError::Checkpoint {
+            path: path.to_string(),
+            detail: format!("its weights have {} elements, the model {n}", host.len()),
+        });
+    }
+    backend.upload(host)
 }
 
 /// Check that a model of shape `model` and `data` are the parts `cfg`
 /// asks for (and that `cfg` itself is valid): what every backend checks
 /// before it holds a replica of the run.
-pub(crate) fn check_run_parts(model: &ModelConfig, cfg: &RunConfig, data: &Dataset) -> Result<()> {
+fn check_run_parts(model: &ModelConfig, cfg: &RunConfig, data: &Dataset) -> Result<()> {
     cfg.validate()?;
     if model != &cfg.model {
         return Err(TrainError::Config(format!(

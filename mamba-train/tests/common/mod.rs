@@ -1,6 +1,8 @@
 //! Helpers shared by the tests that run the `mamba-train` binary
 //! (`cli_train.rs`, `dp_world.rs`): locating the binary and reading its
-//! exit status, output and summary digest.
+//! exit status, output and summary digest; and the fixed-order oracle
+//! loop ([`train_by_definition`]).
+#![allow(dead_code)] // each test crate uses a different part
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -50,4 +52,32 @@ pub fn last_line_digest(stdout: &str) -> String {
         .unwrap_or_else(|| panic!("last line is not the digest: {last:?}\n{stdout}"));
     assert_eq!(hex.len(), 64, "{hex}");
     hex.to_string()
+}
+
+/// Train `t` to the end by the fixed-order contract's definition, with no
+/// reducer: each step, the gradients of the `L` logical micro-batches are
+/// folded in ascending order and scaled by `fl(1/L)` on the host
+/// (`mamba_reduce::host_mean`), the losses likewise, then the update (a
+/// non-finite loss or gradient skips it). The oracle the CLI's worlds and
+/// the library's one-process loop are compared with.
+pub fn train_by_definition<B>(t: &mut mamba_train::train::Trainer<B>)
+where
+    B: mamba_train::train::Backend<Arena = Vec<f32>>,
+{
+    let l = t.run_config().logical_world;
+    let n = t.arena_len();
+    while !t.finished() {
+        let mut grads = vec![vec![0.0f32; n]; l];
+        let mut losses = Vec::with_capacity(l);
+        for (j, g) in grads.iter_mut().enumerate() {
+            losses.push([t.micro_gradient(j as u64, g).expect("gradient")]);
+        }
+        let finite = losses.iter().all(|x| x[0].is_finite())
+            && grads.iter().all(|g| g.iter().all(|x| x.is_finite()));
+        let rows: Vec<&[f32]> = grads.iter().map(|g| &g[..]).collect();
+        let mean = mamba_reduce::host_mean(&rows).expect("gradient mean");
+        let rows: Vec<&[f32]> = losses.iter().map(|x| &x[..]).collect();
+        let loss = mamba_reduce::host_mean(&rows).expect("loss mean")[0];
+        t.apply(&mean, loss, finite).expect("update");
+    }
 }

@@ -9,7 +9,7 @@
 //! and batch give the same loss and gradient bits on every run of the same
 //! build on the same GPU model. Results agree with [`super::cpu::CpuModel`]
 //! within f32 rounding (different summation orders), not bit for bit; the
-//! optimizer ([`optim`]) does match the CPU's bit for bit.
+//! optimizer's arithmetic (`optim`) does match the CPU's bit for bit.
 //!
 //! ```no_run
 //! # fn main() -> mamba_train::Result<()> {
@@ -22,18 +22,17 @@
 //! # let _ = loss; Ok(()) }
 //! ```
 
+mod backend;
 mod backward;
 pub mod blas;
 mod forward;
-pub mod optim;
+mod optim;
 mod workspace;
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use kernels::mamba::{MambaKernels, TokenCsr, MAX_CONV_WIDTH, MAX_D_STATE};
-
-pub use optim::{CudaAdamW, CudaOptimizer};
 
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
@@ -53,14 +52,20 @@ pub(crate) struct Engine {
 /// The f32 Mamba model on a CUDA device.
 ///
 /// Owns its activation workspace (sized for the last batch shape; rebuilt
-/// when the shape changes), which is why the passes take `&mut self`. All
-/// work is enqueued on one stream ([`Self::stream`]); calls that return a
-/// host value (loss, logits, downloads) synchronize it.
+/// when the shape changes) and the optimizer's scratch, which is why the
+/// passes take `&mut self`. All work is enqueued on one stream
+/// ([`Self::stream`]); calls that return a host value (loss, logits,
+/// downloads) synchronize it.
+///
+/// It is the engine's CUDA [`Backend`](crate::train::Backend) (arenas are
+/// `CudaSlice<f32>`) and, for the optimizer, an
+/// [`ArenaMath`](crate::optim::ArenaMath) bit-identical to the CPU's.
 pub struct CudaModel {
     cfg: ModelConfig,
     layout: ParamLayout,
     engine: Engine,
     ws: Option<Workspace>,
+    optim: Option<optim::OptimScratch>,
 }
 
 impl CudaModel {
@@ -100,6 +105,7 @@ impl CudaModel {
                 blas,
             },
             ws: None,
+            optim: None,
         })
     }
 
@@ -119,13 +125,17 @@ impl CudaModel {
     pub fn context(&self) -> &Arc<CudaContext> {
         self.engine.stream.context()
     }
-    /// The loaded kernels (shared with [`CudaAdamW`]).
+    /// The loaded kernels.
     pub fn kernels(&self) -> &MambaKernels {
         &self.engine.kernels
     }
     /// Bytes of the current activation workspace (0 before the first pass).
     pub fn workspace_bytes(&self) -> usize {
         self.ws.as_ref().map_or(0, |w| w.bytes)
+    }
+    /// Rows (sequences) of the current activation workspace, if one exists.
+    pub fn workspace_rows(&self) -> Option<usize> {
+        self.ws.as_ref().map(|w| w.batch)
     }
     /// Free the activation workspace (the next pass rebuilds it).
     pub fn release_workspace(&mut self) {

@@ -1,6 +1,25 @@
-//! What a GPU rank needs besides its model: the checks that this machine
-//! can run the world at all (before anything is spawned), the device of
-//! each rank, and the NCCL communicator and reducer.
+//! GPU worlds: what a GPU rank needs besides its model (the CUDA model is
+//! a [`Backend`](crate::train::Backend) of the one engine): the checks that
+//! this machine can run the world at all (before anything is spawned), the
+//! device of each rank, and the NCCL communicator and reducer.
+//!
+//! One stream per rank carries everything: the communicator's
+//! ([`NcclComm::stream`]), which the model is built on
+//! ([`crate::model::cuda::CudaModel::with_stream`]), so forward/backward,
+//! the reduction and the optimizer are ordered by the stream alone.
+//!
+//! A world of one (one GPU) runs the same path through a 1-rank
+//! communicator: the same reducer and the same fixed-order plan as every
+//! `P`, which is what makes its weights the bits of `--world P` at the
+//! same logical world `L`.
+//!
+//! Setup order on every rank ([`crate::cli::run`]): [`preflight`] (driver,
+//! devices, kernels, NCCL), [`rank_device`], the run and checkpoint,
+//! [`connect`] (rendezvous + `NcclComm::init`), the model on the
+//! communicator's stream, the trainer, [`reducer`]; at the end of a
+//! successful run [`shutdown`] (finalize, destroy). The self-spawning
+//! supervisor runs [`preflight`] and [`check_world_fits`] before it starts
+//! any rank.
 
 use std::time::Duration;
 

@@ -1,9 +1,11 @@
 //! Fault-injection hooks for tests, read from the environment.
 //!
 //! They exist so the world's fault handling can be tested with real
-//! processes; they are not for training. Each is off unless its variable is
-//! set, and a malformed value is an error (a typo must not silently test
-//! nothing).
+//! processes; they are not for training, and they are compiled only with
+//! the `fault-injection` feature, which this crate's own tests turn on (a
+//! dev-dependency on itself) and a release build never has. Each is off
+//! unless its variable is set, and a malformed value is an error (a typo
+//! must not silently test nothing).
 //!
 //! | variable | value | effect |
 //! |---|---|---|
@@ -16,6 +18,7 @@ use std::time::Duration;
 use mamba_comm::bootstrap::EnvSource;
 
 use crate::error::{Result, TrainError};
+use crate::train::{Backend, Trainer};
 
 /// Poison one gradient: `RANK:STEP`.
 pub const INJECT_NAN: &str = "MAMBA_TEST_INJECT_NAN";
@@ -42,7 +45,7 @@ impl RankStep {
 
 /// The test hooks in force (all off by default).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TestHooks {
+pub struct FaultHooks {
     /// [`INJECT_NAN`].
     pub inject_nan: Option<RankStep>,
     /// [`PERTURB_WEIGHTS`].
@@ -51,10 +54,10 @@ pub struct TestHooks {
     pub step_delay: Option<Duration>,
 }
 
-impl TestHooks {
+impl FaultHooks {
     /// Read the hooks from `env`; a malformed value names the variable and
     /// the expected form.
-    pub fn from_env<E: EnvSource + ?Sized>(env: &E) -> Result<TestHooks> {
+    pub fn from_env<E: EnvSource + ?Sized>(env: &E) -> Result<FaultHooks> {
         let rank_step = |var: &str| -> Result<Option<RankStep>> {
             let Some(v) = env.var(var) else {
                 return Ok(None);
@@ -80,7 +83,7 @@ impl TestHooks {
                 ))
             })?)),
         };
-        Ok(TestHooks {
+        Ok(FaultHooks {
             inject_nan: rank_step(INJECT_NAN)?,
             perturb_weights: rank_step(PERTURB_WEIGHTS)?,
             step_delay,
@@ -89,7 +92,52 @@ impl TestHooks {
 
     /// True when any hook is set (the CLI says so on stderr).
     pub fn any(&self) -> bool {
-        *self != TestHooks::default()
+        *self != FaultHooks::default()
+    }
+
+    /// At the start of every step: the step delay.
+    pub(crate) fn before_step(&self) {
+        if let Some(d) = self.step_delay {
+            std::thread::sleep(d);
+        }
+    }
+
+    /// After this rank's first micro-batch gradient of a step: the NaN
+    /// injection (element 0 of `grads`, through the host, so it works on
+    /// every backend).
+    pub(crate) fn after_gradient<B: Backend>(
+        &self,
+        rank: usize,
+        trainer: &mut Trainer<B>,
+        grads: &mut B::Arena,
+    ) -> Result<()> {
+        let number = trainer.step() + 1;
+        if self.inject_nan.is_some_and(|h| h.fires(rank, number)) {
+            let backend = trainer.backend_mut();
+            let mut host = backend.to_host(grads)?.into_owned();
+            if let Some(g) = host.first_mut() {
+                *g = f32::NAN;
+            }
+            *grads = backend.upload(&host)?;
+        }
+        Ok(())
+    }
+
+    /// After step `number` (1-based) was applied: the weight perturbation.
+    pub(crate) fn after_step<B: Backend>(
+        &self,
+        rank: usize,
+        number: u64,
+        trainer: &mut Trainer<B>,
+    ) -> Result<()> {
+        if self.perturb_weights.is_some_and(|h| h.fires(rank, number)) {
+            let mut host = trainer.params_host()?;
+            if let Some(w) = host.first_mut() {
+                *w += 1.0;
+            }
+            trainer.set_params_host(&host)?;
+        }
+        Ok(())
     }
 }
 
@@ -100,9 +148,9 @@ mod tests {
     #[test]
     fn hooks_parse_and_typos_are_errors() {
         let none: [(&str, &str); 0] = [];
-        assert_eq!(TestHooks::from_env(&none).unwrap(), TestHooks::default());
-        assert!(!TestHooks::default().any());
-        let h = TestHooks::from_env(&[
+        assert_eq!(FaultHooks::from_env(&none).unwrap(), FaultHooks::default());
+        assert!(!FaultHooks::default().any());
+        let h = FaultHooks::from_env(&[
             (INJECT_NAN, "1:3"),
             (PERTURB_WEIGHTS, " 2 : 5"),
             (STEP_DELAY_MS, "40"),
@@ -115,12 +163,12 @@ mod tests {
         assert_eq!(h.perturb_weights, Some(RankStep { rank: 2, step: 5 }));
         assert_eq!(h.step_delay, Some(Duration::from_millis(40)));
         for bad in ["1", "a:3", "1:0", "1:-2", ":"] {
-            let e = TestHooks::from_env(&[(INJECT_NAN, bad)])
+            let e = FaultHooks::from_env(&[(INJECT_NAN, bad)])
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(INJECT_NAN) && e.contains("RANK:STEP"), "{e}");
         }
-        let e = TestHooks::from_env(&[(STEP_DELAY_MS, "soon")])
+        let e = FaultHooks::from_env(&[(STEP_DELAY_MS, "soon")])
             .unwrap_err()
             .to_string();
         assert!(e.contains(STEP_DELAY_MS), "{e}");

@@ -1,0 +1,136 @@
+//! What `mamba-train train` tells the user: the description line at the
+//! start, the contract note, and the outcome and summary at the end.
+
+use std::path::{Path, PathBuf};
+
+use mamba_comm::supervisor::WorldReport;
+use mamba_reduce::ReduceContract;
+
+use super::drive::RankContext;
+use crate::data::TaskSpec;
+use crate::train::RunConfig;
+
+/// What a finished `train` command reports on rank 0 (also printed to
+/// stdout).
+#[derive(Clone, Debug)]
+pub struct TrainSummary {
+    /// Steps completed.
+    pub steps: u64,
+    /// Steps skipped.
+    pub skipped: u64,
+    /// Loss of the last step run here (NaN when none ran).
+    pub final_loss: f32,
+    /// Held-out loss.
+    pub eval_loss: f64,
+    /// Held-out accuracy on scored positions.
+    pub accuracy: f64,
+    /// Accuracy of uniform guessing.
+    pub chance: f64,
+    /// The last checkpoint written.
+    pub checkpoint: PathBuf,
+    /// Hex SHA-256 of the final weights (the same on every rank).
+    pub weights_digest: String,
+    /// Processes in the world.
+    pub world: usize,
+    /// Logical world L.
+    pub logical_world: usize,
+    /// Replica checks run (all passed).
+    pub replica_checks: u64,
+}
+
+/// What a finished `train` command was in the world.
+#[derive(Debug)]
+pub enum TrainOutcome {
+    /// Rank 0 (or the only process): the run's summary, printed to stdout.
+    Summary(TrainSummary),
+    /// Another rank: its final state, equal to rank 0's (checked).
+    Replica {
+        /// This rank.
+        rank: usize,
+        /// Steps completed.
+        steps: u64,
+        /// Hex SHA-256 of its final weights.
+        weights_digest: String,
+    },
+    /// This process started the ranks and waited for them; they did the
+    /// work (rank 0 printed the summary). Every rank succeeded.
+    Supervised(WorldReport),
+}
+
+pub(crate) fn describe(
+    run: &RunConfig,
+    n_params: usize,
+    device: &str,
+    run_dir: &Path,
+    step: u64,
+    world: usize,
+    ctx: &RankContext<'_>,
+) -> String {
+    let task = match &run.task {
+        TaskSpec::SelectiveCopy(c) => format!(
+            "selective-copy (seq {}, remember {} of {} symbols)",
+            c.seq_len, c.n_memorize, c.alphabet
+        ),
+        TaskSpec::Induction(c) => format!("induction (seq {}, {} symbols)", c.seq_len, c.alphabet),
+        TaskSpec::Text(c) => format!(
+            "text {} ({} bytes, seq {})",
+            c.path.display(),
+            c.file_len,
+            c.seq_len
+        ),
+    };
+    let from = if step > 0 {
+        format!(", resuming at step {step}")
+    } else {
+        String::new()
+    };
+    let layout = if world > 1 || run.logical_world > 1 {
+        format!(
+            "; {world} {} process{} x {} micro-batch{} (logical world {}, {})",
+            device,
+            if world == 1 { "" } else { "es" },
+            run.logical_world / world,
+            if run.logical_world / world == 1 {
+                ""
+            } else {
+                "es"
+            },
+            run.logical_world,
+            run.contract
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "mamba-train: {task}; d_model {} x {} layers ({} params); batch {}{layout}; {} steps, lr {}, warmup {}; seed {}; {} thread{}{}; out {}{from}",
+        run.model.d_model,
+        run.model.n_layer,
+        n_params,
+        run.batch,
+        run.schedule.total_steps,
+        run.schedule.peak_lr,
+        run.schedule.warmup_steps,
+        run.seed,
+        ctx.threads,
+        if ctx.threads == 1 { "" } else { "s" },
+        if world > 1 { " per process" } else { "" },
+        run_dir.display()
+    )
+}
+
+/// `--contract` as the trainer records it.
+pub fn contract_note(c: ReduceContract, world: usize, logical: usize) -> Option<String> {
+    (c == ReduceContract::NcclSum).then(|| {
+        if world > 1 && world < logical {
+            format!(
+                "note: --contract nccl-sum with {world} processes and logical world {logical}: \
+                 each process sums its block first, so the bits differ from --world 1 or \
+                 --contract fixed-order"
+            )
+        } else {
+            "note: --contract nccl-sum: the library's sum; its bits may change with the world \
+             size, the transport or the machine"
+                .to_string()
+        }
+    })
+}
