@@ -4,15 +4,11 @@
 //! rule here is tested on the CPU with a fake library.
 //!
 //! State, and who may touch the handle:
-//! - `handle` is `Some` exactly while the communicator exists inside NCCL
-//!   (neither destroyed nor aborted). It is taken out of the `Option`
-//!   *before* `ncclCommDestroy` or `ncclCommAbort` is called, so no path,
-//!   `Drop` included, can hand a freed handle to NCCL, whatever those calls
-//!   return.
-//! - `aborted` is set *before* the abort call (and before a deferred abort,
-//!   see groups). Once set, no operation is issued with the handle; it is
-//!   shared (`Arc`) so an observer — a test, or a monitoring thread — can see
-//!   the communicator die without touching it.
+//! - the handle and the aborted flag live in a [`HandleSlot`] (see the
+//!   `handle` module): the handle is released before it is destroyed or
+//!   aborted, and the flag is set before the abort;
+//! - every wait goes through the `watchdog` module, which only observes;
+//!   the abort decisions are made here.
 //! - A failure inside an open group does not abort at once: NCCL's group
 //!   state is per thread, and the group must be closed (`ncclGroupEnd`)
 //!   before the communicator is aborted. The failure poisons the core
@@ -26,24 +22,19 @@
 //!   operations aborts (peers would wait for the rest), like a group body.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(test)]
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nccl_sys_min::{ncclComm_t, ncclConfig_t, ncclResult_t, result_name};
+use nccl_sys_min::{ncclComm_t, ncclConfig_t, ncclResult_t};
 
 use super::api::NcclApi;
 use super::completion::Completion;
-use super::poll::Backoff;
+use super::handle::HandleSlot;
+use super::result::{completed, nonblocking, Progress};
+use super::watchdog::{self, nonempty, Until};
 use crate::{CommError, Result};
-
-/// A communicator handle. NCCL allows a communicator to be used from any
-/// thread as long as calls are not concurrent; [`CommCore`] takes `&mut self`
-/// for every call, so moving it between threads is sound.
-struct Handle(ncclComm_t);
-
-// SAFETY: see the type's docs; the pointer is never dereferenced in Rust.
-unsafe impl Send for Handle {}
 
 /// The open group (outermost and nested levels share one window).
 struct GroupState {
@@ -72,8 +63,7 @@ pub(crate) struct Place {
 /// See the module docs.
 pub(crate) struct CommCore {
     api: Arc<dyn NcclApi>,
-    handle: Option<Handle>,
-    aborted: Arc<AtomicBool>,
+    slot: HandleSlot,
     place: Place,
     /// The CUDA device NCCL reports for the communicator.
     device: c_int,
@@ -87,7 +77,7 @@ impl std::fmt::Debug for CommCore {
         f.debug_struct("CommCore")
             .field("rank", &self.place.rank)
             .field("world", &self.place.world)
-            .field("live", &self.handle.is_some())
+            .field("live", &self.slot.exists())
             .field("aborted", &self.is_aborted())
             .finish()
     }
@@ -97,18 +87,8 @@ impl std::fmt::Debug for CommCore {
 const STILL_ENQUEUING: &str =
     "NCCL was still enqueuing: a peer did not take part, or the device stalled";
 
-fn is_ok(rc: ncclResult_t) -> bool {
-    rc == ncclResult_t::ncclSuccess || rc == ncclResult_t::ncclInProgress
-}
-
-/// `ncclSystemError (unhandled system error)`: the code's name and NCCL's
-/// text for it.
-fn describe(api: &dyn NcclApi, rc: ncclResult_t) -> String {
-    let name = result_name(rc)
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("result {}", rc.0));
-    format!("{name} ({})", api.error_string(rc))
-}
+/// Timeout hint of the collective watchdog.
+const NO_COMPLETION: &str = "a peer did not take part, or the device stalled";
 
 impl CommCore {
     /// Create this rank's communicator with NCCL's nonblocking pattern:
@@ -139,7 +119,8 @@ impl CommCore {
         let mut config = ncclConfig_t::initializer();
         config.blocking = 0;
         let (rc, raw) = api.init_rank_config(c_world, id, c_rank, &mut config);
-        if !is_ok(rc) || raw.is_null() {
+        let started = nonblocking(rc);
+        if started.is_err() || raw.is_null() {
             // SAFETY: `raw` is null or the handle NCCL just returned.
             let text = unsafe { api.last_error(raw) };
             if !raw.is_null() {
@@ -147,10 +128,9 @@ impl CommCore {
                 // resources; it is aborted once and never used again.
                 unsafe { api.abort(raw) };
             }
-            let what = if is_ok(rc) {
-                "returned no communicator".to_string()
-            } else {
-                format!("returned {}", describe(&*api, rc))
+            let what = match started {
+                Ok(_) => "returned no communicator".to_string(),
+                Err(e) => format!("returned {}", api.describe(e)),
             };
             return Err(CommError::transport(
                 "init",
@@ -162,8 +142,7 @@ impl CommCore {
         }
         let mut core = CommCore {
             api,
-            handle: Some(Handle(raw)),
-            aborted: Arc::new(AtomicBool::new(false)),
+            slot: HandleSlot::new(raw),
             place,
             device: -1,
             collective_timeout,
@@ -175,7 +154,7 @@ impl CommCore {
              rank, a wrong unique id or an unreachable network are the usual causes (NCCL_DEBUG=WARN \
              shows NCCL's view)"
         );
-        core.wait_ready("init", deadline, init_timeout, &hint)?;
+        core.wait("init", Until::Ready, deadline, init_timeout, &hint)?;
         // SAFETY: the handle is live (Some) and initialised (the poll above
         // returned ncclSuccess).
         let identity = unsafe { core.api.identity(raw) };
@@ -191,8 +170,8 @@ impl CommCore {
                      {user_rank}; expected {world} ranks and rank {rank}"
                 ),
             )),
-            Err(rc) => {
-                let d = describe(&*core.api, rc);
+            Err(e) => {
+                let d = core.api.describe(e);
                 Err(core.fail("init", format!("querying the new communicator failed: {d}")))
             }
         }
@@ -216,19 +195,19 @@ impl CommCore {
     /// True once the communicator was aborted (or poisoned for an abort
     /// pending on a group's close).
     pub(crate) fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::SeqCst)
+        self.slot.is_aborted()
     }
 
     /// The shared aborted flag (see the module docs), for the fake library.
     #[cfg(test)]
     pub(crate) fn aborted_flag(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.aborted)
+        self.slot.aborted_flag()
     }
 
     /// The raw handle, for the fake library in tests.
     #[cfg(test)]
     pub(crate) fn raw_handle(&self) -> Option<ncclComm_t> {
-        self.handle.as_ref().map(|h| h.0)
+        self.slot.raw()
     }
 
     /// True while a group is open.
@@ -257,40 +236,12 @@ impl CommCore {
         self.fail(op, detail)
     }
 
-    /// The live handle, or an error saying why there is none.
-    fn usable(&self, op: &str) -> Result<ncclComm_t> {
-        if self.is_aborted() {
-            return Err(CommError::transport(
-                op,
-                "the communicator was aborted after an earlier error; tear the world down and create a new one",
-            ));
-        }
-        match &self.handle {
-            Some(h) => Ok(h.0),
-            None => Err(CommError::transport(
-                op,
-                "the communicator was already shut down",
-            )),
-        }
-    }
-
-    /// Abort now: set the flag, release the handle, then `ncclCommAbort`.
-    /// Returns a note for error messages when the abort itself failed.
+    /// Abort now (see [`HandleSlot::abort`]). Returns a note for error
+    /// messages when the abort itself failed.
     fn abort_now(&mut self) -> String {
-        self.aborted.store(true, Ordering::SeqCst);
-        let Some(h) = self.handle.take() else {
-            return String::new();
-        };
-        // SAFETY: the handle was live (Some) and has just been released, so
-        // this is its last use.
-        let rc = unsafe { self.api.abort(h.0) };
-        if rc == ncclResult_t::ncclSuccess {
-            String::new()
-        } else {
-            format!(
-                " (ncclCommAbort itself returned {})",
-                describe(&*self.api, rc)
-            )
+        match self.slot.abort(&*self.api) {
+            Ok(()) => String::new(),
+            Err(e) => format!(" (ncclCommAbort itself returned {})", self.api.describe(e)),
         }
     }
 
@@ -299,7 +250,7 @@ impl CommCore {
     fn fail(&mut self, op: &str, detail: String) -> CommError {
         let Place { rank, world } = self.place;
         if let Some(g) = self.group.as_mut() {
-            self.aborted.store(true, Ordering::SeqCst);
+            self.slot.poison();
             g.failure.get_or_insert_with(|| detail.clone());
             return CommError::transport(
                 op,
@@ -318,86 +269,39 @@ impl CommCore {
         )
     }
 
-    fn timed_out(&mut self, op: &str, timeout: Duration, what: &str) -> CommError {
-        self.fail(
-            op,
-            format!("{op} did not complete within {timeout:?} ({what})"),
-        )
-    }
-
-    /// Poll `ncclCommGetAsyncError` until it leaves `ncclInProgress`.
-    /// `hint` says, in the timeout error, what a timeout usually means here.
-    fn wait_ready(
+    /// Wait (see [`watchdog::wait`]) on the live handle; on failure,
+    /// fail `op` (abort now, or after the enclosing group closes).
+    fn wait(
         &mut self,
         op: &str,
+        until: Until<'_>,
         deadline: Instant,
         timeout: Duration,
         hint: &str,
     ) -> Result<()> {
-        let h = self.usable(op)?;
-        let mut backoff = Backoff::new();
-        loop {
-            // SAFETY: `h` is live: nothing in this loop releases it without
-            // returning.
-            match unsafe { self.api.async_error(h) } {
-                Ok(ncclResult_t::ncclSuccess) => return Ok(()),
-                Ok(ncclResult_t::ncclInProgress) => {}
-                Ok(rc) => return Err(self.async_failure(op, h, rc)),
-                Err(rc) => {
-                    let d = describe(&*self.api, rc);
-                    return Err(self.fail(op, format!("ncclCommGetAsyncError failed: {d}")));
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(self.timed_out(op, timeout, hint));
-            }
-            backoff.pause(deadline);
-        }
+        let h = self.slot.live_handle(op)?;
+        // SAFETY: `h` is live, and nothing releases it during the wait.
+        let waited = unsafe { watchdog::wait(&*self.api, h, until, op, deadline, timeout, hint) };
+        waited.map_err(|detail| self.fail(op, detail))
     }
 
-    fn async_failure(&mut self, op: &str, h: ncclComm_t, rc: ncclResult_t) -> CommError {
-        // SAFETY: `h` is still live here; the text is read before the abort.
-        let text = unsafe { self.api.last_error(h) };
-        let d = describe(&*self.api, rc);
-        self.fail(op, format!("NCCL reported {d}: {}", nonempty(&text)))
-    }
-
-    /// The watchdog: after an enqueue, poll the communicator's async error
-    /// and the stream until the work completes, an error appears, or the
-    /// deadline passes (then abort).
+    /// The collective watchdog: after an enqueue, wait until the stream has
+    /// completed the work, NCCL reports an error, or `deadline` passes.
     fn wait_complete(
         &mut self,
         op: &str,
         completion: &dyn Completion,
         deadline: Instant,
     ) -> Result<()> {
-        let h = self.usable(op)?;
-        let mut backoff = Backoff::new();
-        loop {
-            // SAFETY: `h` is live, as in wait_ready.
-            match unsafe { self.api.async_error(h) } {
-                Ok(ncclResult_t::ncclSuccess) | Ok(ncclResult_t::ncclInProgress) => {}
-                Ok(rc) => return Err(self.async_failure(op, h, rc)),
-                Err(rc) => {
-                    let d = describe(&*self.api, rc);
-                    return Err(self.fail(op, format!("ncclCommGetAsyncError failed: {d}")));
-                }
-            }
-            match completion.poll() {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(text) => return Err(self.fail(op, format!("the stream failed: {text}"))),
-            }
-            if Instant::now() >= deadline {
-                let t = self.collective_timeout;
-                return Err(self.timed_out(
-                    op,
-                    t,
-                    "a peer did not take part, or the device stalled",
-                ));
-            }
-            backoff.pause(deadline);
-        }
+        let t = self.collective_timeout;
+        self.wait(op, Until::Complete(completion), deadline, t, NO_COMPLETION)
+    }
+
+    /// Wait until an enqueue or group end that returned `ncclInProgress`
+    /// has been taken by NCCL.
+    fn wait_enqueued(&mut self, op: &str, deadline: Instant) -> Result<()> {
+        let t = self.collective_timeout;
+        self.wait(op, Until::Ready, deadline, t, STILL_ENQUEUING)
     }
 
     /// One operation. Outside a group this is a whole collective window:
@@ -413,21 +317,18 @@ impl CommCore {
         completion: &dyn Completion,
         call: impl FnOnce(&dyn NcclApi, ncclComm_t) -> ncclResult_t,
     ) -> Result<()> {
-        let h = self.usable(op)?;
+        let h = self.slot.live_handle(op)?;
         let deadline = match &self.group {
             Some(g) => g.deadline,
             None => self.window_or_new_deadline(),
         };
-        let rc = call(&*self.api, h);
-        match rc {
-            ncclResult_t::ncclSuccess => {}
-            ncclResult_t::ncclInProgress => {
-                self.wait_ready(op, deadline, self.collective_timeout, STILL_ENQUEUING)?
-            }
-            rc => {
+        match nonblocking(call(&*self.api, h)) {
+            Ok(Progress::Done) => {}
+            Ok(Progress::InProgress) => self.wait_enqueued(op, deadline)?,
+            Err(e) => {
                 // SAFETY: `h` is live; read the text before any abort.
                 let text = unsafe { self.api.last_error(h) };
-                let d = describe(&*self.api, rc);
+                let d = self.api.describe(e);
                 return Err(self.fail(op, format!("enqueue returned {d}: {}", nonempty(&text))));
             }
         }
@@ -441,10 +342,9 @@ impl CommCore {
     /// Open a group level (`ncclGroupStart`). Must be paired with
     /// [`CommCore::group_finish`] whatever happens in between.
     pub(crate) fn group_begin(&mut self) -> Result<()> {
-        self.usable("group")?;
-        let rc = self.api.group_start();
-        if rc != ncclResult_t::ncclSuccess {
-            let d = describe(&*self.api, rc);
+        self.slot.live_handle("group")?;
+        if let Err(e) = completed(self.api.group_start()) {
+            let d = self.api.describe(e);
             return Err(self.fail("group", format!("ncclGroupStart returned {d}")));
         }
         let deadline = self.window_or_new_deadline();
@@ -477,18 +377,18 @@ impl CommCore {
         completion: &dyn Completion,
         body: Result<R>,
     ) -> Result<R> {
-        let rc = self.api.group_end();
+        let end = nonblocking(self.api.group_end());
         let Some(g) = self.group.as_mut() else {
             return Err(CommError::config(
                 "group_finish without group_begin (a bug in mamba-comm)",
             ));
         };
         g.depth = g.depth.saturating_sub(1);
-        if !is_ok(rc) {
-            let d = describe(&*self.api, rc);
+        if let Err(e) = end {
+            let d = self.api.describe(e);
             g.failure
                 .get_or_insert_with(|| format!("ncclGroupEnd returned {d}"));
-            self.aborted.store(true, Ordering::SeqCst);
+            self.slot.poison();
         }
         if g.depth > 0 {
             return body;
@@ -522,13 +422,8 @@ impl CommCore {
         }
         // A non-blocking group end may still be enqueuing: wait for it
         // whether the body succeeded or failed before enqueuing anything.
-        if rc == ncclResult_t::ncclInProgress {
-            self.wait_ready(
-                "group",
-                g.deadline,
-                self.collective_timeout,
-                STILL_ENQUEUING,
-            )?;
+        if end == Ok(Progress::InProgress) {
+            self.wait_enqueued("group", g.deadline)?;
         }
         let v = body?;
         if g.ops > 0 {
@@ -547,7 +442,7 @@ impl CommCore {
     /// the collective timeout from now. Windows do not nest and cannot open
     /// inside a group.
     pub(crate) fn window_begin(&mut self) -> Result<()> {
-        self.usable("window")?;
+        self.slot.live_handle("window")?;
         if self.group.is_some() {
             return Err(CommError::config(
                 "a window cannot open inside a group; open the window first and run groups in it",
@@ -612,21 +507,21 @@ impl CommCore {
                 "shutdown inside an open group (a bug in mamba-comm)",
             ));
         }
-        let Some(h) = self.handle.as_ref().map(|h| h.0) else {
+        if !self.slot.exists() {
             return Ok(());
-        };
+        }
         if self.is_aborted() {
             self.abort_now();
             return Ok(());
         }
+        let h = self.slot.live_handle("shutdown")?;
         let timeout = self.collective_timeout;
         let deadline = Instant::now() + timeout;
-        // SAFETY: `h` is live (Some, not aborted).
-        let rc = unsafe { self.api.finalize(h) };
-        if !is_ok(rc) {
+        // SAFETY: `h` is live (present, not aborted).
+        if let Err(e) = nonblocking(unsafe { self.api.finalize(h) }) {
             // SAFETY: still live; text read before the abort.
             let text = unsafe { self.api.last_error(h) };
-            let d = describe(&*self.api, rc);
+            let d = self.api.describe(e);
             return Err(self.fail(
                 "shutdown",
                 format!(
@@ -635,29 +530,26 @@ impl CommCore {
                 ),
             ));
         }
-        self.wait_ready(
+        self.wait(
             "shutdown",
+            Until::Ready,
             deadline,
             timeout,
             "ncclCommFinalize never reached quiescence: a peer is gone or stuck",
         )?;
-        let Some(h) = self.handle.take() else {
-            return Ok(());
-        };
-        // SAFETY: the handle was live and has been released: its last use.
-        let rc = unsafe { self.api.destroy(h.0) };
-        if is_ok(rc) {
-            Ok(())
-        } else {
-            let Place { rank, world } = self.place;
-            Err(CommError::transport(
-                "shutdown",
-                format!(
-                    "rank {rank} of {world}: ncclCommDestroy returned {}; the handle is released \
-                     and is not aborted (it no longer exists to abort)",
-                    describe(&*self.api, rc)
-                ),
-            ))
+        match self.slot.destroy(&*self.api) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let Place { rank, world } = self.place;
+                Err(CommError::transport(
+                    "shutdown",
+                    format!(
+                        "rank {rank} of {world}: ncclCommDestroy returned {}; the handle is \
+                         released and is not aborted (it no longer exists to abort)",
+                        self.api.describe(e)
+                    ),
+                ))
+            }
         }
     }
 }
@@ -673,16 +565,8 @@ impl Drop for CommCore {
                 let _ = self.api.group_end();
             }
         }
-        if self.handle.is_some() {
+        if self.slot.exists() {
             let _ = self.abort_now();
         }
-    }
-}
-
-fn nonempty(text: &str) -> &str {
-    if text.trim().is_empty() {
-        "(no message)"
-    } else {
-        text
     }
 }

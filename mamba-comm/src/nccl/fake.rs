@@ -24,6 +24,7 @@ use nccl_sys_min::{
 
 use super::api::NcclApi;
 use super::completion::Completion;
+use super::result::NcclError;
 
 /// One NCCL call as the fake saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -300,7 +301,7 @@ impl State {
 }
 
 impl NcclApi for FakeNccl {
-    fn unique_id(&self) -> Result<[u8; 128], ncclResult_t> {
+    fn unique_id(&self) -> Result<[u8; 128], NcclError> {
         Ok(self.new_id())
     }
 
@@ -376,11 +377,11 @@ impl NcclApi for FakeNccl {
         s.script.group_end
     }
 
-    unsafe fn async_error(&self, comm: ncclComm_t) -> Result<ncclResult_t, ncclResult_t> {
+    unsafe fn async_error(&self, comm: ncclComm_t) -> Result<ncclResult_t, NcclError> {
         let mut s = self.lock();
         s.log.push(Call::AsyncError(id_of(comm)));
         if !s.live(comm, "ncclCommGetAsyncError") {
-            return Err(ncclResult_t::ncclInvalidArgument);
+            return Err(NcclError(ncclResult_t::ncclInvalidArgument));
         }
         let finalize = s.script.finalize;
         let c = &s.comms[&id_of(comm)];
@@ -452,10 +453,10 @@ impl NcclApi for FakeNccl {
         s.script.abort
     }
 
-    unsafe fn identity(&self, comm: ncclComm_t) -> Result<(c_int, c_int, c_int), ncclResult_t> {
+    unsafe fn identity(&self, comm: ncclComm_t) -> Result<(c_int, c_int, c_int), NcclError> {
         let mut s = self.lock();
         if !s.live(comm, "identity") {
-            return Err(ncclResult_t::ncclInvalidArgument);
+            return Err(NcclError(ncclResult_t::ncclInvalidArgument));
         }
         let c = &s.comms[&id_of(comm)];
         Ok((s.script.identity_world.unwrap_or(c.world), c.rank, 0))

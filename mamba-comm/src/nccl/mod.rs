@@ -58,8 +58,10 @@ mod checks;
 mod comm;
 mod completion;
 mod core;
-mod poll;
+mod handle;
+mod result;
 mod unique_id;
+mod watchdog;
 
 #[cfg(test)]
 mod fake;

@@ -34,10 +34,10 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::{new_launch_id, validate_id};
+use crate::poll::Backoff;
 use crate::{CommError, Rendezvous, Result};
 
 /// Longest key accepted, in bytes.
@@ -269,7 +269,7 @@ impl FileRendezvous {
             make_private_dir(&launch_dir, rank)?;
             let me = FileRendezvous::at(rank, world, launch_dir.clone());
             let mut acked: Vec<Option<String>> = vec![None; world];
-            let mut backoff = Backoff::new();
+            let mut backoff = Backoff::rendezvous();
             loop {
                 for (r, seen) in acked.iter_mut().enumerate().skip(1) {
                     let Ok(hello) = fs::read_to_string(job.join(format!("hello.{r}"))) else {
@@ -292,7 +292,7 @@ impl FileRendezvous {
                 if missing.is_empty() {
                     break;
                 }
-                if Instant::now() >= deadline {
+                if backoff.pause(deadline).is_err() {
                     return Err(fail(format!(
                         "ranks {missing:?} never joined (no hello seen, or never confirmed): are \
                          they running with the same rendezvous root and job id {job_id:?}? \
@@ -300,7 +300,6 @@ impl FileRendezvous {
                          (MAMBA_RENDEZVOUS_DIR) or use MASTER_ADDR/MASTER_PORT"
                     )));
                 }
-                backoff.sleep(deadline);
             }
             // Everyone holds the launch nonce now; the handshake files are
             // spent, and launch directories of earlier launches of this job
@@ -325,7 +324,7 @@ impl FileRendezvous {
             let tmp = format!(".tmp-hello-{rank}-{}", std::process::id());
             write_atomic(&job, &format!("hello.{rank}"), n.as_bytes(), &tmp)
                 .map_err(|e| fail(format!("cannot write hello.{rank}: {e}")))?;
-            let mut backoff = Backoff::new();
+            let mut backoff = Backoff::rendezvous();
             let k = loop {
                 if let Ok(ack) = fs::read_to_string(job.join(format!("ack.{rank}"))) {
                     if ack.len() == 2 * NONCE_HEX
@@ -335,14 +334,13 @@ impl FileRendezvous {
                         break ack[NONCE_HEX..].to_string();
                     }
                 }
-                if Instant::now() >= deadline {
+                if backoff.pause(deadline).is_err() {
                     return Err(fail(format!(
                         "rank 0 never answered this rank's hello.{rank} in {job_id:?}: is rank 0 \
                          running with the same rendezvous root? On several hosts the root must be \
                          a shared directory (MAMBA_RENDEZVOUS_DIR) or use MASTER_ADDR/MASTER_PORT"
                     )));
                 }
-                backoff.sleep(deadline);
             };
             let launch_dir = job.join(&k);
             make_private_dir(&launch_dir, rank)?;
@@ -411,22 +409,6 @@ fn write_atomic(dir: &Path, key: &str, value: &[u8], tmp: &str) -> std::io::Resu
     res
 }
 
-/// Polling interval that starts at 1 ms and doubles up to 20 ms, never
-/// sleeping past the deadline.
-struct Backoff(Duration);
-
-impl Backoff {
-    fn new() -> Self {
-        Backoff(Duration::from_millis(1))
-    }
-
-    fn sleep(&mut self, deadline: Instant) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        thread::sleep(self.0.min(left));
-        self.0 = (self.0 * 2).min(Duration::from_millis(20));
-    }
-}
-
 impl Rendezvous for FileRendezvous {
     fn rank(&self) -> usize {
         self.rank
@@ -451,7 +433,7 @@ impl Rendezvous for FileRendezvous {
         check_key(key)?;
         let path = self.launch_dir.join(key);
         let deadline = Instant::now() + timeout;
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::rendezvous();
         let mut seen_len = None;
         loop {
             match fs::read(&path) {
@@ -462,7 +444,7 @@ impl Rendezvous for FileRendezvous {
                     return Err(self.timeout_error(&path, timeout, format!("cannot read: {e}")))
                 }
             }
-            if Instant::now() >= deadline {
+            if backoff.pause(deadline).is_err() {
                 let detail = match seen_len {
                     Some(n) => format!("expected exactly {len} bytes; the file holds {n}"),
                     None => format!(
@@ -472,7 +454,6 @@ impl Rendezvous for FileRendezvous {
                 };
                 return Err(self.timeout_error(&path, timeout, detail));
             }
-            backoff.sleep(deadline);
         }
     }
 
@@ -487,7 +468,7 @@ impl Rendezvous for FileRendezvous {
         let file = |r: usize| format!("barrier.{name}.{gen}.{r}");
         self.publish(&file(self.rank), b"")?;
         let deadline = Instant::now() + timeout;
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::rendezvous();
         loop {
             let missing: Vec<usize> = (0..self.world)
                 .filter(|&r| !self.launch_dir.join(file(r)).exists())
@@ -495,14 +476,13 @@ impl Rendezvous for FileRendezvous {
             if missing.is_empty() {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            if backoff.pause(deadline).is_err() {
                 return Err(self.timeout_error(
                     &self.launch_dir,
                     timeout,
                     format!("barrier {name:?} (#{gen}): ranks {missing:?} did not arrive"),
                 ));
             }
-            backoff.sleep(deadline);
         }
     }
 }

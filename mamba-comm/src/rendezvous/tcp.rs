@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use crate::poll::Backoff;
 use crate::{CommError, Rendezvous, Result};
 
 const OP_JOIN: u8 = 1;
@@ -120,6 +121,7 @@ impl TcpRendezvous {
         };
         let deadline = Instant::now() + timeout;
         let mut last = String::from("no attempt made");
+        let mut backoff = Backoff::rendezvous();
         let stream = 'connect: loop {
             for a in &connect_to {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -131,7 +133,7 @@ impl TcpRendezvous {
                     Err(e) => last = format!("{a}: {e}"),
                 }
             }
-            if Instant::now() >= deadline {
+            if backoff.pause(deadline).is_err() {
                 return Err(CommError::Rendezvous {
                     rank,
                     location,
@@ -142,7 +144,6 @@ impl TcpRendezvous {
                     ),
                 });
             }
-            thread::sleep(Duration::from_millis(20));
         };
         let _ = stream.set_nodelay(true);
         stream
@@ -226,12 +227,6 @@ impl TcpRendezvous {
     }
 }
 
-/// Poll interval: 1 ms doubling to 20 ms, never past the deadline.
-fn nap(step: &mut Duration, deadline: Instant) {
-    thread::sleep((*step).min(deadline.saturating_duration_since(Instant::now())));
-    *step = (*step * 2).min(Duration::from_millis(20));
-}
-
 impl Rendezvous for TcpRendezvous {
     fn rank(&self) -> usize {
         self.rank
@@ -266,7 +261,7 @@ impl Rendezvous for TcpRendezvous {
     fn fetch(&self, key: &str, len: usize, timeout: Duration) -> Result<Vec<u8>> {
         TcpRendezvous::check_key(key)?;
         let deadline = Instant::now() + timeout;
-        let mut step = Duration::from_millis(1);
+        let mut backoff = Backoff::rendezvous();
         let mut seen_len = None;
         loop {
             match self.request(OP_GET, key, &[], timeout)? {
@@ -274,7 +269,7 @@ impl Rendezvous for TcpRendezvous {
                 (ST_OK, v) => seen_len = Some(v.len()),
                 _ => {}
             }
-            if Instant::now() >= deadline {
+            if backoff.pause(deadline).is_err() {
                 let detail = match seen_len {
                     Some(n) => format!("expected exactly {len} bytes; the store holds {n}"),
                     None => format!(
@@ -289,7 +284,6 @@ impl Rendezvous for TcpRendezvous {
                     detail,
                 });
             }
-            nap(&mut step, deadline);
         }
     }
 
@@ -304,7 +298,7 @@ impl Rendezvous for TcpRendezvous {
         TcpRendezvous::check_key(&key)?;
         self.request(OP_ADD, &key, &1i64.to_le_bytes(), timeout)?;
         let deadline = Instant::now() + timeout;
-        let mut step = Duration::from_millis(1);
+        let mut backoff = Backoff::rendezvous();
         loop {
             let count = match self.request(OP_GET, &key, &[], timeout)? {
                 (ST_OK, v) if v.len() == 8 => {
@@ -315,7 +309,7 @@ impl Rendezvous for TcpRendezvous {
             if count >= self.world as i64 {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            if backoff.pause(deadline).is_err() {
                 return Err(CommError::Rendezvous {
                     rank: self.rank,
                     location: format!("{}/{key}", self.location),
@@ -326,7 +320,6 @@ impl Rendezvous for TcpRendezvous {
                     ),
                 });
             }
-            nap(&mut step, deadline);
         }
     }
 }
