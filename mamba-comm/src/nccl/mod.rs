@@ -58,7 +58,9 @@ mod checks;
 mod comm;
 mod completion;
 mod core;
+mod cuda;
 mod handle;
+mod op;
 mod result;
 mod unique_id;
 mod watchdog;
@@ -72,6 +74,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use comm::NcclComm;
+pub use cuda::visible_devices;
 pub use nccl_sys_min::NcclVersion;
 use nccl_sys_min::{Nccl, LIBRARY_ENV};
 
@@ -114,22 +117,6 @@ impl Default for NcclOptions {
 pub fn preflight() -> Result<NcclVersion> {
     let lib = library()?;
     check_version(lib.version(), lib.path())
-}
-
-/// Number of CUDA devices this process can see, or an error when the
-/// NVIDIA driver library is missing (checked first: cudarc panics on a
-/// missing libcuda, this returns an error instead). GPU tests use it to
-/// decide whether to run or skip.
-pub fn visible_devices() -> Result<usize> {
-    // SAFETY: only tries to dlopen libcuda under its usual names.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(CommError::config(
-            "libcuda (the NVIDIA driver library) was not found; an NCCL communicator needs an \
-             NVIDIA GPU and its driver (use the host transport on CPU-only machines)",
-        ));
-    }
-    let count = cudarc::driver::CudaContext::device_count().map_err(comm::cuda("init"))?;
-    Ok(usize::try_from(count).unwrap_or(0))
 }
 
 /// `version` is at least [`MIN_VERSION`].
