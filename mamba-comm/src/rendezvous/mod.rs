@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use crate::Result;
 
+mod dir;
 pub mod file;
 mod memory;
 mod open;
+mod store;
 pub mod tcp;
 
 pub use file::FileRendezvous;
