@@ -29,8 +29,8 @@ impl HostTransport {
         }
     }
 
-    /// The star all-reduce of both reductions (for a world of two or more):
-    /// every follower sends its `values` to rank 0 as `gather`; rank 0
+    /// The star all-reduce of both reductions (nothing to do in a world
+    /// of one): every follower sends its `values` to rank 0 as `gather`; rank 0
     /// folds them into its own with `combine`, in ascending rank order, and
     /// sends the result to every follower as `result`, so all ranks end
     /// with the same values. Rank 0 waits for the gathers until
@@ -44,6 +44,9 @@ impl HostTransport {
         (gather, result): (OpCode, OpCode),
         combine: impl Fn(&mut T, T),
     ) -> Result<(), Fault> {
+        if self.world == 1 {
+            return Ok(());
+        }
         if self.rank == 0 {
             let mut acc = values.to_vec();
             let deadline = self.deadline(start);
@@ -206,13 +209,9 @@ impl Transport for HostTransport {
         const OP: &str = "all_reduce_sum_f32";
         self.op(OP, |t| {
             t.check_range(OP, &range, buf.len())?;
-            let start = Instant::now();
-            if t.world == 1 {
-                return Ok(());
-            }
             t.star_all_reduce(
                 OP,
-                start,
+                Instant::now(),
                 &mut buf[range],
                 (OpCode::SumGather, OpCode::SumResult),
                 |a, x| *a += x,
@@ -223,13 +222,9 @@ impl Transport for HostTransport {
     fn all_reduce_max_i32(&mut self, values: &mut [i32]) -> Result<()> {
         const OP: &str = "all_reduce_max_i32";
         self.op(OP, |t| {
-            let start = Instant::now();
-            if t.world == 1 {
-                return Ok(());
-            }
             t.star_all_reduce(
                 OP,
-                start,
+                Instant::now(),
                 values,
                 (OpCode::MaxGather, OpCode::MaxResult),
                 |a, x| *a = (*a).max(x),

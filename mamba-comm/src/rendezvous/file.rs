@@ -27,15 +27,14 @@
 //! the new `K`. Once all ranks joined, rank 0 deletes the spent handshake
 //! files and the launch directories of earlier launches of the job.
 
-use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::barrier::BarrierCounts;
 pub use super::dir::{job_dir, make_private_dir, prepare_root, purge_job_dir};
 use crate::bootstrap::{new_launch_id, validate_id};
 use crate::poll::Backoff;
@@ -52,7 +51,7 @@ pub struct FileRendezvous {
     rank: usize,
     world: usize,
     launch_dir: PathBuf,
-    barrier_gens: Mutex<HashMap<String, u64>>,
+    barrier_counts: BarrierCounts,
     tmp_counter: AtomicU64,
 }
 
@@ -212,7 +211,7 @@ impl FileRendezvous {
             rank,
             world,
             launch_dir,
-            barrier_gens: Mutex::new(HashMap::new()),
+            barrier_counts: BarrierCounts::default(),
             tmp_counter: AtomicU64::new(0),
         }
     }
@@ -316,12 +315,7 @@ impl Rendezvous for FileRendezvous {
 
     fn barrier(&self, name: &str, timeout: Duration) -> Result<()> {
         check_key(name)?;
-        let gen = {
-            let mut gens = self.barrier_gens.lock().unwrap_or_else(|p| p.into_inner());
-            let g = gens.entry(name.to_string()).or_insert(0);
-            *g += 1;
-            *g
-        };
+        let gen = self.barrier_counts.next(name);
         let file = |r: usize| format!("barrier.{name}.{gen}.{r}");
         self.publish(&file(self.rank), b"")?;
         let deadline = Instant::now() + timeout;

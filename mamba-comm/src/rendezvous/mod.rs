@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::Result;
 
+mod barrier;
 mod dir;
 pub mod file;
 mod memory;

@@ -125,27 +125,33 @@ fn accept_loop(
     }
 }
 
+/// One length-prefixed field of the wire protocol: a `u32` LE length,
+/// refused (as `oversized`) above `max`, then that many bytes. Both sides
+/// read with it.
+pub(super) fn read_field(r: &mut impl Read, max: u32, oversized: &str) -> std::io::Result<Vec<u8>> {
+    let mut n = [0u8; 4];
+    r.read_exact(&mut n)?;
+    let len = u32::from_le_bytes(n);
+    if len > max {
+        return Err(std::io::Error::new(ErrorKind::InvalidData, oversized));
+    }
+    let mut field = vec![0u8; len as usize];
+    r.read_exact(&mut field)?;
+    Ok(field)
+}
+
+/// Append `bytes` as one length-prefixed field (the writer's side of
+/// [`read_field`]); callers keep fields within the protocol's limits.
+pub(super) fn push_field(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
 fn read_frame(s: &mut TcpStream) -> std::io::Result<(u8, String, Vec<u8>)> {
     let mut op = [0u8; 1];
     s.read_exact(&mut op)?;
-    let mut n = [0u8; 4];
-    s.read_exact(&mut n)?;
-    let klen = u32::from_le_bytes(n);
-    if klen > MAX_KEY {
-        return Err(std::io::Error::new(ErrorKind::InvalidData, "oversized key"));
-    }
-    let mut key = vec![0u8; klen as usize];
-    s.read_exact(&mut key)?;
-    s.read_exact(&mut n)?;
-    let vlen = u32::from_le_bytes(n);
-    if vlen > MAX_VALUE {
-        return Err(std::io::Error::new(
-            ErrorKind::InvalidData,
-            "oversized value",
-        ));
-    }
-    let mut value = vec![0u8; vlen as usize];
-    s.read_exact(&mut value)?;
+    let key = read_field(s, MAX_KEY, "oversized key")?;
+    let value = read_field(s, MAX_VALUE, "oversized value")?;
     let key = String::from_utf8(key)
         .map_err(|_| std::io::Error::new(ErrorKind::InvalidData, "key is not utf-8"))?;
     Ok((op[0], key, value))
@@ -154,8 +160,7 @@ fn read_frame(s: &mut TcpStream) -> std::io::Result<(u8, String, Vec<u8>)> {
 fn reply(s: &mut TcpStream, status: u8, payload: &[u8]) -> std::io::Result<()> {
     let mut out = Vec::with_capacity(5 + payload.len());
     out.push(status);
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(payload);
+    push_field(&mut out, payload);
     s.write_all(&out)
 }
 

@@ -17,13 +17,15 @@
 //! `ADD` (value: i64 LE; answers the new i64). The store never blocks a
 //! request; clients poll with backoff until their deadline.
 
-use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::store::{StoreServer, MAX_KEY, MAX_VALUE, OP_ADD, OP_GET, OP_JOIN, OP_SET, ST_OK};
+use super::barrier::BarrierCounts;
+use super::store::{
+    push_field, read_field, StoreServer, MAX_KEY, MAX_VALUE, OP_ADD, OP_GET, OP_JOIN, OP_SET, ST_OK,
+};
 use crate::poll::Backoff;
 use crate::{CommError, Rendezvous, Result};
 
@@ -34,7 +36,7 @@ pub struct TcpRendezvous {
     location: String,
     conn: Mutex<TcpStream>,
     server: Option<StoreServer>,
-    barrier_gens: Mutex<HashMap<String, u64>>,
+    barrier_counts: BarrierCounts,
 }
 
 impl std::fmt::Debug for TcpRendezvous {
@@ -141,7 +143,7 @@ impl TcpRendezvous {
             location,
             conn: Mutex::new(stream),
             server,
-            barrier_gens: Mutex::new(HashMap::new()),
+            barrier_counts: BarrierCounts::default(),
         };
         let mut join = Vec::with_capacity(8);
         join.extend_from_slice(&(rank as u32).to_le_bytes());
@@ -174,23 +176,13 @@ impl TcpRendezvous {
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let mut msg = Vec::with_capacity(10 + key.len() + value.len());
         msg.push(op);
-        msg.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        msg.extend_from_slice(key.as_bytes());
-        msg.extend_from_slice(&(value.len() as u32).to_le_bytes());
-        msg.extend_from_slice(value);
+        push_field(&mut msg, key.as_bytes());
+        push_field(&mut msg, value);
         let res = conn.write_all(&msg).and_then(|_| {
-            let mut head = [0u8; 5];
-            conn.read_exact(&mut head)?;
-            let n = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
-            if n > MAX_VALUE {
-                return Err(std::io::Error::new(
-                    ErrorKind::InvalidData,
-                    "oversized answer",
-                ));
-            }
-            let mut payload = vec![0u8; n as usize];
-            conn.read_exact(&mut payload)?;
-            Ok((head[0], payload))
+            let mut status = [0u8; 1];
+            conn.read_exact(&mut status)?;
+            let payload = read_field(&mut *conn, MAX_VALUE, "oversized answer")?;
+            Ok((status[0], payload))
         });
         res.map_err(|e| CommError::Rendezvous {
             rank: self.rank,
@@ -273,12 +265,7 @@ impl Rendezvous for TcpRendezvous {
     }
 
     fn barrier(&self, name: &str, timeout: Duration) -> Result<()> {
-        let gen = {
-            let mut gens = self.barrier_gens.lock().unwrap_or_else(|p| p.into_inner());
-            let g = gens.entry(name.to_string()).or_insert(0);
-            *g += 1;
-            *g
-        };
+        let gen = self.barrier_counts.next(name);
         let key = format!("barrier/{name}/{gen}");
         TcpRendezvous::check_key(&key)?;
         self.request(OP_ADD, &key, &1i64.to_le_bytes(), timeout)?;
