@@ -48,7 +48,7 @@ pub struct HostTransport {
     /// Peers that said goodbye.
     departed: Vec<bool>,
     /// Events handed to each peer's outbox (compared with
-    /// [`LinkStats::flushed`] to know when they are on the wire).
+    /// [`LinkStats::flushed`](super::link::LinkStats::flushed) to know when they are on the wire).
     queued: Vec<u64>,
     /// The first error, once one happened.
     poisoned: Option<String>,

@@ -6,15 +6,15 @@
 //! The table is raw on purpose: the methods hand back NCCL's codes as NCCL
 //! returns them (the fake scripts any code), and callers classify them in
 //! [`super::result`]. Where a call returns a value as well, the table
-//! already applies [`completed`](super::result::completed) to the code and
+//! already applies [`super::result::completed`] to the code and
 //! returns `Result<value, NcclError>`.
 //!
 //! The unsafe boundary: every method that takes a communicator handle or a
 //! device pointer is `unsafe` with NCCL's contract, stated once here:
 //! - `comm` is a handle returned by [`NcclApi::init_rank_config`] that has
-//!   been neither destroyed nor aborted ([`super::core::CommCore`] keeps that
-//!   invariant by holding the handle in an `Option` it empties before a
-//!   destroy or an abort);
+//!   been neither destroyed nor aborted (the communicator keeps that
+//!   invariant with [`HandleSlot`](super::handle::HandleSlot), which
+//!   releases the handle before a destroy or an abort);
 //! - device pointers address `count` elements of the given type in memory of
 //!   the communicator's device, stay alive until the stream has completed the
 //!   operation, and `stream` is a stream of the communicator's context.

@@ -57,9 +57,15 @@ impl Drop for ProcessSlot {
 /// Every operation is host-synchronous: it returns once the stream has
 /// completed it (a group returns once the whole group has completed), so
 /// results are ready for any stream when a call returns. The one exception
-/// is a group inside [`NcclComm::window`], which the window's end waits for. Buffers used inside
-/// a [`Transport::group`] body must outlive the `group` call: NCCL runs the
-/// group's operations only when it closes.
+/// is a group inside [`NcclComm::window`], which the window's end waits
+/// for.
+///
+/// Buffers used inside a [`Transport::group`] body (or a window's groups)
+/// must outlive the `group` (or `window`) call: NCCL runs the group's
+/// operations only when it closes. The types do not enforce this (the
+/// body borrows each buffer only for the one call): a buffer dropped inside
+/// the body is freed on its stream *before* NCCL's kernel is enqueued, a
+/// device-side use-after-free. Allocate a group's buffers outside it.
 ///
 /// After any error the communicator may have been aborted; callers tear the
 /// world down (see [`Transport`]).

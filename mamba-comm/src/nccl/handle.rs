@@ -38,8 +38,13 @@ pub(crate) struct HandleSlot {
 }
 
 impl HandleSlot {
-    /// Take ownership of `raw`, a live handle NCCL just returned.
-    pub(crate) fn new(raw: ncclComm_t) -> Self {
+    /// Take ownership of `raw`.
+    ///
+    /// # Safety
+    /// `raw` is a live handle NCCL returned (initialised or still
+    /// initialising), owned by nobody else: from here on the slot alone
+    /// destroys or aborts it.
+    pub(crate) unsafe fn new(raw: ncclComm_t) -> Self {
         HandleSlot {
             handle: Some(Handle(raw)),
             aborted: Arc::new(AtomicBool::new(false)),

@@ -48,10 +48,14 @@
 //! `ncclCommAbort`, so no later path (a retry, `shutdown`, `Drop`) can touch
 //! the freed handle, and the error says the communicator was aborted.
 //!
-//! The NCCL calls go through a small internal table (`api::NcclApi`) and
-//! the stream query through another seam (`completion::Completion`); the
-//! CPU tests in this module drive the same logic with a fake library that
-//! hangs, fails and loses peers on command.
+//! The NCCL calls go through a small internal table (`api::NcclApi`), whose
+//! return codes become `Result`s in one place (`result`), and the stream
+//! query through another seam (`completion::Completion`); the CPU tests in
+//! this module drive the same logic with a fake library that hangs, fails
+//! and loses peers on command. Inside: `core` (init, windows, groups,
+//! teardown), `handle` (the only owner of the raw handle), `watchdog` (the
+//! waits), `op` and `comm` (the typed operations on device memory),
+//! `cuda` (device discovery).
 
 mod api;
 mod checks;

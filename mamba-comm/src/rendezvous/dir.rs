@@ -9,7 +9,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::bootstrap::validate_id;
+use crate::bootstrap::{current_uid, validate_id};
 use crate::{CommError, Result};
 
 /// A rendezvous error about `path` that is not a timeout.
@@ -20,11 +20,6 @@ pub(crate) fn dir_error(rank: usize, path: &Path, detail: String) -> CommError {
         timeout: Duration::ZERO,
         detail,
     }
-}
-
-fn our_uid() -> u32 {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    unsafe { libc::getuid() }
 }
 
 /// Create the rendezvous root if it is missing (0700) and refuse a root
@@ -92,14 +87,14 @@ pub fn make_private_dir(path: &Path, rank: usize) -> Result<()> {
             "is not a directory (a file or symbolic link is in the way); remove it".into(),
         ));
     }
-    if md.uid() != our_uid() {
+    if md.uid() != current_uid() {
         return Err(dir_error(
             rank,
             path,
             format!(
                 "is owned by uid {}, not by this user (uid {})",
                 md.uid(),
-                our_uid()
+                current_uid()
             ),
         ));
     }
@@ -139,7 +134,7 @@ pub fn purge_job_dir(root: &Path, job_id: &str) -> Result<bool> {
             ))
         }
     };
-    if !md.file_type().is_dir() || md.uid() != our_uid() {
+    if !md.file_type().is_dir() || md.uid() != current_uid() {
         return Err(dir_error(
             0,
             &dir,

@@ -64,9 +64,12 @@ impl CommCore {
                 ),
             ));
         }
+        // SAFETY: `raw` is the non-null handle init just returned; nothing
+        // else holds it.
+        let slot = unsafe { HandleSlot::new(raw) };
         let mut core = CommCore {
             api,
-            slot: HandleSlot::new(raw),
+            slot,
             place,
             device: -1,
             collective_timeout,
