@@ -138,7 +138,7 @@ impl NcclComm {
         )?;
         if usize::try_from(core.device()).ok() != Some(device) {
             let got = core.device();
-            return Err(core.abort_with(
+            return Err(core.fail(
                 "init",
                 format!("NCCL placed this rank on CUDA device {got}; expected device {device}"),
             ));
@@ -249,7 +249,7 @@ impl NcclComm {
             Ok(()) => Ok(()),
             Err(e) => Err(self
                 .core
-                .abort_with(op, format!("CUDA reported {e} around the operation"))),
+                .fail(op, format!("CUDA reported {e} around the operation"))),
         }
     }
 

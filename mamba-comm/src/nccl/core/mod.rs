@@ -149,13 +149,6 @@ impl CommCore {
             .map_or_else(|| Instant::now() + self.collective_timeout, |w| w.deadline)
     }
 
-    /// Fail `op` for a reason found outside NCCL (e.g. a CUDA error around a
-    /// collective): same rules as an NCCL failure (abort now, or after the
-    /// enclosing group closes).
-    pub(crate) fn abort_with(&mut self, op: &str, detail: String) -> CommError {
-        self.fail(op, detail)
-    }
-
     /// Abort now (see [`HandleSlot::abort`]). Returns a note for error
     /// messages when the abort itself failed.
     fn abort_now(&mut self) -> String {
@@ -165,9 +158,11 @@ impl CommCore {
         }
     }
 
-    /// Record a failure of `op`: abort now, or, inside an open group, poison
-    /// and let the group's close abort. Returns the error for the caller.
-    fn fail(&mut self, op: &str, detail: String) -> CommError {
+    /// Record a failure of `op`, found by NCCL or outside it (e.g. a CUDA
+    /// error around a collective): abort now, or, inside an open group,
+    /// poison and let the group's close abort. Returns the error for the
+    /// caller.
+    pub(crate) fn fail(&mut self, op: &str, detail: String) -> CommError {
         let Place { rank, world } = self.place;
         if let Some(g) = self.group.as_mut() {
             self.slot.poison();
