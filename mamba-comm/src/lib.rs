@@ -12,6 +12,7 @@ pub mod bootstrap;
 pub mod error;
 pub mod host;
 pub mod nccl;
+mod poll;
 pub mod rendezvous;
 pub mod supervisor;
 pub mod transport;

@@ -17,7 +17,7 @@
 use std::path::PathBuf;
 
 use super::env::EnvSource;
-use super::ids::validate_id;
+use super::ids::{current_uid, validate_id};
 use super::place::{Launcher, WorldPlace};
 use super::vars::*;
 use crate::{CommError, Result};
@@ -162,8 +162,7 @@ pub fn default_rendezvous_root<E: EnvSource + ?Sized>(env: &E) -> PathBuf {
         .var("TMPDIR")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute());
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = current_uid();
     tmp.unwrap_or_else(|| PathBuf::from("/tmp"))
         .join(format!("mamba-rdv-{uid}"))
 }

@@ -73,6 +73,13 @@ pub fn new_launch_id() -> Result<String> {
     Ok(hex(&random_bytes::<16>()?))
 }
 
+/// This process's real user id: the owner the rendezvous directories must
+/// have, and part of the default rendezvous root's name.
+pub(crate) fn current_uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
 //! How a process learns its place in the world.
 //!
-//! The environment contract, in order of precedence (see [`detect`]):
+//! The environment contract, in order of precedence (see [`detect()`]):
 //!
 //! | contract | rank | world | local rank / device | job | other |
 //! |---|---|---|---|---|---|
@@ -23,6 +23,7 @@ mod place;
 
 pub use detect::{default_rendezvous_root, detect, overrides, Overrides};
 pub use env::{EnvSource, ProcessEnv};
+pub(crate) use ids::current_uid;
 pub use ids::{new_launch_id, random_bytes, validate_id, MAX_ID_LEN};
 pub use place::{Launcher, WorldPlace};
 

@@ -54,7 +54,7 @@ impl Launcher {
 /// Where this process stands: its rank, the world, and how the ranks of
 /// this launch meet.
 ///
-/// Invariants (checked by [`detect`](super::detect)): `rank < world`,
+/// Invariants (checked by [`detect`](fn@super::detect)): `rank < world`,
 /// `local_rank < world`, `logical_world` (when set) is a multiple of
 /// `world`, `job_id` is a valid id or empty, and a multi-rank world that
 /// meets through a directory has a non-empty `job_id`.
@@ -129,7 +129,7 @@ impl WorldPlace {
     }
 
     /// The `MAMBA_*` variables that give a child process exactly this place
-    /// (what the supervisor sets for each rank). [`detect`](super::detect)
+    /// (what the supervisor sets for each rank). [`detect`](fn@super::detect)
     /// of these variables alone returns this place with
     /// [`Launcher::Mamba`].
     pub fn contract_env(&self) -> Vec<(String, String)> {

@@ -265,6 +265,36 @@ pub(crate) fn decode(r: &mut impl Read, from: usize) -> io::Result<Option<Event>
     }
 }
 
+/// An element type the host transport carries: how a vector of it travels
+/// in a [`Payload`], and its name in size-mismatch errors.
+pub(crate) trait Wire: Copy {
+    const KIND: &'static str;
+    fn payload(v: Vec<Self>) -> Payload;
+    /// The values of `p` if it carries this type, else `p` back.
+    fn values(p: Payload) -> std::result::Result<Vec<Self>, Payload>;
+}
+
+/// `impl Wire` for an element type carried by the `Payload` variant named.
+macro_rules! wire {
+    ($t:ty, $variant:ident) => {
+        impl Wire for $t {
+            const KIND: &'static str = stringify!($t);
+            fn payload(v: Vec<$t>) -> Payload {
+                Payload::$variant(v)
+            }
+            fn values(p: Payload) -> std::result::Result<Vec<$t>, Payload> {
+                match p {
+                    Payload::$variant(v) => Ok(v),
+                    other => Err(other),
+                }
+            }
+        }
+    };
+}
+
+wire!(f32, F32);
+wire!(i32, I32);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,7 +41,10 @@
 //! is exact. All values move as bit patterns.
 
 mod engine;
+mod fault;
+mod link;
 mod message;
+mod ops;
 mod socket;
 
 pub use engine::HostTransport;

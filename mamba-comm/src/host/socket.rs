@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
-use super::engine::{HostTransport, LinkStats, Writers};
+use super::engine::HostTransport;
+use super::link::{LinkStats, Writers};
 use super::message::{decode, encode, Event};
 use super::HostOptions;
 use crate::bootstrap::random_bytes;

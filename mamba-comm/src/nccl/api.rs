@@ -3,12 +3,18 @@
 //! unchanged against the real library ([`RealNccl`]) or, in tests, against a
 //! fake with scripted hangs and failures.
 //!
+//! The table is raw on purpose: the methods hand back NCCL's codes as NCCL
+//! returns them (the fake scripts any code), and callers classify them in
+//! [`super::result`]. Where a call returns a value as well, the table
+//! already applies [`super::result::completed`] to the code and
+//! returns `Result<value, NcclError>`.
+//!
 //! The unsafe boundary: every method that takes a communicator handle or a
 //! device pointer is `unsafe` with NCCL's contract, stated once here:
 //! - `comm` is a handle returned by [`NcclApi::init_rank_config`] that has
-//!   been neither destroyed nor aborted ([`super::core::CommCore`] keeps that
-//!   invariant by holding the handle in an `Option` it empties before a
-//!   destroy or an abort);
+//!   been neither destroyed nor aborted (the communicator keeps that
+//!   invariant with [`HandleSlot`](super::handle::HandleSlot), which
+//!   releases the handle before a destroy or an abort);
 //! - device pointers address `count` elements of the given type in memory of
 //!   the communicator's device, stay alive until the stream has completed the
 //!   operation, and `stream` is a stream of the communicator's context.
@@ -21,10 +27,12 @@ use nccl_sys_min::{
     ncclUniqueId, Nccl,
 };
 
+use super::result::{completed, NcclError};
+
 /// The NCCL entry points the communicator uses.
 pub(crate) trait NcclApi: Send + Sync {
     /// `ncclGetUniqueId`.
-    fn unique_id(&self) -> Result<[u8; 128], ncclResult_t>;
+    fn unique_id(&self) -> Result<[u8; 128], NcclError>;
     /// `ncclCommInitRankConfig`: the returned handle may be non-null even
     /// when the code is `ncclInProgress` (nonblocking init) or an error.
     fn init_rank_config(
@@ -36,6 +44,11 @@ pub(crate) trait NcclApi: Send + Sync {
     ) -> (ncclResult_t, ncclComm_t);
     /// `ncclGetErrorString`.
     fn error_string(&self, code: ncclResult_t) -> String;
+    /// `ncclSystemError (unhandled system error)`: the code's name and
+    /// NCCL's text for it, as error messages show a failed call.
+    fn describe(&self, e: NcclError) -> String {
+        format!("{} ({})", e.name(), self.error_string(e.0))
+    }
     /// `ncclGroupStart` (thread-local group state in NCCL).
     fn group_start(&self) -> ncclResult_t;
     /// `ncclGroupEnd`.
@@ -47,7 +60,7 @@ pub(crate) trait NcclApi: Send + Sync {
     ///
     /// # Safety
     /// See the module docs (`comm` live).
-    unsafe fn async_error(&self, comm: ncclComm_t) -> Result<ncclResult_t, ncclResult_t>;
+    unsafe fn async_error(&self, comm: ncclComm_t) -> Result<ncclResult_t, NcclError>;
     /// `ncclGetLastError` (call before the handle is released).
     ///
     /// # Safety
@@ -73,7 +86,7 @@ pub(crate) trait NcclApi: Send + Sync {
     ///
     /// # Safety
     /// `comm` live and initialised.
-    unsafe fn identity(&self, comm: ncclComm_t) -> Result<(c_int, c_int, c_int), ncclResult_t>;
+    unsafe fn identity(&self, comm: ncclComm_t) -> Result<(c_int, c_int, c_int), NcclError>;
 
     /// `ncclAllReduce`.
     ///
@@ -139,8 +152,11 @@ pub(crate) struct RealNccl {
 }
 
 impl NcclApi for RealNccl {
-    fn unique_id(&self) -> Result<[u8; 128], ncclResult_t> {
-        self.lib.unique_id().map(|id| id.to_bytes())
+    fn unique_id(&self) -> Result<[u8; 128], NcclError> {
+        self.lib
+            .unique_id()
+            .map(|id| id.to_bytes())
+            .map_err(NcclError)
     }
 
     fn init_rank_config(
@@ -178,14 +194,10 @@ impl NcclApi for RealNccl {
         unsafe { self.lib.api().ncclGroupEnd() }
     }
 
-    unsafe fn async_error(&self, comm: ncclComm_t) -> Result<ncclResult_t, ncclResult_t> {
+    unsafe fn async_error(&self, comm: ncclComm_t) -> Result<ncclResult_t, NcclError> {
         let mut state = ncclResult_t::ncclSuccess;
-        let rc = self.lib.api().ncclCommGetAsyncError(comm, &mut state);
-        if rc == ncclResult_t::ncclSuccess {
-            Ok(state)
-        } else {
-            Err(rc)
-        }
+        completed(self.lib.api().ncclCommGetAsyncError(comm, &mut state))?;
+        Ok(state)
     }
 
     unsafe fn last_error(&self, comm: ncclComm_t) -> String {
@@ -204,18 +216,12 @@ impl NcclApi for RealNccl {
         self.lib.api().ncclCommAbort(comm)
     }
 
-    unsafe fn identity(&self, comm: ncclComm_t) -> Result<(c_int, c_int, c_int), ncclResult_t> {
+    unsafe fn identity(&self, comm: ncclComm_t) -> Result<(c_int, c_int, c_int), NcclError> {
         let api = self.lib.api();
         let (mut count, mut rank, mut device) = (0, 0, 0);
-        for rc in [
-            api.ncclCommCount(comm, &mut count),
-            api.ncclCommUserRank(comm, &mut rank),
-            api.ncclCommCuDevice(comm, &mut device),
-        ] {
-            if rc != ncclResult_t::ncclSuccess {
-                return Err(rc);
-            }
-        }
+        completed(api.ncclCommCount(comm, &mut count))?;
+        completed(api.ncclCommUserRank(comm, &mut rank))?;
+        completed(api.ncclCommCuDevice(comm, &mut device))?;
         Ok((count, rank, device))
     }
 

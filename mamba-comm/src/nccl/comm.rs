@@ -1,20 +1,21 @@
 //! [`NcclComm`]: the core, on a CUDA device, behind the
 //! [`Transport`] interface.
 
-use std::ffi::{c_int, c_void};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError};
-use nccl_sys_min::{cudaStream_t, ncclDataType_t, ncclRedOp_t, CUstream_st};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use nccl_sys_min::ncclRedOp_t;
 
 use super::api::{NcclApi, RealNccl};
 use super::checks;
 use super::completion::StreamCompletion;
 use super::core::{CommCore, Place};
-use super::{check_version, library, unique_id, visible_devices, NcclOptions, NcclVersion};
+use super::cuda::{cuda_error, device_ptr, open_device, raw_stream};
+use super::op::{NcclElement, Op};
+use super::{check_version, library, unique_id, NcclOptions, NcclVersion};
 use crate::{CommError, Rendezvous, Result, Transport};
 
 /// Set while an [`NcclComm`] exists in this process (one per process).
@@ -56,9 +57,15 @@ impl Drop for ProcessSlot {
 /// Every operation is host-synchronous: it returns once the stream has
 /// completed it (a group returns once the whole group has completed), so
 /// results are ready for any stream when a call returns. The one exception
-/// is a group inside [`NcclComm::window`], which the window's end waits for. Buffers used inside
-/// a [`Transport::group`] body must outlive the `group` call: NCCL runs the
-/// group's operations only when it closes.
+/// is a group inside [`NcclComm::window`], which the window's end waits
+/// for.
+///
+/// Buffers used inside a [`Transport::group`] body (or a window's groups)
+/// must outlive the `group` (or `window`) call: NCCL runs the group's
+/// operations only when it closes. The types do not enforce this (the
+/// body borrows each buffer only for the one call): a buffer dropped inside
+/// the body is freed on its stream *before* NCCL's kernel is enqueued, a
+/// device-side use-after-free. Allocate a group's buffers outside it.
 ///
 /// After any error the communicator may have been aborted; callers tear the
 /// world down (see [`Transport`]).
@@ -79,34 +86,6 @@ impl std::fmt::Debug for NcclComm {
             .field("version", &self.version)
             .finish()
     }
-}
-
-pub(crate) fn cuda(op: &'static str) -> impl Fn(DriverError) -> CommError {
-    move |e| CommError::transport(op, format!("CUDA reported {e}"))
-}
-
-fn raw_stream(stream: &CudaStream) -> cudaStream_t {
-    stream.cu_stream() as *mut CUstream_st
-}
-
-fn device_ptr(p: u64) -> *mut c_void {
-    p as usize as *mut c_void
-}
-
-/// The CUDA context and a fresh stream on `device`, or an error saying why
-/// not (no driver, no such device) instead of cudarc's panic on a missing
-/// libcuda.
-fn open_device(device: usize) -> Result<(Arc<CudaContext>, Arc<CudaStream>)> {
-    let visible = visible_devices()?;
-    if device >= visible {
-        return Err(CommError::config(format!(
-            "CUDA device {device} does not exist: {visible} device(s) visible (check \
-             CUDA_VISIBLE_DEVICES and the rank-to-device mapping)"
-        )));
-    }
-    let ctx = CudaContext::new(device).map_err(cuda("init"))?;
-    let stream = ctx.new_stream().map_err(cuda("init"))?;
-    Ok((ctx, stream))
 }
 
 impl NcclComm {
@@ -148,7 +127,7 @@ impl NcclComm {
 
         let id = unique_id::exchange(&*api, rank, rdv, deadline)?;
 
-        ctx.bind_to_thread().map_err(cuda("init"))?;
+        ctx.bind_to_thread().map_err(cuda_error("init"))?;
         let mut core = CommCore::init(
             api,
             &id,
@@ -159,7 +138,7 @@ impl NcclComm {
         )?;
         if usize::try_from(core.device()).ok() != Some(device) {
             let got = core.device();
-            return Err(core.abort_with(
+            return Err(core.fail(
                 "init",
                 format!("NCCL placed this rank on CUDA device {got}; expected device {device}"),
             ));
@@ -261,7 +240,7 @@ impl NcclComm {
     /// Make the communicator's context current on the calling thread (the
     /// communicator may have moved threads since the last call).
     fn bind(&self, op: &'static str) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(cuda(op))
+        self.ctx.bind_to_thread().map_err(cuda_error(op))
     }
 
     /// Surface errors cudarc recorded while tracking buffer events.
@@ -270,7 +249,7 @@ impl NcclComm {
             Ok(()) => Ok(()),
             Err(e) => Err(self
                 .core
-                .abort_with(op, format!("CUDA reported {e} around the operation"))),
+                .fail(op, format!("CUDA reported {e} around the operation"))),
         }
     }
 
@@ -292,34 +271,55 @@ impl NcclComm {
             return Ok(());
         }
         self.bind(op)?;
-        let mut dev = self.stream.clone_htod(values).map_err(cuda(op))?;
-        let n = values.len();
-        {
-            let (ptr, _record) = dev.device_ptr_mut(&self.stream);
-            let stream = raw_stream(&self.stream);
-            let completion = StreamCompletion {
-                stream: &self.stream,
-            };
-            self.core.run(op, &completion, |api, comm| {
-                // SAFETY: `ptr` addresses `n` i32 of `dev`, alive until the
-                // window (which waits for the stream) returns; `comm` is
-                // live (given by the core).
-                unsafe {
-                    api.all_reduce(
-                        device_ptr(ptr),
-                        device_ptr(ptr),
-                        n,
-                        ncclDataType_t::ncclInt32,
-                        ncclRedOp_t::ncclMax,
-                        comm,
-                        stream,
-                    )
-                }
-            })?;
-        }
-        self.stream.memcpy_dtoh(&dev, values).map_err(cuda(op))?;
-        self.stream.synchronize().map_err(cuda(op))?;
+        let mut dev = self.stream.clone_htod(values).map_err(cuda_error(op))?;
+        self.launch(
+            op,
+            Op::AllReduce {
+                buf: dev.slice_mut(..),
+                reduce: ncclRedOp_t::ncclMax,
+            },
+        )?;
+        self.stream
+            .memcpy_dtoh(&dev, values)
+            .map_err(cuda_error(op))?;
+        self.stream.synchronize().map_err(cuda_error(op))?;
         self.check_cuda(op)
+    }
+
+    /// The one wrapper of every NCCL operation: take the view's device
+    /// pointer through cudarc's event tracking (so this stream waits for
+    /// the buffer's last writes, and later users wait for this operation),
+    /// run the operation as a core window (or group member), then surface
+    /// CUDA errors. The element count and type come from the view, so they
+    /// always match the memory NCCL is given. An empty view makes no call.
+    fn launch<T: NcclElement>(&mut self, name: &'static str, mut op: Op<'_, T>) -> Result<()> {
+        let (n, kind) = op.shape();
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind(name)?;
+        let (ptr, record) = match &mut op {
+            Op::Send { src, .. } => src.device_ptr(&self.stream),
+            Op::Recv { dst: buf, .. } | Op::Broadcast { buf, .. } | Op::AllReduce { buf, .. } => {
+                buf.device_ptr_mut(&self.stream)
+            }
+        };
+        let (p, stream, dtype) = (device_ptr(ptr), raw_stream(&self.stream), T::DTYPE);
+        let completion = StreamCompletion {
+            stream: &self.stream,
+        };
+        self.core.run(name, &completion, |api, comm| {
+            // SAFETY: `p` addresses the view's `n` elements of `T` (`dtype`)
+            // on this communicator's device; the view is borrowed until this
+            // call returns, which outside a group is after the stream
+            // completed the operation (inside a group or window the caller
+            // keeps the buffer alive until the group or window returns: see
+            // the type docs). `comm` is live (given by the core), `stream`
+            // is this communicator's.
+            unsafe { kind.enqueue(api, p, n, dtype, comm, stream) }
+        })?;
+        drop(record);
+        self.check_cuda(name)
     }
 }
 
@@ -336,7 +336,9 @@ impl Transport for NcclComm {
 
     fn alloc(&mut self, len: usize) -> Result<CudaSlice<f32>> {
         self.bind("alloc")?;
-        self.stream.alloc_zeros::<f32>(len).map_err(cuda("alloc"))
+        self.stream
+            .alloc_zeros::<f32>(len)
+            .map_err(cuda_error("alloc"))
     }
 
     fn buffer_len(buf: &CudaSlice<f32>) -> usize {
@@ -351,7 +353,7 @@ impl Transport for NcclComm {
         self.bind("upload")?;
         self.stream
             .memcpy_htod(src, &mut dst.slice_mut(r))
-            .map_err(cuda("upload"))
+            .map_err(cuda_error("upload"))
     }
 
     fn download(&mut self, src: &CudaSlice<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
@@ -363,10 +365,10 @@ impl Transport for NcclComm {
         self.bind("download")?;
         self.stream
             .memcpy_dtoh(&src.slice(r), dst)
-            .map_err(cuda("download"))?;
+            .map_err(cuda_error("download"))?;
         // A copy into pageable memory already returns complete; the explicit
         // synchronise keeps that true for pinned (page-locked) `dst` too.
-        self.stream.synchronize().map_err(cuda("download"))
+        self.stream.synchronize().map_err(cuda_error("download"))
     }
 
     /// Inside [`NcclComm::window`] the group is only enqueued: it returns
@@ -386,69 +388,16 @@ impl Transport for NcclComm {
     fn send(&mut self, buf: &CudaSlice<f32>, range: Range<usize>, peer: usize) -> Result<()> {
         checks::range("send", &range, buf.len())?;
         checks::peer("send", peer, self.rank(), self.world())?;
-        if range.is_empty() {
-            return Ok(());
-        }
-        self.bind("send")?;
-        let n = range.len();
-        let view = buf.slice(range);
-        let (ptr, _record) = view.device_ptr(&self.stream);
-        let stream = raw_stream(&self.stream);
-        let completion = StreamCompletion {
-            stream: &self.stream,
-        };
-        // `peer < world`, and the world fits a C int (checked at init).
-        let peer = peer as c_int;
-        self.core.run("send", &completion, |api, comm| {
-            // SAFETY: `ptr` addresses `n` f32 of `buf`, which the caller keeps
-            // alive at least until this window (or its group) completes.
-            unsafe {
-                api.send(
-                    device_ptr(ptr),
-                    n,
-                    ncclDataType_t::ncclFloat32,
-                    peer,
-                    comm,
-                    stream,
-                )
-            }
-        })?;
-        drop(_record);
-        self.check_cuda("send")
+        let src = buf.slice(range);
+        self.launch("send", Op::Send { src, peer })
     }
 
     /// An empty range receives nothing (and makes no NCCL call).
     fn recv(&mut self, buf: &mut CudaSlice<f32>, range: Range<usize>, peer: usize) -> Result<()> {
         checks::range("recv", &range, buf.len())?;
         checks::peer("recv", peer, self.rank(), self.world())?;
-        if range.is_empty() {
-            return Ok(());
-        }
-        self.bind("recv")?;
-        let n = range.len();
-        let mut view = buf.slice_mut(range);
-        let (ptr, _record) = view.device_ptr_mut(&self.stream);
-        let stream = raw_stream(&self.stream);
-        let completion = StreamCompletion {
-            stream: &self.stream,
-        };
-        let peer = peer as c_int;
-        self.core.run("recv", &completion, |api, comm| {
-            // SAFETY: `ptr` addresses `n` f32 of `buf`, exclusively borrowed
-            // here and kept alive by the caller until the window completes.
-            unsafe {
-                api.recv(
-                    device_ptr(ptr),
-                    n,
-                    ncclDataType_t::ncclFloat32,
-                    peer,
-                    comm,
-                    stream,
-                )
-            }
-        })?;
-        drop(_record);
-        self.check_cuda("recv")
+        let dst = buf.slice_mut(range);
+        self.launch("recv", Op::Recv { dst, peer })
     }
 
     fn broadcast(
@@ -459,66 +408,15 @@ impl Transport for NcclComm {
     ) -> Result<()> {
         checks::range("broadcast", &range, buf.len())?;
         checks::root("broadcast", root, self.world())?;
-        if range.is_empty() {
-            return Ok(());
-        }
-        self.bind("broadcast")?;
-        let n = range.len();
-        let mut view = buf.slice_mut(range);
-        let (ptr, _record) = view.device_ptr_mut(&self.stream);
-        let stream = raw_stream(&self.stream);
-        let completion = StreamCompletion {
-            stream: &self.stream,
-        };
-        let root = root as c_int;
-        self.core.run("broadcast", &completion, |api, comm| {
-            // SAFETY: in place: `ptr` addresses `n` f32 of `buf` (see send).
-            unsafe {
-                api.broadcast(
-                    device_ptr(ptr),
-                    device_ptr(ptr),
-                    n,
-                    ncclDataType_t::ncclFloat32,
-                    root,
-                    comm,
-                    stream,
-                )
-            }
-        })?;
-        drop(_record);
-        self.check_cuda("broadcast")
+        let buf = buf.slice_mut(range);
+        self.launch("broadcast", Op::Broadcast { buf, root })
     }
 
     fn all_reduce_sum_f32(&mut self, buf: &mut CudaSlice<f32>, range: Range<usize>) -> Result<()> {
         checks::range("all_reduce_sum_f32", &range, buf.len())?;
-        if range.is_empty() {
-            return Ok(());
-        }
-        self.bind("all_reduce_sum_f32")?;
-        let n = range.len();
-        let mut view = buf.slice_mut(range);
-        let (ptr, _record) = view.device_ptr_mut(&self.stream);
-        let stream = raw_stream(&self.stream);
-        let completion = StreamCompletion {
-            stream: &self.stream,
-        };
-        self.core
-            .run("all_reduce_sum_f32", &completion, |api, comm| {
-                // SAFETY: in place: `ptr` addresses `n` f32 of `buf` (see send).
-                unsafe {
-                    api.all_reduce(
-                        device_ptr(ptr),
-                        device_ptr(ptr),
-                        n,
-                        ncclDataType_t::ncclFloat32,
-                        ncclRedOp_t::ncclSum,
-                        comm,
-                        stream,
-                    )
-                }
-            })?;
-        drop(_record);
-        self.check_cuda("all_reduce_sum_f32")
+        let buf = buf.slice_mut(range);
+        let reduce = ncclRedOp_t::ncclSum;
+        self.launch("all_reduce_sum_f32", Op::AllReduce { buf, reduce })
     }
 
     fn all_reduce_max_i32(&mut self, values: &mut [i32]) -> Result<()> {

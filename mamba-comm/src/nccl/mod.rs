@@ -48,18 +48,26 @@
 //! `ncclCommAbort`, so no later path (a retry, `shutdown`, `Drop`) can touch
 //! the freed handle, and the error says the communicator was aborted.
 //!
-//! The NCCL calls go through a small internal table (`api::NcclApi`) and
-//! the stream query through another seam (`completion::Completion`); the
-//! CPU tests in this module drive the same logic with a fake library that
-//! hangs, fails and loses peers on command.
+//! The NCCL calls go through a small internal table (`api::NcclApi`), whose
+//! return codes become `Result`s in one place (`result`), and the stream
+//! query through another seam (`completion::Completion`); the CPU tests in
+//! this module drive the same logic with a fake library that hangs, fails
+//! and loses peers on command. Inside: `core` (init, windows, groups,
+//! teardown), `handle` (the only owner of the raw handle), `watchdog` (the
+//! waits), `op` and `comm` (the typed operations on device memory),
+//! `cuda` (device discovery).
 
 mod api;
 mod checks;
 mod comm;
 mod completion;
 mod core;
-mod poll;
+mod cuda;
+mod handle;
+mod op;
+mod result;
 mod unique_id;
+mod watchdog;
 
 #[cfg(test)]
 mod fake;
@@ -70,6 +78,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use comm::NcclComm;
+pub use cuda::visible_devices;
 pub use nccl_sys_min::NcclVersion;
 use nccl_sys_min::{Nccl, LIBRARY_ENV};
 
@@ -112,22 +121,6 @@ impl Default for NcclOptions {
 pub fn preflight() -> Result<NcclVersion> {
     let lib = library()?;
     check_version(lib.version(), lib.path())
-}
-
-/// Number of CUDA devices this process can see, or an error when the
-/// NVIDIA driver library is missing (checked first: cudarc panics on a
-/// missing libcuda, this returns an error instead). GPU tests use it to
-/// decide whether to run or skip.
-pub fn visible_devices() -> Result<usize> {
-    // SAFETY: only tries to dlopen libcuda under its usual names.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(CommError::config(
-            "libcuda (the NVIDIA driver library) was not found; an NCCL communicator needs an \
-             NVIDIA GPU and its driver (use the host transport on CPU-only machines)",
-        ));
-    }
-    let count = cudarc::driver::CudaContext::device_count().map_err(comm::cuda("init"))?;
-    Ok(usize::try_from(count).unwrap_or(0))
 }
 
 /// `version` is at least [`MIN_VERSION`].

@@ -18,10 +18,10 @@ pub(crate) fn exchange(
     deadline: Instant,
 ) -> Result<[u8; 128]> {
     if rank == 0 {
-        let id = api.unique_id().map_err(|rc| {
+        let id = api.unique_id().map_err(|e| {
             CommError::transport(
                 "init",
-                format!("ncclGetUniqueId failed on rank 0: {} (check NCCL_SOCKET_IFNAME and the network)", api.error_string(rc)),
+                format!("ncclGetUniqueId failed on rank 0: {} (check NCCL_SOCKET_IFNAME and the network)", api.error_string(e.0)),
             )
         })?;
         rdv.publish(UNIQUE_ID_KEY, &id)?;

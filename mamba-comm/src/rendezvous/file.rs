@@ -27,17 +27,17 @@
 //! the new `K`. Once all ranks joined, rank 0 deletes the spent handshake
 //! files and the launch directories of earlier launches of the job.
 
-use std::collections::HashMap;
-use std::fs::{self, DirBuilder, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::thread;
 use std::time::{Duration, Instant};
 
+use super::barrier::BarrierCounts;
+pub use super::dir::{job_dir, make_private_dir, prepare_root, purge_job_dir};
 use crate::bootstrap::{new_launch_id, validate_id};
+use crate::poll::Backoff;
 use crate::{CommError, Rendezvous, Result};
 
 /// Longest key accepted, in bytes.
@@ -51,17 +51,8 @@ pub struct FileRendezvous {
     rank: usize,
     world: usize,
     launch_dir: PathBuf,
-    barrier_gens: Mutex<HashMap<String, u64>>,
+    barrier_counts: BarrierCounts,
     tmp_counter: AtomicU64,
-}
-
-fn dir_error(rank: usize, path: &Path, detail: String) -> CommError {
-    CommError::Rendezvous {
-        rank,
-        location: path.display().to_string(),
-        timeout: Duration::ZERO,
-        detail,
-    }
 }
 
 fn check_key(key: &str) -> Result<()> {
@@ -83,141 +74,6 @@ fn check_key(key: &str) -> Result<()> {
 
 fn is_nonce(s: &str) -> bool {
     s.len() == NONCE_HEX && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-fn our_uid() -> u32 {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    unsafe { libc::getuid() }
-}
-
-/// Create the rendezvous root if it is missing (0700) and refuse a root
-/// that anyone may write into without the sticky bit.
-pub fn prepare_root(root: &Path, rank: usize) -> Result<()> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(root)
-        .map_err(|e| {
-            dir_error(
-                rank,
-                root,
-                format!("cannot create the rendezvous root: {e}"),
-            )
-        })?;
-    let md = fs::metadata(root).map_err(|e| {
-        dir_error(
-            rank,
-            root,
-            format!("cannot inspect the rendezvous root: {e}"),
-        )
-    })?;
-    if !md.is_dir() {
-        return Err(dir_error(
-            rank,
-            root,
-            "the rendezvous root is not a directory".into(),
-        ));
-    }
-    if md.mode() & 0o002 != 0 && md.mode() & 0o1000 == 0 {
-        return Err(dir_error(
-            rank,
-            root,
-            format!(
-                "the rendezvous root (mode {:o}) is writable by every user without the sticky \
-                 bit; expected a directory only this user (or a trusted group) can write",
-                md.mode() & 0o7777
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Create `path` with mode 0700 if missing, then insist that it is a real
-/// directory owned by this user and closed to everyone else.
-pub fn make_private_dir(path: &Path, rank: usize) -> Result<()> {
-    match DirBuilder::new().mode(0o700).create(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(dir_error(
-                rank,
-                path,
-                format!("cannot create the directory: {e}"),
-            ))
-        }
-    }
-    let md = fs::symlink_metadata(path)
-        .map_err(|e| dir_error(rank, path, format!("cannot inspect the directory: {e}")))?;
-    if !md.file_type().is_dir() {
-        return Err(dir_error(
-            rank,
-            path,
-            "is not a directory (a file or symbolic link is in the way); remove it".into(),
-        ));
-    }
-    if md.uid() != our_uid() {
-        return Err(dir_error(
-            rank,
-            path,
-            format!(
-                "is owned by uid {}, not by this user (uid {})",
-                md.uid(),
-                our_uid()
-            ),
-        ));
-    }
-    if md.mode() & 0o077 != 0 {
-        return Err(dir_error(
-            rank,
-            path,
-            format!(
-                "has mode {:o}, open to other users; expected 0700 (chmod 700 it or remove it)",
-                md.mode() & 0o7777
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// `<root>/<job_id>`, after validating the job id.
-pub fn job_dir(root: &Path, job_id: &str) -> Result<PathBuf> {
-    validate_id(crate::bootstrap::vars::MAMBA_JOB_ID, job_id)?;
-    Ok(root.join(job_id))
-}
-
-/// Remove `<root>/<job_id>` and everything in it, if present: what the
-/// supervisor does before spawning so no earlier launch's files survive.
-/// Refuses to follow a symbolic link or delete a directory of another user.
-/// Returns whether something was removed.
-pub fn purge_job_dir(root: &Path, job_id: &str) -> Result<bool> {
-    let dir = job_dir(root, job_id)?;
-    let md = match fs::symlink_metadata(&dir) {
-        Ok(md) => md,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
-        Err(e) => {
-            return Err(dir_error(
-                0,
-                &dir,
-                format!("cannot inspect the stale job directory: {e}"),
-            ))
-        }
-    };
-    if !md.file_type().is_dir() || md.uid() != our_uid() {
-        return Err(dir_error(
-            0,
-            &dir,
-            "a stale job entry that is not this user's directory is in the way; remove it by hand"
-                .into(),
-        ));
-    }
-    fs::remove_dir_all(&dir).map_err(|e| {
-        dir_error(
-            0,
-            &dir,
-            format!("cannot purge the stale job directory: {e}"),
-        )
-    })?;
-    Ok(true)
 }
 
 impl FileRendezvous {
@@ -269,7 +125,7 @@ impl FileRendezvous {
             make_private_dir(&launch_dir, rank)?;
             let me = FileRendezvous::at(rank, world, launch_dir.clone());
             let mut acked: Vec<Option<String>> = vec![None; world];
-            let mut backoff = Backoff::new();
+            let mut backoff = Backoff::rendezvous();
             loop {
                 for (r, seen) in acked.iter_mut().enumerate().skip(1) {
                     let Ok(hello) = fs::read_to_string(job.join(format!("hello.{r}"))) else {
@@ -292,7 +148,7 @@ impl FileRendezvous {
                 if missing.is_empty() {
                     break;
                 }
-                if Instant::now() >= deadline {
+                if backoff.pause(deadline).is_err() {
                     return Err(fail(format!(
                         "ranks {missing:?} never joined (no hello seen, or never confirmed): are \
                          they running with the same rendezvous root and job id {job_id:?}? \
@@ -300,7 +156,6 @@ impl FileRendezvous {
                          (MAMBA_RENDEZVOUS_DIR) or use MASTER_ADDR/MASTER_PORT"
                     )));
                 }
-                backoff.sleep(deadline);
             }
             // Everyone holds the launch nonce now; the handshake files are
             // spent, and launch directories of earlier launches of this job
@@ -325,7 +180,7 @@ impl FileRendezvous {
             let tmp = format!(".tmp-hello-{rank}-{}", std::process::id());
             write_atomic(&job, &format!("hello.{rank}"), n.as_bytes(), &tmp)
                 .map_err(|e| fail(format!("cannot write hello.{rank}: {e}")))?;
-            let mut backoff = Backoff::new();
+            let mut backoff = Backoff::rendezvous();
             let k = loop {
                 if let Ok(ack) = fs::read_to_string(job.join(format!("ack.{rank}"))) {
                     if ack.len() == 2 * NONCE_HEX
@@ -335,14 +190,13 @@ impl FileRendezvous {
                         break ack[NONCE_HEX..].to_string();
                     }
                 }
-                if Instant::now() >= deadline {
+                if backoff.pause(deadline).is_err() {
                     return Err(fail(format!(
                         "rank 0 never answered this rank's hello.{rank} in {job_id:?}: is rank 0 \
                          running with the same rendezvous root? On several hosts the root must be \
                          a shared directory (MAMBA_RENDEZVOUS_DIR) or use MASTER_ADDR/MASTER_PORT"
                     )));
                 }
-                backoff.sleep(deadline);
             };
             let launch_dir = job.join(&k);
             make_private_dir(&launch_dir, rank)?;
@@ -357,7 +211,7 @@ impl FileRendezvous {
             rank,
             world,
             launch_dir,
-            barrier_gens: Mutex::new(HashMap::new()),
+            barrier_counts: BarrierCounts::default(),
             tmp_counter: AtomicU64::new(0),
         }
     }
@@ -411,22 +265,6 @@ fn write_atomic(dir: &Path, key: &str, value: &[u8], tmp: &str) -> std::io::Resu
     res
 }
 
-/// Polling interval that starts at 1 ms and doubles up to 20 ms, never
-/// sleeping past the deadline.
-struct Backoff(Duration);
-
-impl Backoff {
-    fn new() -> Self {
-        Backoff(Duration::from_millis(1))
-    }
-
-    fn sleep(&mut self, deadline: Instant) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        thread::sleep(self.0.min(left));
-        self.0 = (self.0 * 2).min(Duration::from_millis(20));
-    }
-}
-
 impl Rendezvous for FileRendezvous {
     fn rank(&self) -> usize {
         self.rank
@@ -451,7 +289,7 @@ impl Rendezvous for FileRendezvous {
         check_key(key)?;
         let path = self.launch_dir.join(key);
         let deadline = Instant::now() + timeout;
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::rendezvous();
         let mut seen_len = None;
         loop {
             match fs::read(&path) {
@@ -462,7 +300,7 @@ impl Rendezvous for FileRendezvous {
                     return Err(self.timeout_error(&path, timeout, format!("cannot read: {e}")))
                 }
             }
-            if Instant::now() >= deadline {
+            if backoff.pause(deadline).is_err() {
                 let detail = match seen_len {
                     Some(n) => format!("expected exactly {len} bytes; the file holds {n}"),
                     None => format!(
@@ -472,22 +310,16 @@ impl Rendezvous for FileRendezvous {
                 };
                 return Err(self.timeout_error(&path, timeout, detail));
             }
-            backoff.sleep(deadline);
         }
     }
 
     fn barrier(&self, name: &str, timeout: Duration) -> Result<()> {
         check_key(name)?;
-        let gen = {
-            let mut gens = self.barrier_gens.lock().unwrap_or_else(|p| p.into_inner());
-            let g = gens.entry(name.to_string()).or_insert(0);
-            *g += 1;
-            *g
-        };
+        let gen = self.barrier_counts.next(name);
         let file = |r: usize| format!("barrier.{name}.{gen}.{r}");
         self.publish(&file(self.rank), b"")?;
         let deadline = Instant::now() + timeout;
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::rendezvous();
         loop {
             let missing: Vec<usize> = (0..self.world)
                 .filter(|&r| !self.launch_dir.join(file(r)).exists())
@@ -495,14 +327,13 @@ impl Rendezvous for FileRendezvous {
             if missing.is_empty() {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            if backoff.pause(deadline).is_err() {
                 return Err(self.timeout_error(
                     &self.launch_dir,
                     timeout,
                     format!("barrier {name:?} (#{gen}): ranks {missing:?} did not arrive"),
                 ));
             }
-            backoff.sleep(deadline);
         }
     }
 }

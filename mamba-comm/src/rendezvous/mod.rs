@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use crate::Result;
 
+mod barrier;
+mod dir;
 pub mod file;
 mod memory;
 mod open;
+mod store;
 pub mod tcp;
 
 pub use file::FileRendezvous;

@@ -17,29 +17,17 @@
 //! `ADD` (value: i64 LE; answers the new i64). The store never blocks a
 //! request; clients poll with backoff until their deadline.
 
-use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
-};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::barrier::BarrierCounts;
+use super::store::{
+    push_field, read_field, StoreServer, MAX_KEY, MAX_VALUE, OP_ADD, OP_GET, OP_JOIN, OP_SET, ST_OK,
+};
+use crate::poll::Backoff;
 use crate::{CommError, Rendezvous, Result};
-
-const OP_JOIN: u8 = 1;
-const OP_SET: u8 = 2;
-const OP_GET: u8 = 3;
-const OP_ADD: u8 = 4;
-
-const ST_OK: u8 = 0;
-const ST_MISSING: u8 = 1;
-const ST_REFUSED: u8 = 2;
-
-const MAX_KEY: u32 = 1024;
-const MAX_VALUE: u32 = 1 << 20;
 
 /// A rendezvous through a store served by rank 0. See the [module docs](self).
 pub struct TcpRendezvous {
@@ -48,7 +36,7 @@ pub struct TcpRendezvous {
     location: String,
     conn: Mutex<TcpStream>,
     server: Option<StoreServer>,
-    barrier_gens: Mutex<HashMap<String, u64>>,
+    barrier_counts: BarrierCounts,
 }
 
 impl std::fmt::Debug for TcpRendezvous {
@@ -120,6 +108,7 @@ impl TcpRendezvous {
         };
         let deadline = Instant::now() + timeout;
         let mut last = String::from("no attempt made");
+        let mut backoff = Backoff::rendezvous();
         let stream = 'connect: loop {
             for a in &connect_to {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -131,7 +120,7 @@ impl TcpRendezvous {
                     Err(e) => last = format!("{a}: {e}"),
                 }
             }
-            if Instant::now() >= deadline {
+            if backoff.pause(deadline).is_err() {
                 return Err(CommError::Rendezvous {
                     rank,
                     location,
@@ -142,7 +131,6 @@ impl TcpRendezvous {
                     ),
                 });
             }
-            thread::sleep(Duration::from_millis(20));
         };
         let _ = stream.set_nodelay(true);
         stream
@@ -155,7 +143,7 @@ impl TcpRendezvous {
             location,
             conn: Mutex::new(stream),
             server,
-            barrier_gens: Mutex::new(HashMap::new()),
+            barrier_counts: BarrierCounts::default(),
         };
         let mut join = Vec::with_capacity(8);
         join.extend_from_slice(&(rank as u32).to_le_bytes());
@@ -188,23 +176,13 @@ impl TcpRendezvous {
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let mut msg = Vec::with_capacity(10 + key.len() + value.len());
         msg.push(op);
-        msg.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        msg.extend_from_slice(key.as_bytes());
-        msg.extend_from_slice(&(value.len() as u32).to_le_bytes());
-        msg.extend_from_slice(value);
+        push_field(&mut msg, key.as_bytes());
+        push_field(&mut msg, value);
         let res = conn.write_all(&msg).and_then(|_| {
-            let mut head = [0u8; 5];
-            conn.read_exact(&mut head)?;
-            let n = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
-            if n > MAX_VALUE {
-                return Err(std::io::Error::new(
-                    ErrorKind::InvalidData,
-                    "oversized answer",
-                ));
-            }
-            let mut payload = vec![0u8; n as usize];
-            conn.read_exact(&mut payload)?;
-            Ok((head[0], payload))
+            let mut status = [0u8; 1];
+            conn.read_exact(&mut status)?;
+            let payload = read_field(&mut *conn, MAX_VALUE, "oversized answer")?;
+            Ok((status[0], payload))
         });
         res.map_err(|e| CommError::Rendezvous {
             rank: self.rank,
@@ -224,12 +202,6 @@ impl TcpRendezvous {
         }
         Ok(())
     }
-}
-
-/// Poll interval: 1 ms doubling to 20 ms, never past the deadline.
-fn nap(step: &mut Duration, deadline: Instant) {
-    thread::sleep((*step).min(deadline.saturating_duration_since(Instant::now())));
-    *step = (*step * 2).min(Duration::from_millis(20));
 }
 
 impl Rendezvous for TcpRendezvous {
@@ -266,7 +238,7 @@ impl Rendezvous for TcpRendezvous {
     fn fetch(&self, key: &str, len: usize, timeout: Duration) -> Result<Vec<u8>> {
         TcpRendezvous::check_key(key)?;
         let deadline = Instant::now() + timeout;
-        let mut step = Duration::from_millis(1);
+        let mut backoff = Backoff::rendezvous();
         let mut seen_len = None;
         loop {
             match self.request(OP_GET, key, &[], timeout)? {
@@ -274,7 +246,7 @@ impl Rendezvous for TcpRendezvous {
                 (ST_OK, v) => seen_len = Some(v.len()),
                 _ => {}
             }
-            if Instant::now() >= deadline {
+            if backoff.pause(deadline).is_err() {
                 let detail = match seen_len {
                     Some(n) => format!("expected exactly {len} bytes; the store holds {n}"),
                     None => format!(
@@ -289,22 +261,16 @@ impl Rendezvous for TcpRendezvous {
                     detail,
                 });
             }
-            nap(&mut step, deadline);
         }
     }
 
     fn barrier(&self, name: &str, timeout: Duration) -> Result<()> {
-        let gen = {
-            let mut gens = self.barrier_gens.lock().unwrap_or_else(|p| p.into_inner());
-            let g = gens.entry(name.to_string()).or_insert(0);
-            *g += 1;
-            *g
-        };
+        let gen = self.barrier_counts.next(name);
         let key = format!("barrier/{name}/{gen}");
         TcpRendezvous::check_key(&key)?;
         self.request(OP_ADD, &key, &1i64.to_le_bytes(), timeout)?;
         let deadline = Instant::now() + timeout;
-        let mut step = Duration::from_millis(1);
+        let mut backoff = Backoff::rendezvous();
         loop {
             let count = match self.request(OP_GET, &key, &[], timeout)? {
                 (ST_OK, v) if v.len() == 8 => {
@@ -315,7 +281,7 @@ impl Rendezvous for TcpRendezvous {
             if count >= self.world as i64 {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            if backoff.pause(deadline).is_err() {
                 return Err(CommError::Rendezvous {
                     rank: self.rank,
                     location: format!("{}/{key}", self.location),
@@ -326,215 +292,6 @@ impl Rendezvous for TcpRendezvous {
                     ),
                 });
             }
-            nap(&mut step, deadline);
-        }
-    }
-}
-
-// ---- the store ----------------------------------------------------------
-
-struct StoreState {
-    world: usize,
-    joined: Vec<bool>,
-    values: HashMap<String, Vec<u8>>,
-}
-
-/// The store's threads: an accept loop and one thread per connection.
-/// Dropping it stops accepting, shuts every connection down and waits for
-/// the accept loop (which polls a stop flag every few milliseconds).
-struct StoreServer {
-    port: u16,
-    bound: SocketAddr,
-    stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
-    accept: Option<JoinHandle<()>>,
-}
-
-impl StoreServer {
-    /// Bind where the clients will look: the resolved loopback address when
-    /// the host is local-only, otherwise every interface of that family
-    /// (the store must be reachable from other hosts).
-    fn start(addrs: &[SocketAddr], world: usize) -> std::io::Result<StoreServer> {
-        let bind = match addrs.iter().find(|a| a.ip().is_loopback()) {
-            Some(a) if addrs.iter().all(|a| a.ip().is_loopback()) => *a,
-            _ => {
-                let port = addrs[0].port();
-                match addrs[0].ip() {
-                    IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
-                    IpAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
-                }
-            }
-        };
-        let listener = TcpListener::bind(bind)?;
-        let bound = listener.local_addr()?;
-        let port = bound.port();
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let conns = Arc::new(Mutex::new(Vec::new()));
-        let state = Arc::new(Mutex::new(StoreState {
-            world,
-            joined: vec![false; world],
-            values: HashMap::new(),
-        }));
-        let accept = {
-            let (stop, conns) = (stop.clone(), conns.clone());
-            thread::Builder::new()
-                .name("mamba-store".into())
-                .spawn(move || accept_loop(listener, stop, conns, state))?
-        };
-        Ok(StoreServer {
-            port,
-            bound,
-            stop,
-            conns,
-            accept: Some(accept),
-        })
-    }
-}
-
-impl Drop for StoreServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(h) = self.accept.take() {
-            let _ = h.join();
-        }
-        for c in self
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-fn accept_loop(
-    listener: TcpListener,
-    stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
-    state: Arc<Mutex<StoreState>>,
-) {
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((s, _)) => {
-                if s.set_nonblocking(false).is_err() {
-                    continue;
-                }
-                let _ = s.set_nodelay(true);
-                if let Ok(c) = s.try_clone() {
-                    conns.lock().unwrap_or_else(|p| p.into_inner()).push(c);
-                }
-                let state = state.clone();
-                let _ = thread::Builder::new()
-                    .name("mamba-store-conn".into())
-                    .spawn(move || serve(s, state));
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
-            Err(_) => thread::sleep(Duration::from_millis(5)),
-        }
-    }
-}
-
-fn read_frame(s: &mut TcpStream) -> std::io::Result<(u8, String, Vec<u8>)> {
-    let mut op = [0u8; 1];
-    s.read_exact(&mut op)?;
-    let mut n = [0u8; 4];
-    s.read_exact(&mut n)?;
-    let klen = u32::from_le_bytes(n);
-    if klen > MAX_KEY {
-        return Err(std::io::Error::new(ErrorKind::InvalidData, "oversized key"));
-    }
-    let mut key = vec![0u8; klen as usize];
-    s.read_exact(&mut key)?;
-    s.read_exact(&mut n)?;
-    let vlen = u32::from_le_bytes(n);
-    if vlen > MAX_VALUE {
-        return Err(std::io::Error::new(
-            ErrorKind::InvalidData,
-            "oversized value",
-        ));
-    }
-    let mut value = vec![0u8; vlen as usize];
-    s.read_exact(&mut value)?;
-    let key = String::from_utf8(key)
-        .map_err(|_| std::io::Error::new(ErrorKind::InvalidData, "key is not utf-8"))?;
-    Ok((op[0], key, value))
-}
-
-fn reply(s: &mut TcpStream, status: u8, payload: &[u8]) -> std::io::Result<()> {
-    let mut out = Vec::with_capacity(5 + payload.len());
-    out.push(status);
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(payload);
-    s.write_all(&out)
-}
-
-/// Serve one client until it disconnects or breaks the protocol. The first
-/// request must be a JOIN that claims a rank not yet joined.
-fn serve(mut s: TcpStream, state: Arc<Mutex<StoreState>>) {
-    let mut joined = false;
-    while let Ok((op, key, value)) = read_frame(&mut s) {
-        let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
-        let res = match op {
-            OP_JOIN if !joined && value.len() == 8 => {
-                let rank = u32::from_le_bytes([value[0], value[1], value[2], value[3]]) as usize;
-                let world = u32::from_le_bytes([value[4], value[5], value[6], value[7]]) as usize;
-                let mut st = lock();
-                if world != st.world {
-                    let msg = format!("this store serves a world of {}, not {world}", st.world);
-                    reply(&mut s, ST_REFUSED, msg.as_bytes())
-                } else if rank >= world {
-                    let msg = format!("rank {rank} is outside 0..{world}");
-                    reply(&mut s, ST_REFUSED, msg.as_bytes())
-                } else if st.joined[rank] {
-                    let msg = format!(
-                        "rank {rank} already joined this store: it belongs to another launch that \
-                         is still running at this address, or two processes claim rank {rank}"
-                    );
-                    reply(&mut s, ST_REFUSED, msg.as_bytes())
-                } else {
-                    st.joined[rank] = true;
-                    joined = true;
-                    reply(&mut s, ST_OK, &[])
-                }
-            }
-            _ if !joined => reply(
-                &mut s,
-                ST_REFUSED,
-                b"the first request must be a valid JOIN",
-            ),
-            OP_SET => {
-                lock().values.insert(key, value);
-                reply(&mut s, ST_OK, &[])
-            }
-            OP_GET => {
-                let v = lock().values.get(&key).cloned();
-                match v {
-                    Some(v) => reply(&mut s, ST_OK, &v),
-                    None => reply(&mut s, ST_MISSING, &[]),
-                }
-            }
-            OP_ADD if value.len() == 8 => {
-                let delta = i64::from_le_bytes([
-                    value[0], value[1], value[2], value[3], value[4], value[5], value[6], value[7],
-                ]);
-                let mut st = lock();
-                let cur = st
-                    .values
-                    .get(&key)
-                    .filter(|v| v.len() == 8)
-                    .map(|v| i64::from_le_bytes([v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]]))
-                    .unwrap_or(0);
-                let new = cur.wrapping_add(delta).to_le_bytes();
-                st.values.insert(key, new.to_vec());
-                drop(st);
-                reply(&mut s, ST_OK, &new)
-            }
-            _ => reply(&mut s, ST_REFUSED, b"unknown or malformed request"),
-        };
-        if res.is_err() {
-            return;
         }
     }
 }

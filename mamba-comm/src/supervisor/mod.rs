@@ -5,7 +5,7 @@
 //! on Linux). Every rank's exit is reported.
 //!
 //! Entry points: [`start_world`] (programs: join or launch), [`spawn_world`]
-//! / [`Supervisor`] (explicit control), [`test_world`] (real-process worlds
+//! / [`Supervisor`] (explicit control), [`test_world()`] (real-process worlds
 //! in `cargo test`).
 
 mod options;

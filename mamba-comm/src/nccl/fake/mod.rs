@@ -10,6 +10,9 @@
 //!   operations) is a numbered window; a rank's window `k` completes once
 //!   every rank of its world has launched at least `k` windows. A rank that
 //!   withholds its half leaves its peers' windows pending forever.
+//!
+//! (One file of ~455 lines: the state and the `NcclApi` impl are one model
+//! of progress, read together; the script and call log live in `script`.)
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -22,123 +25,13 @@ use nccl_sys_min::{
     NCCL_CONFIG_MAGIC,
 };
 
+mod script;
+
+pub(crate) use script::{Call, FinalizeMode, InitMode, Script, StreamMode};
+
 use super::api::NcclApi;
 use super::completion::Completion;
-
-/// One NCCL call as the fake saw it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Call {
-    Init {
-        rank: i32,
-        world: i32,
-        blocking: i32,
-    },
-    AsyncError(usize),
-    Finalize(usize),
-    Destroy(usize),
-    /// `flag_was_set`: the communicator's aborted flag (when registered with
-    /// [`FakeNccl::watch_flag`]) at the moment abort was called.
-    Abort {
-        comm: usize,
-        flag_was_set: Option<bool>,
-    },
-    GroupStart,
-    GroupEnd,
-    AllReduce {
-        comm: usize,
-        count: usize,
-        dtype: u32,
-        op: u32,
-    },
-    Broadcast {
-        comm: usize,
-        count: usize,
-        root: i32,
-    },
-    Send {
-        comm: usize,
-        count: usize,
-        peer: i32,
-    },
-    Recv {
-        comm: usize,
-        count: usize,
-        peer: i32,
-    },
-}
-
-/// How init behaves.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum InitMode {
-    /// Complete when every rank has joined.
-    Join,
-    /// `ncclCommInitRankConfig` itself fails with this code, no handle.
-    Immediate(ncclResult_t),
-    /// The init call succeeds, then the async state turns into this error.
-    Async(ncclResult_t),
-}
-
-/// How finalize behaves.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum FinalizeMode {
-    Ok,
-    /// Stays `ncclInProgress` forever.
-    Hang,
-    /// `ncclCommFinalize` returns this code.
-    Immediate(ncclResult_t),
-    /// The async state after finalize turns into this error.
-    Async(ncclResult_t),
-}
-
-/// How streams complete.
-#[derive(Clone, Debug)]
-pub(crate) enum StreamMode {
-    /// When every rank has launched the window.
-    Match,
-    /// Never.
-    Never,
-    /// The device reports this error.
-    Error(String),
-}
-
-/// The scripted behaviour, fixed when the fake is made.
-#[derive(Clone, Debug)]
-pub(crate) struct Script {
-    pub(crate) init: InitMode,
-    pub(crate) last_error: String,
-    /// Enqueue calls return this code (`ncclSuccess` normally).
-    pub(crate) enqueue: ncclResult_t,
-    /// After an enqueue that returned `ncclInProgress`, the async state
-    /// stays `ncclInProgress` forever (a hang while enqueuing).
-    pub(crate) enqueue_hangs: bool,
-    /// After a launch, the communicator's async state turns into this error.
-    pub(crate) async_after_launch: Option<ncclResult_t>,
-    pub(crate) stream: StreamMode,
-    pub(crate) finalize: FinalizeMode,
-    pub(crate) destroy: ncclResult_t,
-    pub(crate) abort: ncclResult_t,
-    pub(crate) group_end: ncclResult_t,
-    /// `identity` reports this world size instead of the real one.
-    pub(crate) identity_world: Option<i32>,
-}
-
-impl Default for Script {
-    fn default() -> Self {
-        Script {
-            init: InitMode::Join,
-            last_error: "fake: no error".into(),
-            enqueue: ncclResult_t::ncclSuccess,
-            enqueue_hangs: false,
-            async_after_launch: None,
-            stream: StreamMode::Match,
-            finalize: FinalizeMode::Ok,
-            destroy: ncclResult_t::ncclSuccess,
-            abort: ncclResult_t::ncclSuccess,
-            group_end: ncclResult_t::ncclSuccess,
-            identity_world: None,
-        }
-    }
-}
+use super::result::NcclError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
@@ -300,7 +193,7 @@ impl State {
 }
 
 impl NcclApi for FakeNccl {
-    fn unique_id(&self) -> Result<[u8; 128], ncclResult_t> {
+    fn unique_id(&self) -> Result<[u8; 128], NcclError> {
         Ok(self.new_id())
     }
 
@@ -376,11 +269,11 @@ impl NcclApi for FakeNccl {
         s.script.group_end
     }
 
-    unsafe fn async_error(&self, comm: ncclComm_t) -> Result<ncclResult_t, ncclResult_t> {
+    unsafe fn async_error(&self, comm: ncclComm_t) -> Result<ncclResult_t, NcclError> {
         let mut s = self.lock();
         s.log.push(Call::AsyncError(id_of(comm)));
         if !s.live(comm, "ncclCommGetAsyncError") {
-            return Err(ncclResult_t::ncclInvalidArgument);
+            return Err(NcclError(ncclResult_t::ncclInvalidArgument));
         }
         let finalize = s.script.finalize;
         let c = &s.comms[&id_of(comm)];
@@ -452,10 +345,10 @@ impl NcclApi for FakeNccl {
         s.script.abort
     }
 
-    unsafe fn identity(&self, comm: ncclComm_t) -> Result<(c_int, c_int, c_int), ncclResult_t> {
+    unsafe fn identity(&self, comm: ncclComm_t) -> Result<(c_int, c_int, c_int), NcclError> {
         let mut s = self.lock();
         if !s.live(comm, "identity") {
-            return Err(ncclResult_t::ncclInvalidArgument);
+            return Err(NcclError(ncclResult_t::ncclInvalidArgument));
         }
         let c = &s.comms[&id_of(comm)];
         Ok((s.script.identity_world.unwrap_or(c.world), c.rank, 0))
