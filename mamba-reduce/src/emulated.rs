@@ -326,7 +326,7 @@ fn run_lanes<B, M: EmulatorMemory<B>>(
 
 /// Memory an [`EmulatedWorld`] can run in: the fold arithmetic plus moving
 /// values in and out. Implemented for host memory ([`HostFold`]) and device
-/// memory ([`KernelFold`](crate::KernelFold)).
+/// memory ([`DeviceFold`](crate::DeviceFold)).
 pub trait EmulatorMemory<B>: FoldOps<B> {
     /// A buffer holding `values`.
     fn load(&mut self, values: &[f32]) -> Result<B>;

@@ -15,7 +15,8 @@
 
 use std::ops::Range;
 
-use crate::plan::{overlaps, BufId, CommOp, ComputeOp, RankPlan, Step, Term};
+use crate::fold::ChainTerm;
+use crate::plan::{overlaps, BufId, CommOp, ComputeOp, RankPlan, Step};
 
 /// The waits of one step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,8 +72,8 @@ fn compute_accesses(step: &Step) -> Vec<Access> {
                     write: true,
                 });
                 out.extend(terms.iter().filter_map(|t| match t {
-                    Term::Dst => None,
-                    Term::Buf(b, off) => Some(Access {
+                    ChainTerm::Dst => None,
+                    ChainTerm::Buf(b, off) => Some(Access {
                         buf: *b,
                         range: *off..off + len,
                         write: false,

@@ -73,7 +73,7 @@
 //! with random schedules), and one host wait at the end under the
 //! communicator's watchdog (`NcclComm::window`). So the fold of chunk `t`
 //! can run while the next chunk moves, and no host round-trip sits between
-//! groups. [`KernelFold::set_overlap`]`(false)` runs the same plan step by
+//! groups. [`DeviceFold::set_overlap`]`(false)` runs the same plan step by
 //! step instead (a host wait per group), for comparison.
 //!
 //! Event order alone does not make two kernels run at once: both need
@@ -83,7 +83,7 @@
 //! blocks then shared SMs with the peer's fold: two chunks were slower
 //! than one at every size (docs/PERFORMANCE.md). Folds that run beside
 //! transfers (plans of two or more chunks) therefore take a [`FoldGrid`]
-//! ([`KernelFold::set_overlap_grid`], default half the SMs in 1024-thread
+//! ([`DeviceFold::set_overlap_grid`], default half the SMs in 1024-thread
 //! blocks, one block per SM): the fold stays on its SMs and the others are
 //! free for NCCL. A one-chunk plan's single fold has nothing to overlap and
 //! keeps the full grid. The grid never changes a bit.
@@ -162,7 +162,7 @@ mod reducer;
 mod shard;
 
 pub use contract::ReduceContract;
-pub use device::{FoldGrid, KernelFold};
+pub use device::{DeviceFold, FoldGrid};
 pub use emulated::{Delivery, EmulateOptions, EmulatedWorld, EmulatorMemory};
 pub use error::{ReduceError, Result};
 pub use fold::{

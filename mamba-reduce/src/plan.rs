@@ -73,7 +73,7 @@
 
 use std::ops::Range;
 
-use crate::fold::mean_factor;
+use crate::fold::{mean_factor, ChainTerm};
 use crate::lanes::{lane_deps, LaneDeps};
 use crate::shard::ShardPlan;
 use crate::{ReduceError, Result};
@@ -109,15 +109,6 @@ pub(crate) enum CommOp {
     },
 }
 
-/// One addend of a chain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Term {
-    /// The output region's own values (read before they are overwritten).
-    Dst,
-    /// `len` elements of another buffer from this offset.
-    Buf(BufId, usize),
-}
-
 /// One fold operation (see [`FoldOps`](crate::FoldOps) for the semantics).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum ComputeOp {
@@ -125,7 +116,7 @@ pub(crate) enum ComputeOp {
     Chain {
         dst: BufId,
         dst_off: usize,
-        terms: Vec<Term>,
+        terms: Vec<ChainTerm<BufId>>,
         len: usize,
         factor: Option<f32>,
     },
@@ -468,9 +459,9 @@ impl RankPlan {
                 let terms = (0..p_world)
                     .map(|src| {
                         if src == rank && !copy_own {
-                            Term::Dst
+                            ChainTerm::Dst
                         } else {
-                            Term::Buf(BufId::Scratch, set + slot_of(src) * stride)
+                            ChainTerm::Buf(BufId::Scratch, set + slot_of(src) * stride)
                         }
                     })
                     .collect();
@@ -531,7 +522,7 @@ impl RankPlan {
             // The step at which this rank folds chunk a (and, for p >= 1,
             // receives its prefix).
             let fold_at = if rank == 0 { a } else { a + 2 * rank - 1 };
-            let mut terms = vec![Term::Dst];
+            let mut terms = vec![ChainTerm::Dst];
             if rank > 0 {
                 // prefix + g_{rank*B}, computed as g_{rank*B} + prefix.
                 steps[fold_at].comm.push(CommOp::Recv {
@@ -539,9 +530,9 @@ impl RankPlan {
                     range: set..set + n,
                     peer: rank - 1,
                 });
-                terms.push(Term::Buf(BufId::Scratch, set));
+                terms.push(ChainTerm::Buf(BufId::Scratch, set));
             }
-            terms.extend((1..blocks).map(|j| Term::Buf(BufId::Local(j), r.start)));
+            terms.extend((1..blocks).map(|j| ChainTerm::Buf(BufId::Local(j), r.start)));
             steps[fold_at].compute.push(ComputeOp::Chain {
                 dst: BufId::Local(0),
                 dst_off: r.start,
@@ -639,8 +630,8 @@ impl RankPlan {
                         len,
                         ..
                     } => {
-                        let dsts = terms.iter().filter(|t| **t == Term::Dst).count();
-                        let dst_pos = terms.iter().position(|t| *t == Term::Dst);
+                        let dsts = terms.iter().filter(|t| **t == ChainTerm::Dst).count();
+                        let dst_pos = terms.iter().position(|t| *t == ChainTerm::Dst);
                         !terms.is_empty()
                             && dsts <= 1
                             && dst_pos.is_none_or(|k| {
@@ -649,8 +640,10 @@ impl RankPlan {
                             })
                             && within(*dst, &(*dst_off..dst_off + len))
                             && terms.iter().all(|t| match t {
-                                Term::Dst => true,
-                                Term::Buf(b, off) => b != dst && within(*b, &(*off..off + len)),
+                                ChainTerm::Dst => true,
+                                ChainTerm::Buf(b, off) => {
+                                    b != dst && within(*b, &(*off..off + len))
+                                }
                             })
                     }
                     ComputeOp::Copy {

@@ -4,7 +4,7 @@ use mamba_comm::Transport;
 
 use crate::contract::ReduceContract;
 use crate::exec::execute;
-use crate::fold::{host_fold, mean_factor, FoldOps, HostFold};
+use crate::fold::{host_fold, mean_factor, ChainTerm, FoldOps, HostFold};
 use crate::identity::{all_gather, encode, verdict, Record, RunIdentity, VALUES};
 use crate::plan::RankPlan;
 use crate::{ReduceError, Result};
@@ -108,7 +108,7 @@ pub trait Reducer {
 ///
 /// Every implementation must compute what the plan's sequential meaning
 /// computes (see [`RankPlan`]), bit for bit: [`HostFold`] runs it step by
-/// step over any host-memory transport; [`KernelFold`](crate::KernelFold)
+/// step over any host-memory transport; [`DeviceFold`](crate::DeviceFold)
 /// queues it over NCCL as two overlapping stream lanes with one wait.
 pub trait PlanRunner<T: Transport>: FoldOps<T::Buffer> {
     /// Run `plan` on this rank: `locals` are the caller's `L/P` arenas
@@ -209,7 +209,7 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
         &self.fold
     }
 
-    /// The fold arithmetic, mutably (e.g. `KernelFold::set_overlap`).
+    /// The fold arithmetic, mutably (e.g. `DeviceFold::set_overlap`).
     pub fn fold_mut(&mut self) -> &mut F {
         &mut self.fold
     }
@@ -262,7 +262,8 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
         // Fold this process's block first (ascending), so the library sums
         // P block sums: the association then depends on P (see the docs).
         for g in rest.iter() {
-            self.fold.accumulate(first, 0, g, 0, 1, len, len)?;
+            self.fold
+                .chain(first, 0, &[ChainTerm::Dst, ChainTerm::Buf(g, 0)], len, None)?;
         }
         if self.transport.world() > 1 && len > 0 {
             self.transport.all_reduce_sum_f32(first, 0..len)?;

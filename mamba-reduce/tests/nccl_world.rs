@@ -14,7 +14,7 @@ use mamba_comm::nccl::{self, NcclComm, NcclOptions};
 use mamba_comm::supervisor::test_world;
 use mamba_comm::{rendezvous, Transport};
 use mamba_reduce::{
-    EmulateOptions, EmulatedWorld, FoldGrid, KernelFold, NcclReducer, ReduceContract, ReduceError,
+    DeviceFold, EmulateOptions, EmulatedWorld, FoldGrid, NcclReducer, ReduceContract, ReduceError,
     Reducer, ReducerOptions, RunIdentity,
 };
 
@@ -124,7 +124,7 @@ fn rank_side() {
     )
     .expect("NCCL init");
     let world = place.world;
-    let mut fold = KernelFold::load(comm.stream()).expect("kernels");
+    let mut fold = DeviceFold::load(comm.stream()).expect("kernels");
     // (seed, L, len, chunk, two-lane executor, overlap fold grid): P = L and
     // L = 2P, default chunking (one chunk, and two from 128 MiB on), many
     // chunks (with odd lengths: misaligned shards, the kernels' scalar
