@@ -21,7 +21,7 @@ use crate::{ReduceError, Result};
 /// unchanged; scratch holds garbage. Every group is waited for before the
 /// step's fold operations (host transports, and the device path's serial
 /// mode).
-pub(crate) fn execute<T, F>(
+pub fn execute<T, F>(
     plan: &RankPlan,
     transport: &mut T,
     fold: &mut F,

@@ -165,11 +165,12 @@ pub use contract::ReduceContract;
 pub use device::{DeviceFold, FoldGrid};
 pub use emulated::{Delivery, EmulateOptions, EmulatedWorld, EmulatorMemory};
 pub use error::{ReduceError, Result};
+pub use exec::execute;
 pub use fold::{
     host_accumulate, host_fold, host_mean, host_scale, mean_factor, ChainTerm, FoldOps, HostFold,
 };
 pub use host::HostReducer;
-pub use identity::RunIdentity;
+pub use identity::{agree, all_gather, RunIdentity};
 pub use nccl::NcclReducer;
 pub use plan::{Dataflow, PlanCost, RankPlan, GROUP_OVERHEAD_SEC, LINK_BYTES_PER_SEC};
 pub use reducer::{PlanRunner, Reducer, ReducerOptions, TransportReducer};

@@ -5,7 +5,7 @@ use mamba_comm::Transport;
 use crate::contract::ReduceContract;
 use crate::exec::execute;
 use crate::fold::{host_fold, mean_factor, ChainTerm, FoldOps, HostFold};
-use crate::identity::{all_gather, encode, verdict, Record, RunIdentity, VALUES};
+use crate::identity::{agree, all_gather, RunIdentity};
 use crate::plan::RankPlan;
 use crate::{ReduceError, Result};
 
@@ -110,6 +110,10 @@ pub trait Reducer {
 /// computes (see [`RankPlan`]), bit for bit: [`HostFold`] runs it step by
 /// step over any host-memory transport; [`DeviceFold`](crate::DeviceFold)
 /// queues it over NCCL as two overlapping stream lanes with one wait.
+/// Outside this crate, a `PlanRunner` for a new [`FoldOps`] can run the
+/// plan step by step with [`execute`](crate::execute); a [`Reducer`] that
+/// does not use plans at all runs the agreement check with
+/// [`agree`](crate::agree) (see `tests/src/tree.rs` for one).
 pub trait PlanRunner<T: Transport>: FoldOps<T::Buffer> {
     /// Run `plan` on this rank: `locals` are the caller's `L/P` arenas
     /// (ascending logical ranks), `scratch` holds at least
@@ -236,21 +240,7 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
     }
 
     fn exchange(&mut self, id: &RunIdentity, local_problem: Option<String>) -> Result<()> {
-        let rec = Record {
-            rank: self.transport.rank() as u64,
-            world: self.transport.world() as u64,
-            id: *id,
-            local_problem: local_problem.is_some(),
-        };
-        let values = encode(&rec);
-        debug_assert_eq!(values.len(), VALUES);
-        let gathered = all_gather(&mut self.transport, &mut self.small, &values)?;
-        // A local problem outranks the shared verdict on the rank that has
-        // it: its own error names what is wrong; the others name this rank.
-        if let Some(p) = local_problem {
-            return Err(ReduceError::config(p));
-        }
-        let agreed = verdict(&gathered, self.transport.world())?;
+        let agreed = agree(&mut self.transport, &mut self.small, id, local_problem)?;
         self.agreed = Some(agreed);
         Ok(())
     }
