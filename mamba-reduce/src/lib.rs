@@ -155,7 +155,6 @@ mod exec;
 mod fold;
 mod host;
 mod identity;
-mod lanes;
 mod nccl;
 mod plan;
 mod reducer;

@@ -15,8 +15,8 @@
 
 use std::ops::Range;
 
+use super::ops::{overlaps, BufId, CommOp, ComputeOp, Step};
 use crate::fold::ChainTerm;
-use crate::plan::{overlaps, BufId, CommOp, ComputeOp, RankPlan, Step};
 
 /// The waits of one step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -110,11 +110,11 @@ fn conflict(a: &[Access], b: &[Access]) -> bool {
     })
 }
 
-/// The waits of every step of `plan` (see the module docs).
-pub(crate) fn lane_deps(plan: &RankPlan) -> Vec<LaneDeps> {
-    let comm: Vec<Vec<Access>> = plan.steps.iter().map(comm_accesses).collect();
-    let compute: Vec<Vec<Access>> = plan.steps.iter().map(compute_accesses).collect();
-    (0..plan.steps.len())
+/// The waits of every step of a plan's `steps` (see the module docs).
+pub(crate) fn lane_deps(steps: &[Step]) -> Vec<LaneDeps> {
+    let comm: Vec<Vec<Access>> = steps.iter().map(comm_accesses).collect();
+    let compute: Vec<Vec<Access>> = steps.iter().map(compute_accesses).collect();
+    (0..steps.len())
         .map(|t| LaneDeps {
             comm_after: if comm[t].is_empty() {
                 None
@@ -133,6 +133,9 @@ pub(crate) fn lane_deps(plan: &RankPlan) -> Vec<LaneDeps> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The plans whose waits these tests check (test-only: lanes itself
+    // knows only steps).
+    use crate::plan::RankPlan;
 
     #[test]
     fn sharded_folds_wait_for_their_scatter_and_gathers_for_their_fold() {
