@@ -126,7 +126,8 @@ fn rank_side() {
     let world = place.world;
     let mut fold = DeviceFold::load(comm.stream()).expect("kernels");
     // (seed, L, len, chunk, two-lane executor, overlap fold grid): P = L and
-    // L = 2P, default chunking (one chunk, and two from 128 MiB on), many
+    // L = 2P, default chunking (one chunk at P = L at every size; the
+    // pipeline's chunk model at L = 2P), many
     // chunks (with odd lengths: misaligned shards, the kernels' scalar
     // path), the serial executor once each, and the overlapped folds on the
     // full grid and on a sliver of the GPU (threads loop many times).

@@ -363,7 +363,10 @@ mod tests {
         let plan = |world, logical, chunk| RankPlan::new(0, world, logical, len, chunk).unwrap();
         assert!(!overlaps_transfers(&plan(2, 2, None)));
         assert!(overlaps_transfers(&plan(2, 2, Some(len / 2))));
-        assert!(overlaps_transfers(&plan(2, 4, None)));
+        assert!(overlaps_transfers(&plan(2, 4, Some(len / 4))));
+        // A 4 MiB pipeline defaults to one chunk (100 us per group):
+        // nothing runs beside its fold.
+        assert!(!overlaps_transfers(&plan(2, 4, None)));
         // One process: a pipeline of folds with no transfer beside them.
         assert!(!overlaps_transfers(&plan(1, 4, Some(len / 8))));
     }

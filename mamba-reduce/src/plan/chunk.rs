@@ -5,9 +5,13 @@
 /// Sustained NCCL point-to-point bandwidth the default chunks are sized
 /// for: one direction of an NVLink pair of H200s (~360 GB/s measured).
 pub const LINK_BYTES_PER_SEC: f64 = 360e9;
-/// Fixed device-side cost of one queued point-to-point group (kernel
-/// launch gap and NCCL's handshake, ~10 us).
-pub const GROUP_OVERHEAD_SEC: f64 = 10e-6;
+/// Cost of one point-to-point group in the chunk model: 100 us, the host
+/// time measured to enqueue each group on 2x H200 (docs/PERFORMANCE.md,
+/// "Every group costs ~100 us of host time": 70-120 us per group at 4 MiB
+/// for 2, 4 and 8 chunks; the communicator is nonblocking and NCCL runs
+/// every group from a thread of its own). It used to be 10 us, a guess at
+/// the device-side cost, which the host cost dwarfs.
+pub const GROUP_OVERHEAD_SEC: f64 = 100e-6;
 /// Chunk lengths are rounded up to a multiple of this many elements (4 KiB),
 /// so chunk and (for even `P`) shard boundaries keep 16-byte alignment.
 pub(super) const CHUNK_ALIGN: usize = 1024;
@@ -29,8 +33,8 @@ const MAX_PIPELINE_CHUNKS: usize = 64;
 ///   minimises `T (C + F) / C + (C + F) o` — the link time `T` of the
 ///   arena at [`LINK_BYTES_PER_SEC`] stretched by the `F = 3P - 3`
 ///   steps of filling and draining, plus [`GROUP_OVERHEAD_SEC`] per
-///   step. For two H200s: 1 GiB gives 30 chunks of ~34 MiB, 256 MiB 15,
-///   16 MiB 4, 4 MiB 2;
+///   step. For two H200s: 1 GiB gives 9 chunks of ~114 MiB, 256 MiB 5,
+///   64 MiB 2, 16 MiB and less 1 (with the former 10 us: 30, 15, 8, 4);
 /// - one process (`P = 1`): the whole arena.
 ///
 /// Rounded up to a multiple of 1024 elements; never changes bits.

@@ -433,10 +433,11 @@ mod tests {
             let len = mib * (1 << 20) / 4;
             len.div_ceil(RankPlan::default_chunk(len, p, l))
         };
-        assert_eq!(chunks(1024, 2, 4), 30);
-        assert_eq!(chunks(256, 2, 4), 15);
-        assert_eq!(chunks(16, 2, 4), 4);
-        assert_eq!(chunks(4, 2, 4), 2);
+        assert_eq!(chunks(1024, 2, 4), 9);
+        assert_eq!(chunks(256, 2, 4), 5);
+        assert_eq!(chunks(64, 2, 4), 2);
+        assert_eq!(chunks(16, 2, 4), 1);
+        assert_eq!(chunks(4, 2, 4), 1);
         assert_eq!(chunks(1024, 2, 2), 1);
         assert_eq!(chunks(256, 2, 2), 1);
         assert_eq!(chunks(128, 2, 2), 1);
