@@ -1,6 +1,9 @@
 //! The oracle: one process holds all `L` arenas and runs every rank's plan
 //! of the fixed-order dataflow, delivering messages in an order of its
 //! choosing.
+//!
+//! (One file, ~460 lines before its tests: the world, its delivery orders
+//! and its lane schedules are one interpreter loop over shared state.)
 
 use std::collections::VecDeque;
 use std::ops::Range;

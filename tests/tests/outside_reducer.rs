@@ -145,7 +145,7 @@ proptest! {
                                                  len in 0usize..300, seed in any::<u64>()) {
         let logical = world * blocks;
         let arenas: Vec<Vec<f32>> =
-            (0..logical).map(|j| values(seed ^ (j as u64 + 1) * 0x9e37, len)).collect();
+            (0..logical).map(|j| values(seed ^ ((j as u64 + 1) * 0x9e37), len)).collect();
         let want = bits(&tree_mean_reference(&arenas, world));
         let got = world_of(world, logical, |rank, mut r| {
             let mut local = arenas[rank * blocks..(rank + 1) * blocks].to_vec();
