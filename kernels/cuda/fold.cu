@@ -3,30 +3,27 @@
 // Contract, per element i (the bits of the result depend only on the addends
 // and on their count, never on the launch shape, the GPU or the alignment):
 //
-//   det_sum_ranks:         out[i] = ((s0[i] + s1[i]) + s2[i]) + ... + s{n-1}[i]
-//   det_accumulate_ranks:  acc[i] = (((acc[i] + s0[i]) + s1[i]) + ...)
-//   det_chain:             dst[i] = ((a0[i] + a1[i]) + ...) + a{n-1}[i], then
-//                          optionally * factor (one more rounding, the mean)
-//   det_scale:             buf[i] = buf[i] * factor
+//   det_chain:  dst[i] = ((a0[i] + a1[i]) + ...) + a{n-1}[i], then
+//               optionally * factor (one more rounding, the mean)
+//   det_scale:  buf[i] = buf[i] * factor
 //
-// where slot k starts at slots + k * slot_stride, and the addends a_k of
-// det_chain are a list of up to kMaxAddends pointers, any of which may be dst
-// itself (that is how an owner's own shard joins the chain at its rank's
-// position without a copy). The scaled chain multiplies the finished f32 sum
-// once (__fmul_rn), so its bits equal a chain followed by a separate
-// det_scale pass; fusing only saves a read and a write of the output. Every addition is an IEEE
-// f32 add rounded to nearest (__fadd_rn), which the compiler never contracts
+// where the addends a_k of det_chain are a list of up to kMaxAddends
+// pointers (the chain's terms, `ChainTerms`), any of which may be dst itself
+// (that is how an owner's own shard joins the chain at its rank's position
+// without a copy). The scaled chain multiplies the finished f32 sum once
+// (__fmul_rn), so its bits equal a chain followed by a separate det_scale
+// pass; fusing only saves a read and a write of the output. Every addition
+// is an IEEE f32 add rounded to nearest (__fadd_rn), which the compiler never contracts
 // into an FMA nor reassociates; the build also passes --fmad=false, so no
 // other arithmetic here can be contracted either. One thread owns an element
-// (or four adjacent elements in the vector path) and walks the slots
-// serially in ascending order, so there is no cross-thread reduction at all.
+// (or four adjacent elements in the vector path) and walks the addends
+// serially in order, so there is no cross-thread reduction at all.
 //
-// Indexing is 64-bit throughout (size_t), so arenas and slot offsets above
-// 2^31 elements are addressed correctly. Both kernels are grid-stride loops:
-// any grid size covers any length, the host caps the grid.
+// Indexing is 64-bit throughout (size_t), so arenas above 2^31 elements are
+// addressed correctly. Both kernels are grid-stride loops: any grid size
+// covers any length, the host caps the grid.
 //
-// Vector path: when both base pointers are 16-byte aligned and slot_stride is
-// a multiple of 4, every slot row is 16-byte aligned too, and a thread loads
+// Vector path: when dst and every addend are 16-byte aligned, a thread loads
 // float4s. The branch depends only on kernel arguments, so it is uniform over
 // the grid. It computes exactly the same per-element chain as the scalar path;
 // only the width of the memory transactions differs.
@@ -35,8 +32,6 @@
 #include <cstdint>
 
 namespace {
-
-constexpr int kUnroll = 4;
 
 __device__ __forceinline__ size_t global_thread() {
     return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -56,99 +51,11 @@ __device__ __forceinline__ float4 mul4(float4 a, float f) {
                        __fmul_rn(a.w, f));
 }
 
-// acc = (((acc + row_first[i]) + row_first+1[i]) + ...) for rows [first, n).
-// Loads of kUnroll rows are issued before their adds so the memory system
-// sees several independent requests per thread; the adds stay in order.
-__device__ __forceinline__ float chain(float acc, const float* __restrict__ slots,
-                                       size_t first, size_t n, size_t stride,
-                                       size_t i) {
-    size_t k = first;
-    for (; k + kUnroll <= n; k += kUnroll) {
-        float v[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(slots + (k + u) * stride + i);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) acc = __fadd_rn(acc, v[u]);
-    }
-    for (; k < n; ++k) acc = __fadd_rn(acc, __ldg(slots + k * stride + i));
-    return acc;
-}
-
-__device__ __forceinline__ float4 chain4(float4 acc, const float4* __restrict__ slots,
-                                         size_t first, size_t n, size_t stride4,
-                                         size_t v) {
-    size_t k = first;
-    for (; k + kUnroll <= n; k += kUnroll) {
-        float4 r[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) r[u] = __ldg(slots + (k + u) * stride4 + v);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) acc = add4(acc, r[u]);
-    }
-    for (; k < n; ++k) acc = add4(acc, __ldg(slots + k * stride4 + v));
-    return acc;
-}
-
 __device__ __forceinline__ bool aligned16(const void* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
-// ACCUMULATE = false: dst[i] = slot0[i] + slot1[i] + ... (needs n_slots >= 1).
-// ACCUMULATE = true:  dst[i] = dst[i] + slot0[i] + ...   (n_slots may be 0).
-template <bool ACCUMULATE>
-__device__ __forceinline__ void fold(float* __restrict__ dst,
-                                     const float* __restrict__ slots,
-                                     size_t n_slots, size_t stride, size_t len) {
-    const size_t first = ACCUMULATE ? 0 : 1;
-    const size_t step = grid_threads();
-    if (aligned16(dst) && aligned16(slots) && stride % 4 == 0) {
-        const size_t n_vec = len / 4;
-        const size_t stride4 = stride / 4;
-        float4* dst4 = reinterpret_cast<float4*>(dst);
-        const float4* slots4 = reinterpret_cast<const float4*>(slots);
-        for (size_t v = global_thread(); v < n_vec; v += step) {
-            float4 acc = ACCUMULATE ? dst4[v] : __ldg(slots4 + v);
-            dst4[v] = chain4(acc, slots4, first, n_slots, stride4, v);
-        }
-        // The tail (len % 4 < 4 elements) goes to the first threads.
-        const size_t tail = n_vec * 4;
-        for (size_t i = tail + global_thread(); i < len; i += step) {
-            float acc = ACCUMULATE ? dst[i] : __ldg(slots + i);
-            dst[i] = chain(acc, slots, first, n_slots, stride, i);
-        }
-    } else {
-        for (size_t i = global_thread(); i < len; i += step) {
-            float acc = ACCUMULATE ? dst[i] : __ldg(slots + i);
-            dst[i] = chain(acc, slots, first, n_slots, stride, i);
-        }
-    }
-}
-
-}  // namespace
-
-// out[0..len) = ascending chain over n_slots >= 1 slots. out must not overlap
-// the slots (the host wrapper guarantees it through Rust borrows).
-extern "C" __global__ void det_sum_ranks_f32(float* __restrict__ out,
-                                             const float* __restrict__ slots,
-                                             unsigned long long n_slots,
-                                             unsigned long long slot_stride,
-                                             unsigned long long len) {
-    fold<false>(out, slots, n_slots, slot_stride, len);
-}
-
-// acc[0..len) = running prefix continued over n_slots >= 0 slots (the step a
-// logical-world pipeline takes with each process's block of logical ranks).
-extern "C" __global__ void det_accumulate_ranks_f32(float* __restrict__ acc,
-                                                    const float* __restrict__ slots,
-                                                    unsigned long long n_slots,
-                                                    unsigned long long slot_stride,
-                                                    unsigned long long len) {
-    fold<true>(acc, slots, n_slots, slot_stride, len);
-}
-
 // ------------------------------------------------------------ pointer chain
-
-namespace {
 
 // Addends one det_chain launch takes; the host splits longer chains into
 // launches that continue from dst (its stored f32 is exactly the register
@@ -158,7 +65,7 @@ constexpr unsigned kMaxAddends = 32;
 constexpr unsigned kBatch = 8;
 
 // Passed by value in the kernel's parameter space (256 bytes).
-struct Addends {
+struct ChainTerms {
     const float* p[kMaxAddends];
 };
 
@@ -168,7 +75,7 @@ struct Addends {
 // read-before-write of that thread. Partial overlaps of dst with an addend
 // are refused by the host wrappers.
 template <bool SCALE>
-__device__ __forceinline__ float chain_at(const Addends& a, unsigned n, size_t i, float factor) {
+__device__ __forceinline__ float chain_at(const ChainTerms& a, unsigned n, size_t i, float factor) {
     float acc = 0.0f;
     for (unsigned k0 = 0; k0 < n; k0 += kBatch) {
         float r[kBatch];
@@ -183,7 +90,7 @@ __device__ __forceinline__ float chain_at(const Addends& a, unsigned n, size_t i
 }
 
 template <bool SCALE>
-__device__ __forceinline__ float4 chain4_at(const Addends& a, unsigned n, size_t v, float factor) {
+__device__ __forceinline__ float4 chain4_at(const ChainTerms& a, unsigned n, size_t v, float factor) {
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (unsigned k0 = 0; k0 < n; k0 += kBatch) {
         float4 r[kBatch];
@@ -209,7 +116,7 @@ __device__ __forceinline__ float4 chain4_at(const Addends& a, unsigned n, size_t
 constexpr unsigned kPairMax = 4;
 
 template <bool SCALE>
-__device__ __forceinline__ void chain4_pairs(float4* dst4, const Addends& a, unsigned n,
+__device__ __forceinline__ void chain4_pairs(float4* dst4, const ChainTerms& a, unsigned n,
                                              size_t n_vec, size_t step, float factor) {
     size_t v = global_thread();
     for (; v + step < n_vec; v += 2 * step) {
@@ -244,7 +151,7 @@ __device__ __forceinline__ void chain4_pairs(float4* dst4, const Addends& a, uns
 }
 
 template <bool SCALE>
-__device__ __forceinline__ void chain_list(float* dst, const Addends& a, unsigned n, size_t len,
+__device__ __forceinline__ void chain_list(float* dst, const ChainTerms& a, unsigned n, size_t len,
                                            float factor) {
     const size_t step = grid_threads();
     bool vec = aligned16(dst);
@@ -273,7 +180,7 @@ __device__ __forceinline__ void chain_list(float* dst, const Addends& a, unsigne
 // reducer runs it as one 1024-thread block per SM on part of the GPU while
 // NCCL's kernels use the rest); it caps registers at 64 per thread.
 extern "C" __global__ void __launch_bounds__(1024)
-    det_chain_f32(float* dst, Addends addends, unsigned n, unsigned long long len, float factor,
+    det_chain_f32(float* dst, ChainTerms addends, unsigned n, unsigned long long len, float factor,
                   unsigned scale) {
     if (scale != 0u) {
         chain_list<true>(dst, addends, n, len, factor);

@@ -143,7 +143,7 @@ mod tests {
             assert!(!available());
             return;
         };
-        for symbol in ["det_sum_ranks_f32", "det_accumulate_ranks_f32"] {
+        for symbol in ["det_chain_f32", "det_scale_f32"] {
             let found = image.windows(symbol.len()).any(|w| w == symbol.as_bytes());
             assert!(found, "fold fatbin lacks the symbol {symbol}");
         }

@@ -23,9 +23,11 @@
 //! let ctx = kernels::open_context(0)?;
 //! let fold = kernels::FoldKernel::load(&ctx)?;
 //! let stream = ctx.default_stream();
-//! let slots = stream.clone_htod(&[1.0f32, 2.0, 3.0, 10.0, 20.0, 30.0]).unwrap();
+//! let a = stream.clone_htod(&[1.0f32, 2.0, 3.0]).unwrap();
+//! let b = stream.clone_htod(&[10.0f32, 20.0, 30.0]).unwrap();
 //! let mut out = stream.alloc_zeros::<f32>(3).unwrap();
-//! fold.det_sum_ranks(&stream, &slots.as_view(), 2, 3, 3, &mut out.as_view_mut())?;
+//! // out = (a + b) * 0.5, one ascending chain per element.
+//! fold.det_chain(&stream, &mut out.as_view_mut(), None, &[a.as_view(), b.as_view()], 3, Some(0.5))?;
 //! # Ok(()) }
 //! ```
 //!

@@ -74,14 +74,6 @@ fn host_sum(slots: &[f32], n_slots: usize, stride: usize, len: usize) -> Vec<f32
         .collect()
 }
 
-fn host_accumulate(acc: &mut [f32], slots: &[f32], n_slots: usize, stride: usize, len: usize) {
-    for (i, a) in acc.iter_mut().enumerate().take(len) {
-        for k in 0..n_slots {
-            *a += slots[k * stride + i];
-        }
-    }
-}
-
 /// The same addends in descending slot order: a negative control showing the
 /// data can tell orders apart.
 fn host_sum_reversed(slots: &[f32], n_slots: usize, stride: usize, len: usize) -> Vec<f32> {
@@ -161,95 +153,6 @@ fn download(stream: &Arc<CudaStream>, s: &CudaSlice<f32>) -> Vec<f32> {
     stream.clone_dtoh(s).expect("download")
 }
 
-/// One det_sum_ranks case: slots start `slot_offset` elements into their
-/// buffer and out `out_offset` into its (offsets 1..3 defeat the float4
-/// path), out has `spare` sentinel elements past len that must survive.
-#[allow(clippy::too_many_arguments)]
-fn check_sum(
-    gpu: &Gpu,
-    fold: &FoldKernel,
-    rng: &mut Rng,
-    n_slots: usize,
-    stride: usize,
-    len: usize,
-    slot_offset: usize,
-    out_offset: usize,
-) {
-    let stream = gpu.ctx.default_stream();
-    let span = if len == 0 {
-        0
-    } else {
-        (n_slots - 1) * stride + len
-    };
-    // One spare element: the driver refuses zero-byte allocations.
-    let host_slots = rng.values(slot_offset + span + 1);
-    let sentinel = f32::from_bits(0x7F7F_1234);
-    let spare = 5;
-    let d_slots = upload(&stream, &host_slots);
-    let mut d_out = upload(&stream, &vec![sentinel; out_offset + len + spare]);
-    {
-        let slots = d_slots.slice(slot_offset..);
-        let mut out = d_out.slice_mut(out_offset..);
-        fold.det_sum_ranks(&stream, &slots, n_slots, stride, len, &mut out)
-            .unwrap_or_else(|e| panic!("n_slots {n_slots} stride {stride} len {len}: {e}"));
-    }
-    let got = download(&stream, &d_out);
-    let want = host_sum(&host_slots[slot_offset..], n_slots, stride, len);
-    let what = format!("det_sum_ranks n_slots={n_slots} stride={stride} len={len} offsets={slot_offset}/{out_offset}");
-    assert_bits_eq(&got[out_offset..out_offset + len], &want, &what);
-    assert!(
-        got[..out_offset]
-            .iter()
-            .chain(&got[out_offset + len..])
-            .all(|x| x.to_bits() == sentinel.to_bits()),
-        "{what}: wrote outside out[0..len]"
-    );
-}
-
-fn check_accumulate(
-    gpu: &Gpu,
-    fold: &FoldKernel,
-    rng: &mut Rng,
-    n_slots: usize,
-    stride: usize,
-    len: usize,
-    offset: usize,
-) {
-    let stream = gpu.ctx.default_stream();
-    let span = if len == 0 || n_slots == 0 {
-        0
-    } else {
-        (n_slots - 1) * stride + len
-    };
-    let host_slots = rng.values(offset + span + 1);
-    let host_acc = rng.values(offset + len + 3);
-    let d_slots = upload(&stream, &host_slots);
-    let mut d_acc = upload(&stream, &host_acc);
-    {
-        let slots = d_slots.slice(offset..);
-        let mut acc = d_acc.slice_mut(offset..);
-        fold.det_accumulate_ranks(&stream, &mut acc, &slots, n_slots, stride, len)
-            .unwrap_or_else(|e| panic!("n_slots {n_slots} stride {stride} len {len}: {e}"));
-    }
-    let got = download(&stream, &d_acc);
-    let mut want = host_acc.clone();
-    host_accumulate(
-        &mut want[offset..],
-        &host_slots[offset..],
-        n_slots,
-        stride,
-        len,
-    );
-    let what =
-        format!("det_accumulate_ranks n_slots={n_slots} stride={stride} len={len} offset={offset}");
-    assert_bits_eq(&got, &want, &what);
-}
-
-// ----------------------------------------------------------------- tests
-
-const LENGTHS: &[usize] = &[0, 1, 2, 3, 4, 5, 7, 8, 31, 97, 1021, 4099, 65_537];
-const SLOT_COUNTS: &[usize] = &[1, 2, 3, 4, 5, 8, 9, 16, 17];
-
 #[test]
 fn the_data_distinguishes_orders() {
     // Negative control for every comparison below: with this data a kernel
@@ -271,161 +174,6 @@ fn the_data_distinguishes_orders() {
             "{n} slots: only {differing} of {len} sums depend on the order"
         );
     }
-}
-
-#[test]
-fn sum_matches_host_chain_across_shapes() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = Rng(0x5EED);
-    for &len in LENGTHS {
-        for &n in SLOT_COUNTS {
-            // Tight stride (float4 path when len % 4 == 0), a padded stride
-            // that keeps it, and an odd stride that rules it out.
-            for stride in [len, len.next_multiple_of(4) + 4, len + 1] {
-                check_sum(&gpu, &gpu.fold, &mut rng, n, stride, len, 0, 0);
-            }
-            // Misaligned slots, then misaligned out: scalar path.
-            check_sum(
-                &gpu,
-                &gpu.fold,
-                &mut rng,
-                n,
-                len.next_multiple_of(4),
-                len,
-                1,
-                0,
-            );
-            check_sum(
-                &gpu,
-                &gpu.fold,
-                &mut rng,
-                n,
-                len.next_multiple_of(4),
-                len,
-                0,
-                3,
-            );
-        }
-    }
-}
-
-#[test]
-fn accumulate_matches_host_chain_across_shapes() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = Rng(0xACC);
-    for &len in LENGTHS {
-        for &n in [0].iter().chain(SLOT_COUNTS) {
-            for stride in [len, len + 1] {
-                check_accumulate(&gpu, &gpu.fold, &mut rng, n, stride, len, 0);
-            }
-            check_accumulate(
-                &gpu,
-                &gpu.fold,
-                &mut rng,
-                n,
-                len.next_multiple_of(4),
-                len,
-                2,
-            );
-        }
-    }
-}
-
-#[test]
-fn grid_stride_loops_beyond_one_grid() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = Rng(0x6E1D);
-    // 3 blocks of 64 threads for ~100k elements: every thread loops.
-    let tiny = gpu
-        .fold
-        .clone()
-        .with_shape(LaunchShape::new(64, 3).expect("shape"));
-    for &(n, len) in &[(3usize, 100_003usize), (4, 100_000), (17, 9_973)] {
-        check_sum(&gpu, &tiny, &mut rng, n, len, len, 0, 0);
-        check_sum(&gpu, &tiny, &mut rng, n, len + 1, len, 1, 1);
-        check_accumulate(&gpu, &tiny, &mut rng, n, len, len, 0);
-    }
-    // The default shape past its own grid (16 blocks/SM x 256 threads x 4).
-    let cap = u64::from(gpu.fold.shape().max_blocks()) * 256 * 4;
-    let len = usize::try_from(cap).expect("fits") + 1_000_003;
-    check_sum(&gpu, &gpu.fold, &mut rng, 2, len, len, 0, 0);
-    check_sum(&gpu, &gpu.fold, &mut rng, 2, len, len, 1, 0);
-    check_accumulate(&gpu, &gpu.fold, &mut rng, 2, len, len, 0);
-}
-
-#[test]
-fn launch_shape_never_changes_bits() {
-    let Some(gpu) = gpu() else { return };
-    let stream = gpu.ctx.default_stream();
-    let mut rng = Rng(99);
-    let (n, len) = (6usize, 50_021usize);
-    let d_slots = upload(&stream, &rng.values(n * len));
-    let mut results = Vec::new();
-    for (threads, blocks) in [(32, 1), (128, 7), (256, 1000), (1024, 65_535)] {
-        let fold = gpu
-            .fold
-            .clone()
-            .with_shape(LaunchShape::new(threads, blocks).expect("shape"));
-        let mut d_out = stream.alloc_zeros::<f32>(len).expect("alloc");
-        fold.det_sum_ranks(
-            &stream,
-            &d_slots.as_view(),
-            n,
-            len,
-            len,
-            &mut d_out.as_view_mut(),
-        )
-        .expect("launch");
-        results.push(bits(&download(&stream, &d_out)));
-    }
-    assert!(
-        results.windows(2).all(|w| w[0] == w[1]),
-        "bits depend on the launch shape"
-    );
-}
-
-#[test]
-fn invalid_arguments_never_launch() {
-    let Some(gpu) = gpu() else { return };
-    let stream = gpu.ctx.default_stream();
-    let d_slots = upload(&stream, &[1.0; 30]);
-    let mut d_out = upload(&stream, &[5.0; 10]);
-    let slots = d_slots.as_view();
-    let fold = &gpu.fold;
-    {
-        let mut out = d_out.as_view_mut();
-        let cases: Vec<Result<(), KernelError>> = vec![
-            fold.det_sum_ranks(&stream, &slots, 4, 10, 10, &mut out), // needs 40
-            fold.det_sum_ranks(&stream, &slots, 0, 10, 10, &mut out), // no slots
-            fold.det_sum_ranks(&stream, &slots, 2, 5, 10, &mut out),  // overlap
-            fold.det_sum_ranks(&stream, &slots, 2, 10, 11, &mut out), // out too short
-            fold.det_accumulate_ranks(&stream, &mut out, &slots, 3, 11, 10), // needs 32
-        ];
-        for r in cases {
-            assert!(
-                matches!(r, Err(KernelError::InvalidArgument { .. })),
-                "{r:?}"
-            );
-        }
-    }
-    assert_eq!(
-        download(&stream, &d_out),
-        vec![5.0; 10],
-        "a refused call wrote"
-    );
-
-    // A stream of another context is refused too (a non-primary context on
-    // the same device has another CUcontext).
-    let other = CudaContext::new_non_primary(0, 0).expect("second context");
-    let foreign = other.default_stream();
-    let err = fold
-        .det_sum_ranks(&foreign, &slots, 1, 10, 10, &mut d_out.as_view_mut())
-        .unwrap_err();
-    assert!(
-        matches!(err, KernelError::InvalidArgument { .. }),
-        "{err:?}"
-    );
-    assert!(err.to_string().contains("context"), "{err}");
 }
 
 /// The host chain of `det_chain`: `srcs` with `dst0` (dst's values before
@@ -489,6 +237,58 @@ fn check_chain(
         fold.shape()
     );
     assert_bits_eq(&got, &want, &what);
+}
+
+#[test]
+fn chain_loops_beyond_one_grid() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(0x6E1D);
+    // 3 blocks of 64 threads for ~100k elements: every thread loops.
+    let tiny = gpu
+        .fold
+        .clone()
+        .with_shape(LaunchShape::new(64, 3).expect("shape"));
+    for &(n, len) in &[(3usize, 100_003usize), (4, 100_000), (17, 9_973)] {
+        check_chain(&gpu, &tiny, &mut rng, n, None, len, 0, 0, None);
+        check_chain(&gpu, &tiny, &mut rng, n, Some(1), len, 1, 1, None);
+    }
+    // The default shape past its own grid (16 blocks/SM x 256 threads x 4).
+    let cap = u64::from(gpu.fold.shape().max_blocks()) * 256 * 4;
+    let len = usize::try_from(cap).expect("fits") + 1_000_003;
+    check_chain(&gpu, &gpu.fold, &mut rng, 2, None, len, 0, 0, None);
+    check_chain(&gpu, &gpu.fold, &mut rng, 1, Some(0), len, 1, 0, Some(0.5));
+}
+
+#[test]
+fn chain_refuses_a_stream_of_another_context() {
+    // A non-primary context on the same device has another CUcontext.
+    let Some(gpu) = gpu() else { return };
+    let stream = gpu.ctx.default_stream();
+    let a = upload(&stream, &[1.0; 10]);
+    let mut dst = upload(&stream, &[5.0; 10]);
+    let other = CudaContext::new_non_primary(0, 0).expect("second context");
+    let foreign = other.default_stream();
+    let err = gpu
+        .fold
+        .det_chain(
+            &foreign,
+            &mut dst.as_view_mut(),
+            None,
+            &[a.as_view()],
+            10,
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, KernelError::InvalidArgument { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("context"), "{err}");
+    assert_eq!(
+        download(&stream, &dst),
+        vec![5.0; 10],
+        "a refused call wrote"
+    );
 }
 
 #[test]
@@ -748,43 +548,26 @@ fn indexes_past_2_pow_31() {
         assert_bits_eq(&tail, &want[edge..], &format!("{what}: tail"));
         assert_zeros_between_the_ends(d_out, what);
     };
+    // Scalar path first: shift both slots by one element (misaligned) and
+    // sum len - 1 elements.
     gpu.fold
-        .det_sum_ranks(
+        .det_chain(
             &stream,
-            &d_slots.as_view(),
-            2,
-            len,
-            len,
-            &mut d_out.as_view_mut(),
-        )
-        .expect("sum");
-    check(&d_out, "det_sum_ranks (float4 path)");
-
-    // Scalar path: shift both slots by one element (misaligned) and sum
-    // len - 1 elements at the same stride.
-    stream.memset_zeros(&mut d_out).expect("clear");
-    gpu.fold
-        .det_sum_ranks(
-            &stream,
-            &d_slots.slice(1..),
-            2,
-            len,
-            len - 1,
             &mut d_out.slice_mut(1..),
+            None,
+            &[d_slots.slice(1..len), d_slots.slice(len + 1..)],
+            len - 1,
+            None,
         )
-        .expect("sum shifted");
+        .expect("chain shifted");
     // Element j of the shifted sum is element j + 1 of the unshifted one,
     // written to out[j + 1]: the same positions as before, except out[0].
     let head = stream.clone_dtoh(&d_out.slice(..edge)).expect("head");
     assert_eq!(head[0].to_bits(), 0, "scalar path wrote before its view");
-    assert_bits_eq(
-        &head[1..],
-        &want[1..edge],
-        "det_sum_ranks (scalar path): head",
-    );
+    assert_bits_eq(&head[1..], &want[1..edge], "det_chain (scalar path): head");
     let tail = stream.clone_dtoh(&d_out.slice(len - edge..)).expect("tail");
-    assert_bits_eq(&tail, &want[edge..], "det_sum_ranks (scalar path): tail");
-    assert_zeros_between_the_ends(&d_out, "det_sum_ranks (scalar path)");
+    assert_bits_eq(&tail, &want[edge..], "det_chain (scalar path): tail");
+    assert_zeros_between_the_ends(&d_out, "det_chain (scalar path)");
 
     // The pointer chain over the same two slots, slot 1 passed at its
     // 2^31 + 8196-element offset: float4 path, then the scaled variant in
@@ -817,43 +600,6 @@ fn indexes_past_2_pow_31() {
         .expect("tail");
     assert_bits_eq(&head, &halves[..edge], "det_chain in place: head");
     assert_bits_eq(&tail, &halves[edge..], "det_chain in place: tail");
-    // Put slot 0 back for the accumulate check below.
-    stream
-        .memcpy_htod(&host[0][..edge], &mut d_slots.slice_mut(..edge))
-        .expect("restore head");
-    stream
-        .memcpy_htod(&host[0][edge..], &mut d_slots.slice_mut(len - edge..len))
-        .expect("restore tail");
-
-    // The running prefix over the same slots, starting from the sum: acc
-    // becomes ((s0 + s1) + s0) + s1 at both ends.
-    gpu.fold
-        .det_sum_ranks(
-            &stream,
-            &d_slots.as_view(),
-            2,
-            len,
-            len,
-            &mut d_out.as_view_mut(),
-        )
-        .expect("sum");
-    gpu.fold
-        .det_accumulate_ranks(
-            &stream,
-            &mut d_out.as_view_mut(),
-            &d_slots.as_view(),
-            2,
-            len,
-            len,
-        )
-        .expect("accumulate");
-    let twice: Vec<f32> = (0..2 * edge)
-        .map(|j| (want[j] + host[0][j]) + host[1][j])
-        .collect();
-    let head = stream.clone_dtoh(&d_out.slice(..edge)).expect("head");
-    let tail = stream.clone_dtoh(&d_out.slice(len - edge..)).expect("tail");
-    assert_bits_eq(&head, &twice[..edge], "det_accumulate_ranks: head");
-    assert_bits_eq(&tail, &twice[edge..], "det_accumulate_ranks: tail");
 }
 
 mod random {
@@ -863,14 +609,16 @@ mod random {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-        /// Random slot counts, lengths, padding and offsets against the host chain.
+        /// Random addend counts, lengths, dst positions and offsets against
+        /// the host chain.
         #[test]
-        fn sum_and_accumulate(n in 1usize..24, len in 0usize..3000, pad in 0usize..9,
-                              offset in 0usize..4, seed in any::<u64>()) {
+        fn chain(n in 1usize..40, len in 0usize..3000, at in 0usize..40,
+                 offset in 0usize..4, scaled in any::<bool>(), seed in any::<u64>()) {
             let Some(gpu) = gpu() else { return Ok(()) };
             let mut rng = Rng(seed | 1);
-            check_sum(&gpu, &gpu.fold, &mut rng, n, len + pad, len, offset, (offset * 3) % 4);
-            check_accumulate(&gpu, &gpu.fold, &mut rng, n, len + pad, len, offset);
+            let dst_at = (at < n.min(kernels::MAX_CHAIN_ADDENDS)).then_some(at);
+            let factor = scaled.then_some(1.0 / 3.0);
+            check_chain(&gpu, &gpu.fold, &mut rng, n, dst_at, len, offset, (offset * 3) % 4, factor);
         }
     }
 }

@@ -30,7 +30,7 @@
 //! `nccl`.
 //!
 //! More columns of the main table: `grid` = the fold grid of folds that run
-//! beside transfers (`KernelFold::set_overlap_grid`; one-chunk plans always
+//! beside transfers (`DeviceFold::set_overlap_grid`; one-chunk plans always
 //! fold on the full grid); `sent MiB` and `fold MiB` = bytes this rank sends
 //! and bytes its folds read and write in device memory (`PlanCost`).
 //!
@@ -61,7 +61,7 @@ use mamba_comm::nccl::{self, NcclComm, NcclOptions};
 use mamba_comm::supervisor::{spawn_world, SpawnOptions};
 use mamba_comm::{rendezvous, CommError, Transport};
 use mamba_reduce::{
-    mean_factor, FoldGrid, KernelFold, NcclReducer, ReduceContract, Reducer, ReducerOptions,
+    mean_factor, DeviceFold, FoldGrid, NcclReducer, ReduceContract, Reducer, ReducerOptions,
     ShardPlan, TransportReducer,
 };
 
@@ -301,11 +301,11 @@ struct Floors {
 /// Swap the contract (and logical world, chunking) of a reducer without
 /// reloading the kernels.
 fn remake(
-    r: TransportReducer<NcclComm, KernelFold>,
+    r: TransportReducer<NcclComm, DeviceFold>,
     contract: ReduceContract,
     logical: usize,
     chunk: Option<usize>,
-) -> TransportReducer<NcclComm, KernelFold> {
+) -> TransportReducer<NcclComm, DeviceFold> {
     let (comm, fold) = r.into_parts();
     let opts = ReducerOptions {
         chunk_elems: chunk,
@@ -328,7 +328,7 @@ fn rank(args: &Args) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let (rank, world) = (place.rank, place.world);
-    let mut r: TransportReducer<NcclComm, KernelFold> =
+    let mut r: TransportReducer<NcclComm, DeviceFold> =
         NcclReducer::new(comm, ReducerOptions::new(ReduceContract::FixedOrder, world))
             .map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
@@ -444,12 +444,12 @@ fn rank(args: &Args) -> Result<(), String> {
 /// Time `reduce_mean` (the reducer's own transport provides the barrier
 /// and the max over ranks).
 fn time_reducer(
-    r: &mut TransportReducer<NcclComm, KernelFold>,
+    r: &mut TransportReducer<NcclComm, DeviceFold>,
     local: &mut [CudaSlice<f32>],
     warmup: usize,
     reps: usize,
 ) -> Result<Duration, String> {
-    let run = |r: &mut TransportReducer<NcclComm, KernelFold>, local: &mut [CudaSlice<f32>]| {
+    let run = |r: &mut TransportReducer<NcclComm, DeviceFold>, local: &mut [CudaSlice<f32>]| {
         r.reduce_mean(local).map_err(|e| e.to_string())
     };
     for _ in 0..warmup {
@@ -534,7 +534,7 @@ fn transfers(
 /// The `--floors` measurements for one size (collective: every rank runs
 /// the same calls).
 fn floors(
-    r: &mut TransportReducer<NcclComm, KernelFold>,
+    r: &mut TransportReducer<NcclComm, DeviceFold>,
     arena: &mut CudaSlice<f32>,
     args: &Args,
     warmup: usize,

@@ -1,6 +1,9 @@
 //! The oracle: one process holds all `L` arenas and runs every rank's plan
 //! of the fixed-order dataflow, delivering messages in an order of its
 //! choosing.
+//!
+//! (One file, ~460 lines before its tests: the world, its delivery orders
+//! and its lane schedules are one interpreter loop over shared state.)
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -326,7 +329,7 @@ fn run_lanes<B, M: EmulatorMemory<B>>(
 
 /// Memory an [`EmulatedWorld`] can run in: the fold arithmetic plus moving
 /// values in and out. Implemented for host memory ([`HostFold`]) and device
-/// memory ([`KernelFold`](crate::KernelFold)).
+/// memory ([`DeviceFold`](crate::DeviceFold)).
 pub trait EmulatorMemory<B>: FoldOps<B> {
     /// A buffer holding `values`.
     fn load(&mut self, values: &[f32]) -> Result<B>;

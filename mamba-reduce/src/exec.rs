@@ -11,7 +11,7 @@
 use mamba_comm::{CommError, Transport};
 
 use crate::fold::{ChainTerm, FoldOps};
-use crate::plan::{BufId, CommOp, ComputeOp, RankPlan, Step, Term};
+use crate::plan::{BufId, CommOp, ComputeOp, RankPlan, Step};
 use crate::{ReduceError, Result};
 
 /// Run `plan` on this rank, step by step (the plan's sequential meaning):
@@ -21,7 +21,7 @@ use crate::{ReduceError, Result};
 /// unchanged; scratch holds garbage. Every group is waited for before the
 /// step's fold operations (host transports, and the device path's serial
 /// mode).
-pub(crate) fn execute<T, F>(
+pub fn execute<T, F>(
     plan: &RankPlan,
     transport: &mut T,
     fold: &mut F,
@@ -254,8 +254,8 @@ pub(crate) fn apply<B, F: FoldOps<B>>(
             let terms = terms
                 .iter()
                 .map(|t| match *t {
-                    Term::Dst => Ok(ChainTerm::Dst),
-                    Term::Buf(id, off) => others
+                    ChainTerm::Dst => Ok(ChainTerm::Dst),
+                    ChainTerm::Buf(id, off) => others
                         .get(id)
                         .map(|b| ChainTerm::Buf(b, off))
                         .ok_or_else(|| {

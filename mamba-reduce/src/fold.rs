@@ -82,22 +82,24 @@ fn add_into(acc: &mut [f32], a: &[f32]) {
     }
 }
 
-/// One addend of [`FoldOps::chain`].
-#[derive(Debug)]
-pub enum ChainTerm<'a, B> {
+/// One term (addend) of a fold chain: the destination's own values, or
+/// `len` elements of another buffer from an offset. `R` names the buffer:
+/// a reference (`ChainTerm<&B>`) in [`FoldOps::chain`], a buffer id in a
+/// plan's fold operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainTerm<R> {
     /// The output region's own values (read before they are overwritten).
     Dst,
     /// `len` elements of another buffer, from this offset.
-    Buf(&'a B, usize),
+    Buf(R, usize),
 }
 
 /// The arithmetic the fixed-order dataflow needs next to byte movement:
 /// the seam between the transport-generic dataflow and the memory the
 /// transport moves (host `Vec<f32>`, or device memory with the kernels).
 ///
-/// Offsets and lengths are in elements. Slot `k` of a slot set starts at
-/// `slots_off + k * stride`. Implementations must compute exactly the
-/// ascending chains described (one f32 round-to-nearest add per addend, no
+/// Offsets and lengths are in elements. Implementations must compute
+/// exactly the chains described (one f32 round-to-nearest add per addend, no
 /// contraction, no reassociation); the bits of the whole crate rest on it.
 ///
 /// Ordering: operations take effect in the order they are called, and after
@@ -105,33 +107,6 @@ pub enum ChainTerm<'a, B> {
 /// device: everything runs on the communicator's stream). [`FoldOps::finish`]
 /// returns once every operation called so far has completed.
 pub trait FoldOps<B> {
-    /// `out[out_off + i] = ((s_0[i] + s_1[i]) + ...) + s_{n-1}[i]` for
-    /// `n_slots >= 1`, `i < len`.
-    #[allow(clippy::too_many_arguments)]
-    fn sum_slots(
-        &mut self,
-        slots: &B,
-        slots_off: usize,
-        n_slots: usize,
-        stride: usize,
-        len: usize,
-        out: &mut B,
-        out_off: usize,
-    ) -> Result<()>;
-
-    /// `acc[acc_off + i] = ((acc[acc_off + i] + s_0[i]) + s_1[i]) + ...`.
-    #[allow(clippy::too_many_arguments)]
-    fn accumulate(
-        &mut self,
-        acc: &mut B,
-        acc_off: usize,
-        slots: &B,
-        slots_off: usize,
-        n_slots: usize,
-        stride: usize,
-        len: usize,
-    ) -> Result<()>;
-
     /// `dst[dst_off..dst_off + len] = src[src_off..src_off + len]` (bits).
     fn copy(
         &mut self,
@@ -155,7 +130,7 @@ pub trait FoldOps<B> {
         &mut self,
         dst: &mut B,
         dst_off: usize,
-        terms: &[ChainTerm<'_, B>],
+        terms: &[ChainTerm<&B>],
         len: usize,
         factor: Option<f32>,
     ) -> Result<()>;
@@ -190,51 +165,7 @@ fn region_mut<'a>(buf: &'a mut [f32], off: usize, len: usize, what: &str) -> Res
         })
 }
 
-fn slot_regions(
-    slots: &[f32],
-    slots_off: usize,
-    n_slots: usize,
-    stride: usize,
-    len: usize,
-) -> Result<Vec<&[f32]>> {
-    (0..n_slots)
-        .map(|k| {
-            let off = k.checked_mul(stride).and_then(|o| o.checked_add(slots_off));
-            let off = off.ok_or_else(|| ReduceError::invariant("slot offset overflows usize"))?;
-            region(slots, off, len, "slot")
-        })
-        .collect()
-}
-
 impl FoldOps<Vec<f32>> for HostFold {
-    fn sum_slots(
-        &mut self,
-        slots: &Vec<f32>,
-        slots_off: usize,
-        n_slots: usize,
-        stride: usize,
-        len: usize,
-        out: &mut Vec<f32>,
-        out_off: usize,
-    ) -> Result<()> {
-        let addends = slot_regions(slots, slots_off, n_slots, stride, len)?;
-        host_fold(&addends, region_mut(out, out_off, len, "sum_slots output")?)
-    }
-
-    fn accumulate(
-        &mut self,
-        acc: &mut Vec<f32>,
-        acc_off: usize,
-        slots: &Vec<f32>,
-        slots_off: usize,
-        n_slots: usize,
-        stride: usize,
-        len: usize,
-    ) -> Result<()> {
-        let addends = slot_regions(slots, slots_off, n_slots, stride, len)?;
-        host_accumulate(region_mut(acc, acc_off, len, "accumulator")?, &addends)
-    }
-
     fn copy(
         &mut self,
         src: &Vec<f32>,
@@ -257,7 +188,7 @@ impl FoldOps<Vec<f32>> for HostFold {
         &mut self,
         dst: &mut Vec<f32>,
         dst_off: usize,
-        terms: &[ChainTerm<'_, Vec<f32>>],
+        terms: &[ChainTerm<&Vec<f32>>],
         len: usize,
         factor: Option<f32>,
     ) -> Result<()> {
@@ -281,7 +212,7 @@ impl FoldOps<Vec<f32>> for HostFold {
 }
 
 /// At least one term, and [`ChainTerm::Dst`] at most once.
-pub(crate) fn check_terms<B>(terms: &[ChainTerm<'_, B>]) -> Result<()> {
+pub(crate) fn check_terms<B>(terms: &[ChainTerm<&B>]) -> Result<()> {
     let dsts = terms.iter().filter(|t| matches!(t, ChainTerm::Dst)).count();
     if terms.is_empty() || dsts > 1 {
         return Err(ReduceError::invariant(format!(
@@ -365,7 +296,6 @@ mod tests {
         let mut f = HostFold;
         let mut v = vec![0.0f32; 4];
         assert!(f.scale(&mut v, 3, 2, 0.5).is_err());
-        assert!(f.sum_slots(&vec![0.0; 4], 0, 3, 2, 2, &mut v, 0).is_err());
     }
 
     #[test]

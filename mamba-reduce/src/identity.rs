@@ -202,10 +202,49 @@ pub(crate) fn verdict(gathered: &[f32], world: usize) -> Result<RunIdentity> {
     Ok(id)
 }
 
+/// The agreement check over any transport, as every [`Reducer`] must run
+/// it before its first reduction: every rank sends every other rank its
+/// identity (a fixed number of values whatever the identity holds, so ranks
+/// that disagree still complete the exchange) and every rank compares the
+/// same table. Returns the identity every rank agreed on, or the same
+/// [`ReduceError::Disagreement`] on every rank naming the ranks and values.
+///
+/// `local_problem` is a mistake this rank found on its own (e.g. its
+/// reducer was built for another contract than `id` names): this rank
+/// fails with that message and every other rank fails naming this rank, so
+/// no rank fails alone while the others wait. `L % P != 0` fails on every
+/// rank. `cache` keeps a transport buffer between calls (the one
+/// [`all_gather`] uses).
+///
+/// [`Reducer`]: crate::Reducer
+pub fn agree<T: Transport>(
+    transport: &mut T,
+    cache: &mut Option<T::Buffer>,
+    id: &RunIdentity,
+    local_problem: Option<String>,
+) -> Result<RunIdentity> {
+    let rec = Record {
+        rank: transport.rank() as u64,
+        world: transport.world() as u64,
+        id: *id,
+        local_problem: local_problem.is_some(),
+    };
+    let values = encode(&rec);
+    debug_assert_eq!(values.len(), VALUES);
+    let gathered = all_gather(transport, cache, &values)?;
+    // A local problem outranks the shared verdict on the rank that has it:
+    // its own error names what is wrong; the others name this rank.
+    if let Some(p) = local_problem {
+        return Err(ReduceError::config(p));
+    }
+    verdict(&gathered, transport.world())
+}
+
 /// All-gather `values` (the same length on every rank) over `t`: returns
 /// `world * values.len()` values, rank `k`'s at `k * values.len()`. Values
 /// travel as bits. `cache` keeps a transport buffer between calls.
-pub(crate) fn all_gather<T: Transport>(
+/// Collective: every rank calls it with the same length.
+pub fn all_gather<T: Transport>(
     t: &mut T,
     cache: &mut Option<T::Buffer>,
     values: &[f32],

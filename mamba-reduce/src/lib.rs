@@ -73,7 +73,7 @@
 //! with random schedules), and one host wait at the end under the
 //! communicator's watchdog (`NcclComm::window`). So the fold of chunk `t`
 //! can run while the next chunk moves, and no host round-trip sits between
-//! groups. [`KernelFold::set_overlap`]`(false)` runs the same plan step by
+//! groups. [`DeviceFold::set_overlap`]`(false)` runs the same plan step by
 //! step instead (a host wait per group), for comparison.
 //!
 //! Event order alone does not make two kernels run at once: both need
@@ -83,7 +83,7 @@
 //! blocks then shared SMs with the peer's fold: two chunks were slower
 //! than one at every size (docs/PERFORMANCE.md). Folds that run beside
 //! transfers (plans of two or more chunks) therefore take a [`FoldGrid`]
-//! ([`KernelFold::set_overlap_grid`], default half the SMs in 1024-thread
+//! ([`DeviceFold::set_overlap_grid`], default half the SMs in 1024-thread
 //! blocks, one block per SM): the fold stays on its SMs and the others are
 //! free for NCCL. A one-chunk plan's single fold has nothing to overlap and
 //! keeps the full grid. The grid never changes a bit.
@@ -108,7 +108,7 @@
 //! | fold grid | full for `C = 1`, else [`FoldGrid`] (default `ceil(SMs/2)` blocks of 1024) | the same |
 //! | host waits | 1 | 1 |
 //! | scratch memory | `min(C,2)` sets of `P-1` slots of `~N/(CP)`: `~(P-1)/P N` x 4 | `min(C,2)` chunks, none on rank 0 |
-//! | default `C` ([`RankPlan::default_chunk`]) | 1 below 128 MiB, else 2 | `sqrt((3P-3) T_link / 10 us)`, 1..=64 |
+//! | default `C` ([`RankPlan::default_chunk`]) | 1, at every size | `sqrt((3P-3) T_link / 100 us)`, 1..=64 ([`GROUP_OVERHEAD_SEC`]) |
 //!
 //! What this means on two H200s (132 SMs; NVLink ~330-360 GB/s per
 //! direction for NCCL point-to-point, HBM ~4 TB/s; ~100 us of host time to
@@ -116,25 +116,29 @@
 //! launches every group from a thread it creates for it; PyTorch's NCCL
 //! all-reduce there: 1 GiB in 3.39 ms, 256 MiB in 0.94 ms):
 //!
-//! - `P = L = 2`, 256 MiB, `C = 2`: each direction carries 256 MiB (four
+//! - `P = L = 2`, 256 MiB, an explicit chunk length of 32 Mi elements
+//!   (`C = 2`; the default is one chunk): each direction carries 256 MiB (four
 //!   groups of 64 MiB: scatter 0, scatter 1, gather 0, gather 1), like a
 //!   ring all-reduce; two folds of 96 MiB of HBM traffic each (read the
 //!   own and the peer's 32 MiB shard, write 32 MiB), one launch each on 66
 //!   SMs, which must stream at 3x the link rate (~1 TB/s) to hide: fold 0
 //!   runs beside scatter 1, fold 1 beside gather 0. Only the first group's
-//!   enqueue (which NCCL's own all-reduce pays too) and ~4 x 10 us of
-//!   device-side group cost remain on top of the link time; the later
-//!   groups are enqueued while earlier ones move. With the fold in the
+//!   enqueue (which NCCL's own all-reduce pays too) and the device-side
+//!   group cost remain on top of the link time, in the ideal where the
+//!   later groups are enqueued while earlier ones move; measured, each
+//!   extra group's ~100 us of host time was not hidden, so one chunk wins. With the fold in the
 //!   open (`C = 1`, or the full grid) it adds ~0.1 ms at 256 MiB, 0.2 ms at
 //!   512 MiB, 0.4 ms at 1 GiB.
 //! - `P = L = 2`, 4 MiB, `C = 1`: two groups (~12 us of link time, each
 //!   ~100 us to enqueue: the host, not the link, sets the time), one fold
 //!   (~2 us + launch), one host wait.
-//! - `L = 2P = 4`, 1 GiB, `C = 30`: both directions busy with one chunk
-//!   each per step for 30 of 33 steps: `(C + 2)/C` x 2.98 ms + 33 x ~10 us
-//!   ~ 3.5 ms of device time, but 33 group enqueues of ~100 us each also
-//!   put ~3.3 ms on the host, so fewer chunks than the device-side formula
-//!   gives are as fast.
+//! - `L = 2P = 4`, 1 GiB, `C = 9` (the default, from the measured ~100 us
+//!   per group): both directions busy with one chunk each per step for 9
+//!   of 12 steps: `(C + 2)/C` x 2.98 ms ~ 3.6 ms of link time, and 11
+//!   group enqueues of ~100 us (~1.1 ms of host time, behind the
+//!   transfers when each group moves ~114 MiB). The former 10 us model
+//!   chose `C = 30`, whose 33 enqueues put ~3.3 ms on the host (an
+//!   estimate from the model, not a new measurement).
 //!
 //! Memory with `L > P`: the caller holds its `L/P` arenas (that is what a
 //! process running `L/P` logical ranks needs anyway); the reducer adds only
@@ -155,21 +159,21 @@ mod exec;
 mod fold;
 mod host;
 mod identity;
-mod lanes;
 mod nccl;
 mod plan;
 mod reducer;
 mod shard;
 
 pub use contract::ReduceContract;
-pub use device::{FoldGrid, KernelFold};
+pub use device::{DeviceFold, FoldGrid};
 pub use emulated::{Delivery, EmulateOptions, EmulatedWorld, EmulatorMemory};
 pub use error::{ReduceError, Result};
+pub use exec::execute;
 pub use fold::{
     host_accumulate, host_fold, host_mean, host_scale, mean_factor, ChainTerm, FoldOps, HostFold,
 };
 pub use host::HostReducer;
-pub use identity::RunIdentity;
+pub use identity::{agree, all_gather, RunIdentity};
 pub use nccl::NcclReducer;
 pub use plan::{Dataflow, PlanCost, RankPlan, GROUP_OVERHEAD_SEC, LINK_BYTES_PER_SEC};
 pub use reducer::{PlanRunner, Reducer, ReducerOptions, TransportReducer};

@@ -4,8 +4,8 @@ use mamba_comm::Transport;
 
 use crate::contract::ReduceContract;
 use crate::exec::execute;
-use crate::fold::{host_fold, mean_factor, FoldOps, HostFold};
-use crate::identity::{all_gather, encode, verdict, Record, RunIdentity, VALUES};
+use crate::fold::{host_fold, mean_factor, ChainTerm, FoldOps, HostFold};
+use crate::identity::{agree, all_gather, RunIdentity};
 use crate::plan::RankPlan;
 use crate::{ReduceError, Result};
 
@@ -108,8 +108,12 @@ pub trait Reducer {
 ///
 /// Every implementation must compute what the plan's sequential meaning
 /// computes (see [`RankPlan`]), bit for bit: [`HostFold`] runs it step by
-/// step over any host-memory transport; [`KernelFold`](crate::KernelFold)
+/// step over any host-memory transport; [`DeviceFold`](crate::DeviceFold)
 /// queues it over NCCL as two overlapping stream lanes with one wait.
+/// Outside this crate, a `PlanRunner` for a new [`FoldOps`] can run the
+/// plan step by step with [`execute`](crate::execute); a [`Reducer`] that
+/// does not use plans at all runs the agreement check with
+/// [`agree`](crate::agree) (see `tests/src/tree.rs` for one).
 pub trait PlanRunner<T: Transport>: FoldOps<T::Buffer> {
     /// Run `plan` on this rank: `locals` are the caller's `L/P` arenas
     /// (ascending logical ranks), `scratch` holds at least
@@ -209,7 +213,7 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
         &self.fold
     }
 
-    /// The fold arithmetic, mutably (e.g. `KernelFold::set_overlap`).
+    /// The fold arithmetic, mutably (e.g. `DeviceFold::set_overlap`).
     pub fn fold_mut(&mut self) -> &mut F {
         &mut self.fold
     }
@@ -236,21 +240,7 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
     }
 
     fn exchange(&mut self, id: &RunIdentity, local_problem: Option<String>) -> Result<()> {
-        let rec = Record {
-            rank: self.transport.rank() as u64,
-            world: self.transport.world() as u64,
-            id: *id,
-            local_problem: local_problem.is_some(),
-        };
-        let values = encode(&rec);
-        debug_assert_eq!(values.len(), VALUES);
-        let gathered = all_gather(&mut self.transport, &mut self.small, &values)?;
-        // A local problem outranks the shared verdict on the rank that has
-        // it: its own error names what is wrong; the others name this rank.
-        if let Some(p) = local_problem {
-            return Err(ReduceError::config(p));
-        }
-        let agreed = verdict(&gathered, self.transport.world())?;
+        let agreed = agree(&mut self.transport, &mut self.small, id, local_problem)?;
         self.agreed = Some(agreed);
         Ok(())
     }
@@ -262,7 +252,8 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
         // Fold this process's block first (ascending), so the library sums
         // P block sums: the association then depends on P (see the docs).
         for g in rest.iter() {
-            self.fold.accumulate(first, 0, g, 0, 1, len, len)?;
+            self.fold
+                .chain(first, 0, &[ChainTerm::Dst, ChainTerm::Buf(g, 0)], len, None)?;
         }
         if self.transport.world() > 1 && len > 0 {
             self.transport.all_reduce_sum_f32(first, 0..len)?;

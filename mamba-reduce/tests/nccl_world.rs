@@ -14,7 +14,7 @@ use mamba_comm::nccl::{self, NcclComm, NcclOptions};
 use mamba_comm::supervisor::test_world;
 use mamba_comm::{rendezvous, Transport};
 use mamba_reduce::{
-    EmulateOptions, EmulatedWorld, FoldGrid, KernelFold, NcclReducer, ReduceContract, ReduceError,
+    DeviceFold, EmulateOptions, EmulatedWorld, FoldGrid, NcclReducer, ReduceContract, ReduceError,
     Reducer, ReducerOptions, RunIdentity,
 };
 
@@ -124,9 +124,10 @@ fn rank_side() {
     )
     .expect("NCCL init");
     let world = place.world;
-    let mut fold = KernelFold::load(comm.stream()).expect("kernels");
+    let mut fold = DeviceFold::load(comm.stream()).expect("kernels");
     // (seed, L, len, chunk, two-lane executor, overlap fold grid): P = L and
-    // L = 2P, default chunking (one chunk, and two from 128 MiB on), many
+    // L = 2P, default chunking (one chunk at P = L at every size; the
+    // pipeline's chunk model at L = 2P), many
     // chunks (with odd lengths: misaligned shards, the kernels' scalar
     // path), the serial executor once each, and the overlapped folds on the
     // full grid and on a sliver of the GPU (threads loop many times).

@@ -6,7 +6,12 @@
 //! the mean from mamba-reduce's [`EmulatedWorld`] oracle, and the
 //! data-parallel loop on a live host world of threads.
 //!
+//! [`tree`]: a research reducer written against mamba-reduce's public API
+//! alone (a pairwise tree over the host transport).
+//!
 //! [`EmulatedWorld`]: mamba_reduce::EmulatedWorld
+
+pub mod tree;
 
 pub mod dp {
     use std::path::Path;

@@ -20,9 +20,14 @@
 //! ([`optim`]).
 
 mod check;
+pub mod conv;
+mod launcher;
 pub mod ops;
 pub mod optim;
+pub mod reductions;
 pub mod scan;
+mod scan_shape;
+pub mod tokens;
 
 use std::sync::Arc;
 
@@ -31,9 +36,11 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use crate::device::load_module;
 use crate::error::KernelError;
 
-pub use ops::{ColSum, DeviceTokenCsr, TokenCsr, MAX_CONV_WIDTH};
+pub use conv::MAX_CONV_WIDTH;
 pub use optim::{check_decay_ranges, AdamWStep, NORM_CHUNK};
+pub use reductions::ColSum;
 pub use scan::{ScanBackward, ScanForward, ScanInputs, ScanShape, MAX_D_STATE, SCAN_CHUNK};
+pub use tokens::{DeviceTokenCsr, TokenCsr};
 
 /// Rows summed per block by the two-stage column reductions
 /// (`mamba_common.cuh`'s `kColSlab`): a column sum over `rows` rows writes
@@ -198,15 +205,6 @@ impl MambaKernels {
             ))
         }
     }
-}
-
-/// Map a failed launch to [`KernelError::Driver`] naming the kernel.
-fn launched<T>(
-    kernel: &'static str,
-    r: Result<T, cudarc::driver::DriverError>,
-) -> Result<(), KernelError> {
-    r.map(|_| ())
-        .map_err(|e| KernelError::driver(format!("launching {kernel}"), e))
 }
 
 #[cfg(test)]

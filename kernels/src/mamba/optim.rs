@@ -2,10 +2,11 @@
 //! norm, bit-identical to `mamba_train::optim` (the CPU optimizer) given the
 //! same per-step constants.
 
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
 
-use super::check::{self, grid};
-use super::{launched, MambaKernels};
+use super::check;
+use super::launcher::{Arg, Grid, Launch};
+use super::MambaKernels;
 use crate::error::KernelError;
 
 /// Elements per partial sum of the global norm. Must equal
@@ -106,33 +107,38 @@ impl MambaKernels {
             return Ok(());
         }
         let blocks = n.div_ceil(ADAMW_THREADS as usize).min(ADAMW_MAX_BLOCKS);
-        let cfg = grid(K, (blocks, 1, 1), ADAMW_THREADS)?;
-        let (nn, nr) = (n as u64, check::int(K, "nranges", nranges)?);
         let s = *step;
-        let mut b = stream.launch_builder(&self.f.adamw);
-        b.arg(p)
-            .arg(g)
-            .arg(m)
-            .arg(v)
-            .arg(&nn)
-            .arg(decay_starts)
-            .arg(decay_ends)
-            .arg(&nr);
-        b.arg(&s.b1)
-            .arg(&s.b2)
-            .arg(&s.omb1)
-            .arg(&s.omb2)
-            .arg(&s.eps);
-        b.arg(&s.decay_factor)
-            .arg(&s.step_size)
-            .arg(&s.bc2_sqrt)
-            .arg(&s.scale);
+        let launch = Launch {
+            kernel: K,
+            func: &self.f.adamw,
+            grid: Grid::Dims(blocks, 1, 1),
+            block: ADAMW_THREADS,
+        };
+        let mut args = [
+            Arg::Out(p),
+            Arg::In(g),
+            Arg::Out(m),
+            Arg::Out(v),
+            Arg::U64(n as u64),
+            Arg::In(decay_starts),
+            Arg::In(decay_ends),
+            Arg::Int("nranges", nranges),
+            Arg::F32(s.b1),
+            Arg::F32(s.b2),
+            Arg::F32(s.omb1),
+            Arg::F32(s.omb2),
+            Arg::F32(s.eps),
+            Arg::F32(s.decay_factor),
+            Arg::F32(s.step_size),
+            Arg::F32(s.bc2_sqrt),
+            Arg::F32(s.scale),
+        ];
         // SAFETY: matches mamba_adamw(float* p, const float* g, float* m,
         // float* v, unsigned long long n, const unsigned long long* starts,
         // const unsigned long long* ends, int nranges, float x 9); the kernel
         // touches elements < n of p, g, m, v and entries < nranges of the
         // range arrays (checked above); range values are only compared.
-        launched(K, unsafe { b.launch(cfg) })
+        unsafe { self.launch(stream, launch, &mut args) }
     }
 
     /// Partial buffer length of [`Self::grad_sumsq`].
@@ -158,24 +164,37 @@ impl MambaKernels {
         let chunks = n.div_ceil(NORM_CHUNK);
         check::len(K, "scratch", scratch.len(), chunks)?;
         check::len(K, "out", out.len(), 1)?;
-        let (nn, ch, nc) = (n as u64, NORM_CHUNK as u64, chunks as u64);
         if chunks > 0 {
-            let cfg = grid(K, (chunks.div_ceil(128), 1, 1), 128)?;
-            let mut b = stream.launch_builder(&self.f.sumsq_chunks);
-            b.arg(g).arg(&nn).arg(&ch).arg(&mut *scratch).arg(&nc);
+            let launch = Launch {
+                kernel: K,
+                func: &self.f.sumsq_chunks,
+                grid: Grid::Flat { n: chunks },
+                block: 128,
+            };
+            let mut args = [
+                Arg::In(g),
+                Arg::U64(n as u64),
+                Arg::U64(NORM_CHUNK as u64),
+                Arg::Out(&mut *scratch),
+                Arg::U64(chunks as u64),
+            ];
             // SAFETY: matches mamba_sumsq_chunks(const float* g, unsigned long
             // long n, unsigned long long chunk, double* partial, unsigned long
             // long nchunks); reads g[< n], writes partial[< chunks].
-            launched(K, unsafe { b.launch(cfg) })?;
+            unsafe { self.launch(stream, launch, &mut args) }?;
         }
         let part = scratch.as_view();
-        let cfg = grid("mamba_sum_f64_serial", (1, 1, 1), 1)?;
-        let mut b = stream.launch_builder(&self.f.sum_f64_serial);
-        b.arg(&part).arg(&nc).arg(out);
+        let launch = Launch {
+            kernel: "mamba_sum_f64_serial",
+            func: &self.f.sum_f64_serial,
+            grid: Grid::Dims(1, 1, 1),
+            block: 1,
+        };
+        let mut args = [Arg::In(&part), Arg::U64(chunks as u64), Arg::Out(out)];
         // SAFETY: matches mamba_sum_f64_serial(const double* partial,
         // unsigned long long count, double* out); count = chunks <=
         // scratch.len(), out has one element.
-        launched("mamba_sum_f64_serial", unsafe { b.launch(cfg) })
+        unsafe { self.launch(stream, launch, &mut args) }
     }
 }
 

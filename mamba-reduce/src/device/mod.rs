@@ -1,7 +1,7 @@
 //! The fold seam on device memory: `kernels::FoldKernel` for the folds and
 //! the scale, plus device copies.
 //!
-//! Two ways to run a plan (see [`KernelFold::set_overlap`]):
+//! Two ways to run a plan (see [`DeviceFold::set_overlap`]):
 //! - **two lanes** (the default, `run`): the whole plan is queued in one
 //!   [`NcclComm::window`](mamba_comm::nccl::NcclComm::window) — groups on
 //!   the communicator's stream, folds on a second stream of the same
@@ -16,7 +16,7 @@
 //! find free multiprocessors (see [`FoldGrid`] for why).
 //!
 //! As a [`FoldOps`] (the emulated world, the library-sum contract) every
-//! operation is enqueued on the one stream given to [`KernelFold::load`].
+//! operation is enqueued on the one stream given to [`DeviceFold::load`].
 
 mod run;
 
@@ -114,9 +114,9 @@ impl std::str::FromStr for FoldGrid {
 /// [`FoldOps::finish`] synchronises it. Use the communicator's stream, so
 /// that the NCCL groups and these operations are ordered by the stream
 /// alone.
-pub struct KernelFold {
+pub struct DeviceFold {
     kernel: FoldKernel,
-    /// The same kernels in [`KernelFold::overlap_grid`]'s shape: the folds
+    /// The same kernels in [`DeviceFold::overlap_grid`]'s shape: the folds
     /// of the two-lane executor when the plan has two or more chunks.
     overlap_kernel: FoldKernel,
     overlap_grid: FoldGrid,
@@ -127,9 +127,9 @@ pub struct KernelFold {
     overlap: bool,
 }
 
-impl std::fmt::Debug for KernelFold {
+impl std::fmt::Debug for DeviceFold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KernelFold")
+        f.debug_struct("DeviceFold")
             .field("device", &self.stream.context().ordinal())
             .field("shape", &self.kernel.shape())
             .field("overlap", &self.overlap)
@@ -138,7 +138,7 @@ impl std::fmt::Debug for KernelFold {
     }
 }
 
-impl KernelFold {
+impl DeviceFold {
     /// Load the fold kernels into `stream`'s context.
     pub fn load(stream: &Arc<CudaStream>) -> Result<Self> {
         let kernel = FoldKernel::load(stream.context())?;
@@ -146,7 +146,7 @@ impl KernelFold {
         let overlap_kernel = kernel
             .clone()
             .with_shape(grid.shape(kernel.shape(), kernel.multiprocessors())?);
-        Ok(KernelFold {
+        Ok(DeviceFold {
             kernel,
             overlap_kernel,
             overlap_grid: grid,
@@ -174,7 +174,7 @@ impl KernelFold {
         self.overlap = overlap;
     }
 
-    /// See [`KernelFold::set_overlap`].
+    /// See [`DeviceFold::set_overlap`].
     pub fn overlap(&self) -> bool {
         self.overlap
     }
@@ -190,7 +190,7 @@ impl KernelFold {
         Ok(())
     }
 
-    /// See [`KernelFold::set_overlap_grid`].
+    /// See [`DeviceFold::set_overlap_grid`].
     pub fn overlap_grid(&self) -> FoldGrid {
         self.overlap_grid
     }
@@ -234,62 +234,7 @@ fn view_mut<'a>(
         })
 }
 
-/// Elements spanned by `n_slots` slots of `len` at `stride`.
-fn span(n_slots: usize, stride: usize, len: usize) -> Result<usize> {
-    if n_slots == 0 {
-        return Ok(0);
-    }
-    (n_slots - 1)
-        .checked_mul(stride)
-        .and_then(|s| s.checked_add(len))
-        .ok_or_else(|| ReduceError::invariant("slot span overflows usize"))
-}
-
-impl FoldOps<CudaSlice<f32>> for KernelFold {
-    fn sum_slots(
-        &mut self,
-        slots: &CudaSlice<f32>,
-        slots_off: usize,
-        n_slots: usize,
-        stride: usize,
-        len: usize,
-        out: &mut CudaSlice<f32>,
-        out_off: usize,
-    ) -> Result<()> {
-        let s = view(
-            slots,
-            slots_off,
-            span(n_slots, stride, len)?,
-            "sum_slots slots",
-        )?;
-        let mut o = view_mut(out, out_off, len, "sum_slots output")?;
-        self.kernel
-            .det_sum_ranks(&self.stream, &s, n_slots, stride, len, &mut o)?;
-        Ok(())
-    }
-
-    fn accumulate(
-        &mut self,
-        acc: &mut CudaSlice<f32>,
-        acc_off: usize,
-        slots: &CudaSlice<f32>,
-        slots_off: usize,
-        n_slots: usize,
-        stride: usize,
-        len: usize,
-    ) -> Result<()> {
-        let s = view(
-            slots,
-            slots_off,
-            span(n_slots, stride, len)?,
-            "accumulate slots",
-        )?;
-        let mut a = view_mut(acc, acc_off, len, "accumulator")?;
-        self.kernel
-            .det_accumulate_ranks(&self.stream, &mut a, &s, n_slots, stride, len)?;
-        Ok(())
-    }
-
+impl FoldOps<CudaSlice<f32>> for DeviceFold {
     fn copy(
         &mut self,
         src: &CudaSlice<f32>,
@@ -327,7 +272,7 @@ impl FoldOps<CudaSlice<f32>> for KernelFold {
         &mut self,
         dst: &mut CudaSlice<f32>,
         dst_off: usize,
-        terms: &[ChainTerm<'_, CudaSlice<f32>>],
+        terms: &[ChainTerm<&CudaSlice<f32>>],
         len: usize,
         factor: Option<f32>,
     ) -> Result<()> {
@@ -353,7 +298,7 @@ impl FoldOps<CudaSlice<f32>> for KernelFold {
     }
 }
 
-impl EmulatorMemory<CudaSlice<f32>> for KernelFold {
+impl EmulatorMemory<CudaSlice<f32>> for DeviceFold {
     fn load(&mut self, values: &[f32]) -> Result<CudaSlice<f32>> {
         let buf = if values.is_empty() {
             self.stream.null()
@@ -418,7 +363,10 @@ mod tests {
         let plan = |world, logical, chunk| RankPlan::new(0, world, logical, len, chunk).unwrap();
         assert!(!overlaps_transfers(&plan(2, 2, None)));
         assert!(overlaps_transfers(&plan(2, 2, Some(len / 2))));
-        assert!(overlaps_transfers(&plan(2, 4, None)));
+        assert!(overlaps_transfers(&plan(2, 4, Some(len / 4))));
+        // A 4 MiB pipeline defaults to one chunk (100 us per group):
+        // nothing runs beside its fold.
+        assert!(!overlaps_transfers(&plan(2, 4, None)));
         // One process: a pipeline of folds with no transfer beside them.
         assert!(!overlaps_transfers(&plan(1, 4, Some(len / 8))));
     }

@@ -32,17 +32,18 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use kernels::FoldKernel;
 use mamba_comm::nccl::NcclComm;
 
-use super::KernelFold;
+use super::DeviceFold;
 use crate::exec::{check_buffers, execute, run_group};
-use crate::plan::{BufId, ComputeOp, RankPlan, Term};
+use crate::fold::ChainTerm;
+use crate::plan::{BufId, ComputeOp, RankPlan};
 use crate::reducer::PlanRunner;
 use crate::{ReduceError, Result};
 
 /// How long a failed reduction waits for its queued folds (see
-/// [`KernelFold::settle`]).
+/// [`DeviceFold::settle`]).
 const LANE_SETTLE: Duration = Duration::from_secs(10);
 
-impl PlanRunner<NcclComm> for KernelFold {
+impl PlanRunner<NcclComm> for DeviceFold {
     fn run_plan(
         &mut self,
         plan: &RankPlan,
@@ -136,7 +137,7 @@ fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> ReduceErr
     move |e| ReduceError::device(op, e)
 }
 
-impl KernelFold {
+impl DeviceFold {
     /// The compute lane: a second stream in the communicator's context.
     fn lane(&mut self) -> Result<Arc<CudaStream>> {
         if let Some(l) = &self.lane {
@@ -179,7 +180,7 @@ impl KernelFold {
         if comm_stream.context().cu_ctx() != self.stream.context().cu_ctx() {
             return Err(ReduceError::config(format!(
                 "the fold kernels were loaded on device {}, the communicator runs on device {}; \
-                 load the KernelFold on the communicator's stream",
+                 load the DeviceFold on the communicator's stream",
                 self.stream.context().ordinal(),
                 comm_stream.context().ordinal()
             )));
@@ -333,8 +334,8 @@ fn launch(kernel: &FoldKernel, lane: &CudaStream, op: &ComputeOp, bases: &Bases)
             let addends = terms
                 .iter()
                 .map(|t| match t {
-                    Term::Dst => Ok(d),
-                    Term::Buf(b, off) => bases.at(*b, *off),
+                    ChainTerm::Dst => Ok(d),
+                    ChainTerm::Buf(b, off) => bases.at(*b, *off),
                 })
                 .collect::<Result<Vec<u64>>>()?;
             // SAFETY: the plan is validated (every chain's output and

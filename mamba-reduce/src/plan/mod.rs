@@ -21,7 +21,7 @@
 //! and fold operations on a compute lane, each lane in step order, and a
 //! lane waits for the other only where the plan's regions conflict (a
 //! write against a read or write of an overlapping element range of the
-//! same buffer). [`lanes`](crate::lanes) derives those waits from the plan
+//! same buffer). [`lanes`] derives those waits from the plan
 //! (`LaneDeps`); because every conflicting pair keeps its sequential
 //! order, every two-lane schedule computes exactly what the sequential one
 //! does. The emulated world checks it by running random two-lane schedules
@@ -71,12 +71,21 @@
 //!
 //! See the crate docs for what this means in time on two H200s.
 
+mod chunk;
+pub(crate) mod lanes;
+mod ops;
+mod pipeline;
+mod sharded;
+mod validate;
+
 use std::ops::Range;
 
-use crate::fold::mean_factor;
-use crate::lanes::{lane_deps, LaneDeps};
-use crate::shard::ShardPlan;
+use crate::fold::{mean_factor, ChainTerm};
 use crate::{ReduceError, Result};
+use lanes::{lane_deps, LaneDeps};
+
+pub use chunk::{GROUP_OVERHEAD_SEC, LINK_BYTES_PER_SEC};
+pub(crate) use ops::{overlaps, BufId, CommOp, ComputeOp, Step};
 
 /// Position limit of the arena's own shard in a sharded chain: the fold
 /// kernel takes [`kernels::MAX_CHAIN_ADDENDS`] addends per launch and
@@ -84,67 +93,6 @@ use crate::{ReduceError, Result};
 /// be among the first that many. Ranks at or past it copy their shard into a
 /// slot first.
 pub(crate) const CHAIN_DST_LIMIT: usize = kernels::MAX_CHAIN_ADDENDS;
-
-/// Which buffer an operation names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum BufId {
-    /// The caller's `j`-th local arena (logical rank `rank * B + j`).
-    Local(usize),
-    /// The reducer's scratch buffer (slots, or the incoming prefix).
-    Scratch,
-}
-
-/// One point-to-point message, in elements.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum CommOp {
-    Send {
-        buf: BufId,
-        range: Range<usize>,
-        peer: usize,
-    },
-    Recv {
-        buf: BufId,
-        range: Range<usize>,
-        peer: usize,
-    },
-}
-
-/// One addend of a chain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Term {
-    /// The output region's own values (read before they are overwritten).
-    Dst,
-    /// `len` elements of another buffer from this offset.
-    Buf(BufId, usize),
-}
-
-/// One fold operation (see [`FoldOps`](crate::FoldOps) for the semantics).
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum ComputeOp {
-    /// `dst[dst_off + i] = ((t0[i] + t1[i]) + ...) * factor`.
-    Chain {
-        dst: BufId,
-        dst_off: usize,
-        terms: Vec<Term>,
-        len: usize,
-        factor: Option<f32>,
-    },
-    /// `dst[dst_off..][..len] = src[src_off..][..len]`.
-    Copy {
-        src: BufId,
-        src_off: usize,
-        dst: BufId,
-        dst_off: usize,
-        len: usize,
-    },
-}
-
-/// A group of messages, then fold operations.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct Step {
-    pub(crate) comm: Vec<CommOp>,
-    pub(crate) compute: Vec<ComputeOp>,
-}
 
 /// Which of the two dataflows a plan uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,18 +102,6 @@ pub enum Dataflow {
     /// `L > P`: running prefix carried rank to rank, result relayed.
     Pipeline,
 }
-
-/// Sustained NCCL point-to-point bandwidth the default chunks are sized
-/// for: one direction of an NVLink pair of H200s (~360 GB/s measured).
-pub const LINK_BYTES_PER_SEC: f64 = 360e9;
-/// Fixed device-side cost of one queued point-to-point group (kernel
-/// launch gap and NCCL's handshake, ~10 us).
-pub const GROUP_OVERHEAD_SEC: f64 = 10e-6;
-/// Chunk lengths are rounded up to a multiple of this many elements (4 KiB),
-/// so chunk and (for even `P`) shard boundaries keep 16-byte alignment.
-const CHUNK_ALIGN: usize = 1024;
-/// Most chunks a default pipeline plan uses.
-const MAX_PIPELINE_CHUNKS: usize = 64;
 
 /// What one rank's reduction moves and launches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -275,42 +211,15 @@ impl RankPlan {
             Dataflow::Pipeline => plan.build_pipeline(),
         }
         plan.validate()?;
-        plan.lanes = lane_deps(&plan);
+        plan.lanes = lane_deps(&plan.steps);
         Ok(plan)
     }
 
     /// The default chunk length for `len`-element arenas reduced by `world`
-    /// processes over `logical_world` logical ranks (counts in the crate
-    /// docs):
-    /// - sharded (`P = L`): the whole arena, at every size. Chunking is meant
-    ///   to hide each chunk's fold behind the next chunk's transfer, but on
-    ///   2x H200 it never won (docs/PERFORMANCE.md, 2026-11-30: at 1 GiB one
-    ///   chunk took 1.06x NCCL's all-reduce, two 1.13-1.19x, at any fold
-    ///   grid): every extra group costs the host ~70-120 us (the communicator
-    ///   is nonblocking, so NCCL launches each group from a thread of its
-    ///   own), more than the fold it hides (~0.1 ms per 512 MiB). Chunked
-    ///   plans stay available through an explicit chunk length;
-    /// - pipeline (`L > P`, `P >= 2`): `C = sqrt(F T / o)` chunks, which
-    ///   minimises `T (C + F) / C + (C + F) o` — the link time `T` of the
-    ///   arena at [`LINK_BYTES_PER_SEC`] stretched by the `F = 3P - 3`
-    ///   steps of filling and draining, plus [`GROUP_OVERHEAD_SEC`] per
-    ///   step. For two H200s: 1 GiB gives 30 chunks of ~34 MiB, 256 MiB 15,
-    ///   16 MiB 4, 4 MiB 2;
-    /// - one process (`P = 1`): the whole arena.
-    ///
-    /// Rounded up to a multiple of 1024 elements; never changes bits.
+    /// processes over `logical_world` logical ranks: see [`chunk`] for the
+    /// model (and the crate docs for the counts). Never changes bits.
     pub fn default_chunk(len: usize, world: usize, logical_world: usize) -> usize {
-        let bytes = 4 * len;
-        // One process, or the sharded dataflow (P = L): the whole arena.
-        let chunks = if world <= 1 || logical_world == world {
-            1
-        } else {
-            let fill = (3 * world - 3) as f64;
-            let link = bytes as f64 / LINK_BYTES_PER_SEC;
-            let c = (fill * link / GROUP_OVERHEAD_SEC).sqrt().round();
-            (c as usize).clamp(1, MAX_PIPELINE_CHUNKS)
-        };
-        len.div_ceil(chunks).next_multiple_of(CHUNK_ALIGN).max(1)
+        chunk::default_chunk(len, world, logical_world)
     }
 
     /// This rank.
@@ -398,288 +307,6 @@ impl RankPlan {
     fn factor(&self) -> Option<f32> {
         (self.logical_world > 1).then(|| mean_factor(self.logical_world))
     }
-
-    fn build_sharded(&mut self, dst_limit: usize) {
-        let (p_world, rank) = (self.world, self.rank);
-        let n_chunks = self.chunks();
-        if p_world == 1 || n_chunks == 0 {
-            // One process holding its one logical rank: the mean is the arena.
-            return;
-        }
-        // Ranks whose own shard would sit past the kernel's first launch
-        // copy it into slot `rank` and fold P slots instead of P-1 + itself.
-        let copy_own = rank >= dst_limit;
-        let n_slots = if copy_own { p_world } else { p_world - 1 };
-        // Slot stride: the largest shard of the largest chunk, rounded up to
-        // 4 elements so every slot row is 16-byte aligned (the kernel's
-        // vector path).
-        let largest = ShardPlan::of(self.chunk.min(self.len), p_world).max_shard_len();
-        let stride = largest.next_multiple_of(4);
-        let sets = n_chunks.min(2);
-        let set_len = n_slots * stride;
-        self.scratch_len = sets * set_len;
-        let slot_of = |src: usize| {
-            if copy_own || src < rank {
-                src
-            } else {
-                src - 1
-            }
-        };
-        let lag = n_chunks.min(2);
-        let shards = |a: usize| ShardPlan::of(self.chunk_range(a).len(), p_world);
-        let mut steps = vec![Step::default(); n_chunks + lag];
-        for a in 0..n_chunks {
-            let base = self.chunk_range(a).start;
-            let plan = shards(a);
-            let own = plan.range(rank);
-            let set = (a % sets) * set_len;
-            // Scatter of chunk a at step a: every peer's shard goes to its
-            // owner; this rank's shard from every peer lands in its slot.
-            let step = &mut steps[a];
-            for peer in (0..p_world).filter(|&p| p != rank) {
-                let theirs = plan.range(peer);
-                if !theirs.is_empty() {
-                    step.comm.push(CommOp::Send {
-                        buf: BufId::Local(0),
-                        range: base + theirs.start..base + theirs.end,
-                        peer,
-                    });
-                }
-                if !own.is_empty() {
-                    let s = set + slot_of(peer) * stride;
-                    step.comm.push(CommOp::Recv {
-                        buf: BufId::Scratch,
-                        range: s..s + own.len(),
-                        peer,
-                    });
-                }
-            }
-            if !own.is_empty() {
-                let off = base + own.start;
-                if copy_own {
-                    step.compute.push(ComputeOp::Copy {
-                        src: BufId::Local(0),
-                        src_off: off,
-                        dst: BufId::Scratch,
-                        dst_off: set + rank * stride,
-                        len: own.len(),
-                    });
-                }
-                let terms = (0..p_world)
-                    .map(|src| {
-                        if src == rank && !copy_own {
-                            Term::Dst
-                        } else {
-                            Term::Buf(BufId::Scratch, set + slot_of(src) * stride)
-                        }
-                    })
-                    .collect();
-                step.compute.push(ComputeOp::Chain {
-                    dst: BufId::Local(0),
-                    dst_off: off,
-                    terms,
-                    len: own.len(),
-                    factor: self.factor(),
-                });
-            }
-            // Gather of chunk a at step a + lag: the reduced shards go back
-            // to every rank, straight into the arenas.
-            let step = &mut steps[a + lag];
-            for peer in (0..p_world).filter(|&p| p != rank) {
-                if !own.is_empty() {
-                    step.comm.push(CommOp::Send {
-                        buf: BufId::Local(0),
-                        range: base + own.start..base + own.end,
-                        peer,
-                    });
-                }
-                let theirs = plan.range(peer);
-                if !theirs.is_empty() {
-                    step.comm.push(CommOp::Recv {
-                        buf: BufId::Local(0),
-                        range: base + theirs.start..base + theirs.end,
-                        peer,
-                    });
-                }
-            }
-        }
-        self.steps = steps;
-    }
-
-    fn build_pipeline(&mut self) {
-        let (p_world, rank, blocks) = (self.world, self.rank, self.blocks());
-        let n_chunks = self.chunks();
-        if n_chunks == 0 {
-            return;
-        }
-        let sets = n_chunks.min(2);
-        let chunk_cap = self.chunk.min(self.len);
-        if rank > 0 {
-            self.scratch_len = sets * chunk_cap;
-        }
-        let n_steps = if p_world == 1 {
-            n_chunks
-        } else {
-            n_chunks + 3 * p_world - 3
-        };
-        let mut steps = vec![Step::default(); n_steps];
-        let last = p_world - 1;
-        for a in 0..n_chunks {
-            let r = self.chunk_range(a);
-            let n = r.len();
-            let set = (a % sets) * chunk_cap;
-            // The step at which this rank folds chunk a (and, for p >= 1,
-            // receives its prefix).
-            let fold_at = if rank == 0 { a } else { a + 2 * rank - 1 };
-            let mut terms = vec![Term::Dst];
-            if rank > 0 {
-                // prefix + g_{rank*B}, computed as g_{rank*B} + prefix.
-                steps[fold_at].comm.push(CommOp::Recv {
-                    buf: BufId::Scratch,
-                    range: set..set + n,
-                    peer: rank - 1,
-                });
-                terms.push(Term::Buf(BufId::Scratch, set));
-            }
-            terms.extend((1..blocks).map(|j| Term::Buf(BufId::Local(j), r.start)));
-            steps[fold_at].compute.push(ComputeOp::Chain {
-                dst: BufId::Local(0),
-                dst_off: r.start,
-                terms,
-                len: n,
-                factor: if rank == last { self.factor() } else { None },
-            });
-            if p_world == 1 {
-                continue;
-            }
-            // Forward the prefix (rank 0 one step after its fold, which has
-            // no incoming data to wait for; the others two steps after, so
-            // the fold of the next chunk overlaps the transfer), or relay the
-            // finished chunk from the last rank to rank 0.
-            let send_at = if rank == 0 { a + 1 } else { fold_at + 2 };
-            let to = if rank == last { 0 } else { rank + 1 };
-            steps[send_at].comm.push(CommOp::Send {
-                buf: BufId::Local(0),
-                range: r.clone(),
-                peer: to,
-            });
-            // The relay 0 -> 1 -> ... -> P-2 of the finished chunk, one step
-            // per hop, starting when rank 0 receives it from the last rank.
-            if rank < last {
-                let got_at = a + 2 * p_world - 1 + rank;
-                let from = if rank == 0 { last } else { rank - 1 };
-                steps[got_at].comm.push(CommOp::Recv {
-                    buf: BufId::Local(0),
-                    range: r.clone(),
-                    peer: from,
-                });
-                if rank + 2 < p_world {
-                    steps[got_at + 1].comm.push(CommOp::Send {
-                        buf: BufId::Local(0),
-                        range: r.clone(),
-                        peer: rank + 1,
-                    });
-                }
-            }
-        }
-        self.steps = steps;
-    }
-
-    /// Check the plan's own invariants: every range inside its buffer, no
-    /// message to self, within a step no received region overlapping
-    /// another received or a sent region of the same buffer (so delivery
-    /// order cannot matter), and every fold operation in bounds with its
-    /// output disjoint from its inputs except as the output's own term, at a
-    /// position the kernel's first launch covers.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |step: usize, what: String| {
-            Err(ReduceError::invariant(format!(
-                "rank {} step {step}: {what}",
-                self.rank
-            )))
-        };
-        let size = |b: BufId| match b {
-            BufId::Local(j) if j < self.blocks() => Some(self.len),
-            BufId::Local(_) => None,
-            BufId::Scratch => Some(self.scratch_len),
-        };
-        let within =
-            |b: BufId, r: &Range<usize>| size(b).is_some_and(|n| r.start <= r.end && r.end <= n);
-        for (t, step) in self.steps.iter().enumerate() {
-            let mut recvs: Vec<(BufId, Range<usize>)> = Vec::new();
-            let mut sends: Vec<(BufId, Range<usize>)> = Vec::new();
-            for op in &step.comm {
-                let (buf, range, peer, list) = match op {
-                    CommOp::Send { buf, range, peer } => (*buf, range, *peer, &mut sends),
-                    CommOp::Recv { buf, range, peer } => (*buf, range, *peer, &mut recvs),
-                };
-                if peer == self.rank || peer >= self.world {
-                    return bad(t, format!("message with peer {peer}"));
-                }
-                if !within(buf, range) || range.is_empty() {
-                    return bad(t, format!("message range {range:?} invalid in {buf:?}"));
-                }
-                list.push((buf, range.clone()));
-            }
-            for (i, (b, r)) in recvs.iter().enumerate() {
-                let clash = recvs[i + 1..].iter().chain(sends.iter());
-                if clash.clone().any(|(b2, r2)| b2 == b && overlaps(r, r2)) {
-                    return bad(
-                        t,
-                        format!("received region {b:?} {r:?} overlaps another message"),
-                    );
-                }
-            }
-            for op in &step.compute {
-                let ok = match op {
-                    ComputeOp::Chain {
-                        dst,
-                        dst_off,
-                        terms,
-                        len,
-                        ..
-                    } => {
-                        let dsts = terms.iter().filter(|t| **t == Term::Dst).count();
-                        let dst_pos = terms.iter().position(|t| *t == Term::Dst);
-                        !terms.is_empty()
-                            && dsts <= 1
-                            && dst_pos.is_none_or(|k| {
-                                terms.len() <= kernels::MAX_CHAIN_ADDENDS
-                                    || k < kernels::MAX_CHAIN_ADDENDS
-                            })
-                            && within(*dst, &(*dst_off..dst_off + len))
-                            && terms.iter().all(|t| match t {
-                                Term::Dst => true,
-                                Term::Buf(b, off) => b != dst && within(*b, &(*off..off + len)),
-                            })
-                    }
-                    ComputeOp::Copy {
-                        src,
-                        src_off,
-                        dst,
-                        dst_off,
-                        len,
-                    } => {
-                        src != dst
-                            && within(*src, &(*src_off..src_off + len))
-                            && within(*dst, &(*dst_off..dst_off + len))
-                    }
-                };
-                if !ok {
-                    return bad(
-                        t,
-                        format!("fold operation out of bounds or aliased: {op:?}"),
-                    );
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Whether two element ranges share an element.
-pub(crate) fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
-    a.start < b.end && b.start < a.end && !a.is_empty() && !b.is_empty()
 }
 
 /// Kernel launches of one chain of `n` addends: the first launch takes
@@ -806,10 +433,11 @@ mod tests {
             let len = mib * (1 << 20) / 4;
             len.div_ceil(RankPlan::default_chunk(len, p, l))
         };
-        assert_eq!(chunks(1024, 2, 4), 30);
-        assert_eq!(chunks(256, 2, 4), 15);
-        assert_eq!(chunks(16, 2, 4), 4);
-        assert_eq!(chunks(4, 2, 4), 2);
+        assert_eq!(chunks(1024, 2, 4), 9);
+        assert_eq!(chunks(256, 2, 4), 5);
+        assert_eq!(chunks(64, 2, 4), 2);
+        assert_eq!(chunks(16, 2, 4), 1);
+        assert_eq!(chunks(4, 2, 4), 1);
         assert_eq!(chunks(1024, 2, 2), 1);
         assert_eq!(chunks(256, 2, 2), 1);
         assert_eq!(chunks(128, 2, 2), 1);
@@ -817,7 +445,7 @@ mod tests {
         assert_eq!(chunks(32, 2, 2), 1);
         assert_eq!(chunks(1024, 1, 4), 1);
         assert_eq!(RankPlan::default_chunk(0, 2, 4), 1);
-        assert_eq!(RankPlan::default_chunk(5000, 2, 4) % CHUNK_ALIGN, 0);
+        assert_eq!(RankPlan::default_chunk(5000, 2, 4) % chunk::CHUNK_ALIGN, 0);
     }
 
     #[test]

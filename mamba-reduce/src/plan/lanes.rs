@@ -15,7 +15,8 @@
 
 use std::ops::Range;
 
-use crate::plan::{overlaps, BufId, CommOp, ComputeOp, RankPlan, Step, Term};
+use super::ops::{overlaps, BufId, CommOp, ComputeOp, Step};
+use crate::fold::ChainTerm;
 
 /// The waits of one step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,8 +72,8 @@ fn compute_accesses(step: &Step) -> Vec<Access> {
                     write: true,
                 });
                 out.extend(terms.iter().filter_map(|t| match t {
-                    Term::Dst => None,
-                    Term::Buf(b, off) => Some(Access {
+                    ChainTerm::Dst => None,
+                    ChainTerm::Buf(b, off) => Some(Access {
                         buf: *b,
                         range: *off..off + len,
                         write: false,
@@ -109,11 +110,11 @@ fn conflict(a: &[Access], b: &[Access]) -> bool {
     })
 }
 
-/// The waits of every step of `plan` (see the module docs).
-pub(crate) fn lane_deps(plan: &RankPlan) -> Vec<LaneDeps> {
-    let comm: Vec<Vec<Access>> = plan.steps.iter().map(comm_accesses).collect();
-    let compute: Vec<Vec<Access>> = plan.steps.iter().map(compute_accesses).collect();
-    (0..plan.steps.len())
+/// The waits of every step of a plan's `steps` (see the module docs).
+pub(crate) fn lane_deps(steps: &[Step]) -> Vec<LaneDeps> {
+    let comm: Vec<Vec<Access>> = steps.iter().map(comm_accesses).collect();
+    let compute: Vec<Vec<Access>> = steps.iter().map(compute_accesses).collect();
+    (0..steps.len())
         .map(|t| LaneDeps {
             comm_after: if comm[t].is_empty() {
                 None
@@ -132,6 +133,9 @@ pub(crate) fn lane_deps(plan: &RankPlan) -> Vec<LaneDeps> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The plans whose waits these tests check (test-only: lanes itself
+    // knows only steps).
+    use crate::plan::RankPlan;
 
     #[test]
     fn sharded_folds_wait_for_their_scatter_and_gathers_for_their_fold() {

@@ -1,0 +1,307 @@
+//! Launchers of `kernels/cuda/mamba_ops.cu`'s causal depthwise conv: the
+//! forward with SiLU, the backward through SiLU, the input gradient and the
+//! weight and bias gradients (fixed two-stage sums). Formulas are in the
+//! `.cu` file.
+
+use cudarc::driver::{CudaFunction, CudaStream, CudaView, CudaViewMut};
+
+use super::check;
+use super::launcher::{Arg, Grid, Launch};
+use super::ops::THREADS;
+use super::reductions::REDUCE_THREADS;
+use super::{MambaKernels, COL_SLAB};
+use crate::error::KernelError;
+
+/// Largest conv width the conv weight-gradient kernel handles.
+pub const MAX_CONV_WIDTH: usize = 8;
+
+impl MambaKernels {
+    /// `u = SiLU(conv(x))`: causal depthwise conv of width `k` with bias
+    /// over each sequence of `seq_len` rows; `x` is `[rows, d_inner]` with
+    /// leading dimension `ldx` (the first half of in_proj's output), `w` is
+    /// `[d_inner, 1, k]`, `u` is `[rows, d_inner]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_fwd(
+        &self,
+        stream: &CudaStream,
+        x: &CudaView<f32>,
+        ldx: usize,
+        w: &CudaView<f32>,
+        bias: &CudaView<f32>,
+        u: &mut CudaViewMut<f32>,
+        rows: usize,
+        seq_len: usize,
+        d_inner: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.conv_pointwise(
+            "mamba_conv_fwd",
+            &self.f.conv_fwd,
+            "u",
+            stream,
+            x,
+            ldx,
+            w,
+            bias,
+            u,
+            rows,
+            seq_len,
+            d_inner,
+            k,
+        )
+    }
+
+    /// In place, `g <- g * SiLU'(pre)`: turns the gradient of the conv's
+    /// output `u` into the gradient of its pre-activation (recomputed from
+    /// `x`, `w`, `bias`). Same shapes as [`Self::conv_fwd`], `g` in `u`'s place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_bwd_pre(
+        &self,
+        stream: &CudaStream,
+        x: &CudaView<f32>,
+        ldx: usize,
+        w: &CudaView<f32>,
+        bias: &CudaView<f32>,
+        g: &mut CudaViewMut<f32>,
+        rows: usize,
+        seq_len: usize,
+        d_inner: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.conv_pointwise(
+            "mamba_conv_bwd_pre",
+            &self.f.conv_bwd_pre,
+            "g",
+            stream,
+            x,
+            ldx,
+            w,
+            bias,
+            g,
+            rows,
+            seq_len,
+            d_inner,
+            k,
+        )
+    }
+
+    /// The shared launcher of [`Self::conv_fwd`] and [`Self::conv_bwd_pre`]:
+    /// both kernels recompute the conv's pre-activation from `x`, `w` and
+    /// `bias` at each element of `[rows, d_inner]` and write one value of
+    /// `out` there, so they take the same arguments, checks and grid.
+    /// `out_name` names `out` in errors.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_pointwise(
+        &self,
+        kernel: &'static str,
+        func: &CudaFunction,
+        out_name: &str,
+        stream: &CudaStream,
+        x: &CudaView<f32>,
+        ldx: usize,
+        w: &CudaView<f32>,
+        bias: &CudaView<f32>,
+        out: &mut CudaViewMut<f32>,
+        rows: usize,
+        seq_len: usize,
+        d_inner: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.check_stream(kernel, stream)?;
+        conv_checks(kernel, rows, seq_len, k)?;
+        check::matrix(kernel, "x", x.len(), rows, d_inner, ldx)?;
+        check::len(kernel, "w", w.len(), check::mul(kernel, "w", d_inner, k)?)?;
+        check::len(kernel, "bias", bias.len(), d_inner)?;
+        check::len(
+            kernel,
+            out_name,
+            out.len(),
+            check::mul(kernel, out_name, rows, d_inner)?,
+        )?;
+        if rows == 0 || d_inner == 0 {
+            return Ok(());
+        }
+        let launch = Launch {
+            kernel,
+            func,
+            grid: Grid::RowsByCols {
+                rows,
+                cols: d_inner,
+            },
+            block: THREADS,
+        };
+        let mut args = [
+            Arg::In(x),
+            Arg::Long("ldx", ldx),
+            Arg::In(w),
+            Arg::In(bias),
+            Arg::Out(out),
+            Arg::Int("seq_len", seq_len),
+            Arg::Int("d_inner", d_inner),
+            Arg::Int("k", k),
+        ];
+        // SAFETY: `func` is mamba_conv_fwd or mamba_conv_bwd_pre (the callers
+        // pass the one `kernel` names); both are (const float* x, long long
+        // ldx, const float* w, const float* bias, float* out, int T, int D,
+        // int K); rows are a whole number of sequences, reads stay inside
+        // the sequence, extents checked above.
+        unsafe { self.launch(stream, launch, &mut args) }
+    }
+
+    /// `dx[b, t, c] = sum_k w[c, k] dpre[b, t + k_max - k, c]` (inside the
+    /// sequence), written to `dx` (leading dimension `ldo`; the first half
+    /// of in_proj's output gradient).
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_bwd_dx(
+        &self,
+        stream: &CudaStream,
+        dpre: &CudaView<f32>,
+        w: &CudaView<f32>,
+        dx: &mut CudaViewMut<f32>,
+        ldo: usize,
+        rows: usize,
+        seq_len: usize,
+        d_inner: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "mamba_conv_bwd_dx";
+        self.check_stream(K, stream)?;
+        conv_checks(K, rows, seq_len, k)?;
+        check::len(K, "dpre", dpre.len(), check::mul(K, "dpre", rows, d_inner)?)?;
+        check::len(K, "w", w.len(), check::mul(K, "w", d_inner, k)?)?;
+        check::matrix(K, "dx", dx.len(), rows, d_inner, ldo)?;
+        if rows == 0 || d_inner == 0 {
+            return Ok(());
+        }
+        let launch = Launch {
+            kernel: K,
+            func: &self.f.conv_bwd_dx,
+            grid: Grid::RowsByCols {
+                rows,
+                cols: d_inner,
+            },
+            block: THREADS,
+        };
+        let mut args = [
+            Arg::In(dpre),
+            Arg::In(w),
+            Arg::Out(dx),
+            Arg::Long("ldo", ldo),
+            Arg::Int("seq_len", seq_len),
+            Arg::Int("d_inner", d_inner),
+            Arg::Int("k", k),
+        ];
+        // SAFETY: matches mamba_conv_bwd_dx(const float* dpre, const float*
+        // w, float* dx, long long ldo, int T, int D, int K); extents checked.
+        unsafe { self.launch(stream, launch, &mut args) }
+    }
+
+    /// Partial buffer length [`Self::conv_wgrad`] needs.
+    pub fn conv_wgrad_scratch_len(rows: usize, d_inner: usize, k: usize) -> usize {
+        rows.div_ceil(COL_SLAB) * (d_inner * k + d_inner)
+    }
+
+    /// The conv's weight and bias gradients: `dw[c, k] = sum_m dpre[m, c]
+    /// x[m - k_max + k, c]` and `db[c] = sum_m dpre[m, c]`, each a fixed
+    /// two-stage sum (slabs of [`COL_SLAB`] rows, then slabs ascending).
+    /// `scratch` holds [`Self::conv_wgrad_scratch_len`] elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_wgrad(
+        &self,
+        stream: &CudaStream,
+        dpre: &CudaView<f32>,
+        x: &CudaView<f32>,
+        ldx: usize,
+        scratch: &mut CudaViewMut<f32>,
+        dw: &mut CudaViewMut<f32>,
+        db: &mut CudaViewMut<f32>,
+        rows: usize,
+        seq_len: usize,
+        d_inner: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "mamba_conv_wgrad_partial";
+        self.check_stream(K, stream)?;
+        conv_checks(K, rows, seq_len, k)?;
+        check::len(K, "dpre", dpre.len(), check::mul(K, "dpre", rows, d_inner)?)?;
+        check::matrix(K, "x", x.len(), rows, d_inner, ldx)?;
+        let stride = d_inner * k + d_inner;
+        check::len(
+            K,
+            "scratch",
+            scratch.len(),
+            Self::conv_wgrad_scratch_len(rows, d_inner, k),
+        )?;
+        check::len(K, "dw", dw.len(), d_inner * k)?;
+        check::len(K, "db", db.len(), d_inner)?;
+        if d_inner == 0 {
+            return Ok(());
+        }
+        if rows == 0 {
+            return Err(KernelError::invalid(
+                K,
+                "no rows: the gradient would be undefined",
+            ));
+        }
+        let slabs = rows.div_ceil(COL_SLAB);
+        let launch = Launch {
+            kernel: K,
+            func: &self.f.conv_wgrad_partial,
+            grid: Grid::Dims(slabs, d_inner.div_ceil(32), 1),
+            block: REDUCE_THREADS,
+        };
+        let mut args = [
+            Arg::In(dpre),
+            Arg::In(x),
+            Arg::Long("ldx", ldx),
+            Arg::Out(&mut *scratch),
+            Arg::Long("rows", rows),
+            Arg::Int("seq_len", seq_len),
+            Arg::Int("d_inner", d_inner),
+            Arg::Int("k", k),
+        ];
+        // SAFETY: matches mamba_conv_wgrad_partial(const float* dpre, const
+        // float* x, long long ldx, float* part, long long M, int T, int D,
+        // int K); writes part[< slabs * stride], extents checked above.
+        unsafe { self.launch(stream, launch, &mut args) }?;
+        let part = scratch.as_view();
+        self.reduce_partials(stream, &part, slabs, stride, 0, d_inner * k, None, dw)?;
+        self.reduce_partials(stream, &part, slabs, stride, d_inner * k, d_inner, None, db)
+    }
+}
+
+/// Shared conv checks: rows are whole sequences, the width fits the kernel.
+fn conv_checks(
+    kernel: &'static str,
+    rows: usize,
+    seq_len: usize,
+    k: usize,
+) -> Result<(), KernelError> {
+    if seq_len == 0 || rows % seq_len != 0 {
+        return Err(KernelError::invalid(
+            kernel,
+            format!("{rows} rows are not a whole number of sequences of length {seq_len}"),
+        ));
+    }
+    if k == 0 || k > MAX_CONV_WIDTH {
+        return Err(KernelError::invalid(
+            kernel,
+            format!("conv width {k}; the kernels handle 1..={MAX_CONV_WIDTH}"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conv_shape_errors_say_what_is_expected() {
+        let e = conv_checks("k", 10, 4, 4).unwrap_err().to_string();
+        assert!(e.contains("not a whole number of sequences"), "{e}");
+        let e = conv_checks("k", 8, 4, 9).unwrap_err().to_string();
+        assert!(e.contains("1..=8"), "{e}");
+        assert!(conv_checks("k", 8, 4, 4).is_ok());
+    }
+}

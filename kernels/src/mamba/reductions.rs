@@ -1,0 +1,273 @@
+//! Launchers of `kernels/cuda/mamba_ops.cu`'s fixed-order reductions:
+//! column sums (two stages: slabs of [`COL_SLAB`] rows, then the slab sums
+//! ascending), the partial-sum reduction they end with, the cross-entropy
+//! and the mean loss. Formulas are in the `.cu` file.
+
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
+
+use super::check;
+use super::launcher::{Arg, Grid, Launch};
+use super::{MambaKernels, COL_SLAB};
+use crate::error::KernelError;
+
+/// Threads per block of the reduction kernels (`kReduceThreads`).
+pub(crate) const REDUCE_THREADS: u32 = 256;
+
+/// A column sum over rows, `out[c] = sum_m term(m, c)`, evaluated in the
+/// fixed two-stage order of [`MambaKernels::colsum`].
+#[derive(Clone, Copy)]
+pub enum ColSum<'a> {
+    /// `a[m, c]`.
+    Plain {
+        a: &'a CudaView<'a, f32>,
+        lda: usize,
+    },
+    /// `a[m, c] * b[m, c]`.
+    Product {
+        a: &'a CudaView<'a, f32>,
+        lda: usize,
+        b: &'a CudaView<'a, f32>,
+        ldb: usize,
+    },
+    /// `a[m, c] * b[m, c] * row_scale[m]` (RMSNorm's weight gradient with
+    /// `row_scale` = the saved 1/rms).
+    ProductRowScaled {
+        a: &'a CudaView<'a, f32>,
+        lda: usize,
+        b: &'a CudaView<'a, f32>,
+        ldb: usize,
+        row_scale: &'a CudaView<'a, f32>,
+    },
+}
+
+impl MambaKernels {
+    /// Partial buffer length [`Self::colsum`] needs.
+    pub fn colsum_scratch_len(rows: usize, cols: usize) -> usize {
+        rows.div_ceil(COL_SLAB) * cols
+    }
+
+    /// `out[c] = sum over rows of sum's term` for `c < cols`, in a fixed
+    /// order: each slab of [`COL_SLAB`] rows is summed by one block (8 row
+    /// lanes in order, then a fixed tree over the lanes), then the slab sums
+    /// are added in ascending order. `scratch` holds
+    /// [`Self::colsum_scratch_len`] elements.
+    pub fn colsum(
+        &self,
+        stream: &CudaStream,
+        sum: ColSum<'_>,
+        rows: usize,
+        cols: usize,
+        scratch: &mut CudaViewMut<f32>,
+        out: &mut CudaViewMut<f32>,
+    ) -> Result<(), KernelError> {
+        const K: &str = "mamba_colsum_partial";
+        self.check_stream(K, stream)?;
+        let (a, lda, b, ldb, rs, mode) = match sum {
+            ColSum::Plain { a, lda } => (a, lda, a, lda, a, 0i32),
+            ColSum::Product { a, lda, b, ldb } => (a, lda, b, ldb, a, 1),
+            ColSum::ProductRowScaled {
+                a,
+                lda,
+                b,
+                ldb,
+                row_scale,
+            } => {
+                check::len(K, "row_scale", row_scale.len(), rows)?;
+                (a, lda, b, ldb, row_scale, 2)
+            }
+        };
+        check::matrix(K, "a", a.len(), rows, cols, lda)?;
+        check::matrix(K, "b", b.len(), rows, cols, ldb)?;
+        check::len(
+            K,
+            "scratch",
+            scratch.len(),
+            Self::colsum_scratch_len(rows, cols),
+        )?;
+        check::len(K, "out", out.len(), cols)?;
+        if cols == 0 {
+            return Ok(());
+        }
+        if rows == 0 {
+            return Err(KernelError::invalid(K, "no rows to sum"));
+        }
+        let slabs = rows.div_ceil(COL_SLAB);
+        let launch = Launch {
+            kernel: K,
+            func: &self.f.colsum_partial,
+            grid: Grid::Dims(slabs, cols.div_ceil(32), 1),
+            block: REDUCE_THREADS,
+        };
+        let mut args = [
+            Arg::In(a),
+            Arg::Long("lda", lda),
+            Arg::In(b),
+            Arg::Long("ldb", ldb),
+            Arg::In(rs),
+            Arg::I32(mode),
+            Arg::Out(&mut *scratch),
+            Arg::Long("rows", rows),
+            Arg::Int("cols", cols),
+        ];
+        // SAFETY: matches mamba_colsum_partial(const float* a, long long lda,
+        // const float* b, long long ldb, const float* rs, int mode, float*
+        // part, long long M, int C); b and rs are read only in the modes
+        // that checked them (else they alias a, which is only read).
+        unsafe { self.launch(stream, launch, &mut args) }?;
+        self.reduce_partials(stream, &scratch.as_view(), slabs, cols, 0, cols, None, out)
+    }
+
+    /// `out[j] = part[0][col0 + j] + part[1][col0 + j] + ...` (rows of
+    /// `part` `stride` apart, summed in ascending order) for `j < ncols`;
+    /// with `neg_exp_of = Some(a_log)` the sum is multiplied by
+    /// `-exp(a_log[j])` (the chain rule through `A = -exp(A_log)`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_partials(
+        &self,
+        stream: &CudaStream,
+        part: &CudaView<f32>,
+        nparts: usize,
+        stride: usize,
+        col0: usize,
+        ncols: usize,
+        neg_exp_of: Option<&CudaView<f32>>,
+        out: &mut CudaViewMut<f32>,
+    ) -> Result<(), KernelError> {
+        const K: &str = "mamba_reduce_partials";
+        self.check_stream(K, stream)?;
+        if col0 + ncols > stride && nparts > 1 {
+            return Err(KernelError::invalid(
+                K,
+                format!(
+                    "columns {col0}..{} exceed the partial stride {stride}",
+                    col0 + ncols
+                ),
+            ));
+        }
+        if nparts > 0 {
+            let need = check::mul(K, "part", nparts - 1, stride)? + col0 + ncols;
+            check::len(K, "part", part.len(), need)?;
+        }
+        check::len(K, "out", out.len(), ncols)?;
+        let (aux, mode) = match neg_exp_of {
+            Some(a) => {
+                check::len(K, "a_log", a.len(), ncols)?;
+                (a, 1i32)
+            }
+            None => (part, 0),
+        };
+        if ncols == 0 {
+            return Ok(());
+        }
+        let launch = Launch {
+            kernel: K,
+            func: &self.f.reduce_partials,
+            grid: Grid::Flat { n: ncols },
+            block: REDUCE_THREADS,
+        };
+        let mut args = [
+            Arg::In(part),
+            Arg::Int("nparts", nparts),
+            Arg::Long("stride", stride),
+            Arg::Long("col0", col0),
+            Arg::Long("ncols", ncols),
+            Arg::In(aux),
+            Arg::I32(mode),
+            Arg::Out(out),
+        ];
+        // SAFETY: matches mamba_reduce_partials(const float* part, int
+        // nparts, long long stride, long long col0, long long ncols, const
+        // float* aux, int mode, float* out); aux is read only in mode 1.
+        unsafe { self.launch(stream, launch, &mut args) }
+    }
+
+    /// Cross-entropy of `logits` (`[rows, vocab]`) against `targets` (one
+    /// per row, `-100` = ignored). Per row: `row_loss[m] = logsumexp -
+    /// logit[target]` (0 for ignored rows); with `write_grad`, the row
+    /// becomes `(softmax - onehot) / counted` (0 for ignored rows), in place.
+    /// A target outside `[0, vocab)` other than `-100` must be refused by the
+    /// caller before upload (the kernel would read outside the row).
+    #[allow(clippy::too_many_arguments)]
+    pub fn cross_entropy(
+        &self,
+        stream: &CudaStream,
+        logits: &mut CudaViewMut<f32>,
+        targets: &CudaView<i32>,
+        row_loss: &mut CudaViewMut<f32>,
+        counted: usize,
+        rows: usize,
+        vocab: usize,
+        write_grad: bool,
+    ) -> Result<(), KernelError> {
+        const K: &str = "mamba_ce_fwd_bwd";
+        self.check_stream(K, stream)?;
+        check::len(
+            K,
+            "logits",
+            logits.len(),
+            check::mul(K, "logits", rows, vocab)?,
+        )?;
+        check::len(K, "targets", targets.len(), rows)?;
+        check::len(K, "row_loss", row_loss.len(), rows)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        if vocab == 0 {
+            return Err(KernelError::invalid(K, "vocab is 0"));
+        }
+        let inv = if counted > 0 {
+            1.0f32 / counted as f32
+        } else {
+            0.0
+        };
+        let launch = Launch {
+            kernel: K,
+            func: &self.f.ce_fwd_bwd,
+            grid: Grid::Dims(rows, 1, 1),
+            block: REDUCE_THREADS,
+        };
+        let mut args = [
+            Arg::Out(logits),
+            Arg::In(targets),
+            Arg::Out(row_loss),
+            Arg::F32(inv),
+            Arg::Int("vocab", vocab),
+            Arg::I32(write_grad as i32),
+        ];
+        // SAFETY: matches mamba_ce_fwd_bwd(float* logits, const int*
+        // targets, float* row_loss, float inv_count, int V, int write_grad);
+        // extents checked above, target values validated by the caller.
+        unsafe { self.launch(stream, launch, &mut args) }
+    }
+
+    /// `out[0] = (sum of row_loss[..rows]) / counted` (0 when `counted` is
+    /// 0), in a fixed order (lane-strided serial sums, then a fixed tree).
+    pub fn loss_mean(
+        &self,
+        stream: &CudaStream,
+        row_loss: &CudaView<f32>,
+        rows: usize,
+        counted: usize,
+        out: &mut CudaViewMut<f32>,
+    ) -> Result<(), KernelError> {
+        const K: &str = "mamba_loss_mean";
+        self.check_stream(K, stream)?;
+        check::len(K, "row_loss", row_loss.len(), rows)?;
+        check::len(K, "out", out.len(), 1)?;
+        let launch = Launch {
+            kernel: K,
+            func: &self.f.loss_mean,
+            grid: Grid::Dims(1, 1, 1),
+            block: REDUCE_THREADS,
+        };
+        let mut args = [
+            Arg::In(row_loss),
+            Arg::Long("rows", rows),
+            Arg::F32(counted as f32),
+            Arg::Out(out),
+        ];
+        // SAFETY: matches mamba_loss_mean(const float* row_loss, long long M,
+        // float count, float* out); extents checked above.
+        unsafe { self.launch(stream, launch, &mut args) }
+    }
+}
