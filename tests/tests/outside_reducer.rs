@@ -167,8 +167,7 @@ proptest! {
     }
 }
 
-/// Where this test uses mamba-train (kept in one place: the trainer API is
-/// being unified). Trains the CLI's default CPU model (`mamba-train train`
+/// Where this test uses mamba-train (kept in one place). Trains the CLI's default CPU model (`mamba-train train`
 /// with no flags but a short run, under `NcclSum`, the tree's contract) at
 /// `L = logical` on this rank through `DataParallel` with `reducer`; returns
 /// the per-step losses and the final weights digest.
@@ -202,7 +201,7 @@ fn train_default_cpu_model(reducer: TreeReducer, logical: usize, steps: u64) -> 
         .replica_check("at the end")
         .expect("replicas agree")
         .digest;
-    assert_eq!(digest, dp.backend().weights_digest());
+    assert_eq!(digest, dp.trainer_mut().weights_digest().expect("digest"));
     (losses, digest)
 }
 
