@@ -13,6 +13,7 @@ pub mod model;
 pub mod optim;
 pub mod params;
 pub mod plot;
+pub mod run_config;
 pub mod seed;
 pub mod train;
 

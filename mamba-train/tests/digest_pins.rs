@@ -57,3 +57,71 @@ fn a_two_process_run_at_logical_world_four_keeps_its_pinned_digest() {
         WORLD_2_OF_4
     );
 }
+
+/// `--device cuda` with [`CUDA_FLAGS`] on one NVIDIA H200 (CUDA 13.0,
+/// driver 580, this build's kernels), as the build of 5800479 produced it.
+/// The CUDA model's bits are promised run to run on the same GPU model
+/// and build, not across GPU models: on another GPU the test checks run to
+/// run identity only and prints the digest.
+const CUDA_H200: &str = "c923d3158631f3f3372ee25f36a692e082a8232e5565d0090093da8365bd0cbe";
+
+/// A tiny selective-copy model on one GPU at logical world 2 (so the
+/// reducer's fold and scale run too), 40 steps.
+const CUDA_FLAGS: &[&str] = &[
+    "--device",
+    "cuda",
+    "--d-model",
+    "32",
+    "--layers",
+    "2",
+    "--batch",
+    "8",
+    "--seq-len",
+    "32",
+    "--memorize",
+    "8",
+    "--alphabet",
+    "8",
+    "--eval-batches",
+    "1",
+    "--steps",
+    "40",
+    "--logical-world",
+    "2",
+    "--comm-timeout",
+    "60",
+];
+
+#[test]
+fn a_cuda_run_keeps_its_pinned_digest_on_an_h200() {
+    let required = std::env::var("MAMBA_REQUIRE_GPU").is_ok_and(|v| v.trim() == "1");
+    let why = if !kernels::driver_present() {
+        Some("no CUDA driver (libcuda.so.1 not loadable)".to_string())
+    } else if !kernels::available() {
+        Some("this build has no CUDA kernels".to_string())
+    } else {
+        match kernels::device_count() {
+            Ok(0) => Some("no CUDA device".to_string()),
+            Err(e) => Some(format!("cannot count CUDA devices: {e}")),
+            Ok(_) => None,
+        }
+    };
+    if let Some(why) = why {
+        assert!(!required, "MAMBA_REQUIRE_GPU=1 but {why}");
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let name = kernels::open_context(0)
+        .and_then(|c| {
+            c.name()
+                .map_err(|e| kernels::KernelError::driver("device name", e))
+        })
+        .expect("device 0 has a name");
+    let first = digest_of(CUDA_FLAGS);
+    assert_eq!(digest_of(CUDA_FLAGS), first, "run to run on {name}");
+    if name.contains("H200") {
+        assert_eq!(first, CUDA_H200, "the pinned digest on {name}");
+    } else {
+        eprintln!("{name}: digest {first} (pinned only for an H200)");
+    }
+}

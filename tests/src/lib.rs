@@ -19,8 +19,7 @@ pub mod dp {
 
     use mamba_comm::host::{HostOptions, HostTransport};
     use mamba_reduce::{
-        host_fold, host_mean, mean_factor, EmulateOptions, EmulatedWorld, HostReducer,
-        ReduceContract, ReducerOptions,
+        host_mean, EmulateOptions, EmulatedWorld, HostReducer, ReduceContract, ReducerOptions,
     };
     use mamba_train::checkpoint;
     use mamba_train::config::ModelConfig;
@@ -74,11 +73,11 @@ pub mod dp {
         .expect("trainer")
     }
 
-    /// The engine stepped by the fixed-order contract's definition, to the
-    /// end: each step the `L` micro-batch gradients and losses are folded
-    /// in ascending order on the host and scaled by `fl(1/L)` (no reducer);
-    /// a non-finite loss or gradient skips the step.
-    pub fn definition_run(run: &RunConfig) -> Trace {
+    /// Train `run` to the end with each step's mean gradient from `mean`,
+    /// given the `L` micro-batch gradients in logical order: the loss is
+    /// the ascending host fold of the `L` losses times `fl(1/L)`, and a
+    /// non-finite loss or gradient skips the step.
+    fn run_with_mean(run: &RunConfig, mut mean: impl FnMut(Vec<Vec<f32>>) -> Vec<f32>) -> Trace {
         let mut t = trainer(run);
         let l = run.logical_world;
         let n = t.arena_len();
@@ -91,11 +90,15 @@ pub mod dp {
             }
             let finite = micro.iter().all(|m| m[0].is_finite())
                 && grads.iter().all(|g| g.iter().all(|x| x.is_finite()));
-            let rows: Vec<&[f32]> = grads.iter().map(|g| &g[..]).collect();
-            let mean = host_mean(&rows).expect("gradient fold");
             let rows: Vec<&[f32]> = micro.iter().map(|m| &m[..]).collect();
             let loss = host_mean(&rows).expect("loss fold")[0];
-            let s = t.apply(&mean, loss, finite).expect("apply");
+            // A skipped step never reads the gradient: no reduction.
+            let m = if finite {
+                mean(grads)
+            } else {
+                grads.swap_remove(0)
+            };
+            let s = t.apply(&m, loss, finite).expect("apply");
             losses.push(s.loss.to_bits());
             skipped.push(s.skipped);
         }
@@ -106,50 +109,26 @@ pub mod dp {
         }
     }
 
-    /// The trainer's step math with the gradient mean from mamba-reduce's
-    /// oracle: each step the L micro-batch gradients are reduced by an
-    /// [`EmulatedWorld`] of `world` emulated processes (with `opts`'
-    /// delivery order and chunking), the loss is the ascending host fold of
-    /// the L losses times `fl(1/L)`, and a non-finite loss or gradient
-    /// skips the step.
+    /// The engine stepped by the fixed-order contract's definition: each
+    /// step's mean is the ascending host fold of the `L` gradients times
+    /// `fl(1/L)` (`host_mean`, no reducer).
+    pub fn definition_run(run: &RunConfig) -> Trace {
+        run_with_mean(run, |grads| {
+            let rows: Vec<&[f32]> = grads.iter().map(|g| &g[..]).collect();
+            host_mean(&rows).expect("gradient fold")
+        })
+    }
+
+    /// The engine's step with the gradient mean from mamba-reduce's oracle:
+    /// an [`EmulatedWorld`] of `world` emulated processes (with `opts`'
+    /// delivery order and chunking).
     pub fn emulated_run(run: &RunConfig, world: usize, opts: &EmulateOptions) -> Trace {
-        let mut t = trainer(run);
-        let l = run.logical_world;
-        let n = t.arena_len();
-        let (mut losses, mut skipped) = (Vec::new(), Vec::new());
-        while !t.finished() {
-            let mut grads = vec![vec![0.0f32; n]; l];
-            let mut micro = Vec::with_capacity(l);
-            for (j, g) in grads.iter_mut().enumerate() {
-                micro.push([t.micro_gradient(j as u64, g).expect("gradient")]);
-            }
-            let finite = micro.iter().all(|m| m[0].is_finite())
-                && grads.iter().all(|g| g.iter().all(|x| x.is_finite()));
-            let rows: Vec<&[f32]> = micro.iter().map(|m| &m[..]).collect();
-            let mut sum = [0.0f32];
-            host_fold(&rows, &mut sum).expect("loss fold");
-            let loss = if l > 1 {
-                sum[0] * mean_factor(l)
-            } else {
-                sum[0]
-            };
-            let mean = if finite {
-                EmulatedWorld::new(grads)
-                    .expect("emulated world")
-                    .reduce_mean(world, opts)
-                    .expect("emulated reduction")
-            } else {
-                grads.swap_remove(0)
-            };
-            let s = t.apply(&mean, loss, finite).expect("apply");
-            losses.push(s.loss.to_bits());
-            skipped.push(s.skipped);
-        }
-        Trace {
-            digest: t.weights_digest().expect("digest"),
-            losses,
-            skipped,
-        }
+        run_with_mean(run, |grads| {
+            EmulatedWorld::new(grads)
+                .expect("emulated world")
+                .reduce_mean(world, opts)
+                .expect("emulated reduction")
+        })
     }
 
     /// How a thread world starts and ends.

@@ -6,8 +6,7 @@
 use cudarc::driver::{CudaFunction, CudaStream, CudaView, CudaViewMut};
 
 use super::check;
-use super::launcher::{Arg, Grid, Launch};
-use super::ops::THREADS;
+use super::launcher::{Arg, Grid, Launch, THREADS};
 use super::reductions::REDUCE_THREADS;
 use super::{MambaKernels, COL_SLAB};
 use crate::error::KernelError;

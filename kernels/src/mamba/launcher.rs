@@ -14,6 +14,9 @@ use super::check::{self, grid};
 use super::MambaKernels;
 use crate::error::KernelError;
 
+/// Threads per block of the row/element kernels.
+pub(crate) const THREADS: u32 = 128;
+
 /// How a launch's grid is derived from the problem (every block has
 /// `block` threads; `grid_dim` is checked against CUDA's limits).
 #[derive(Clone, Copy, Debug)]

@@ -7,17 +7,14 @@
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
 
 use super::check;
-use super::launcher::{Arg, Grid, Launch};
+use super::launcher::{Arg, Grid, Launch, THREADS};
 use super::reductions::REDUCE_THREADS;
 use super::MambaKernels;
 use crate::error::KernelError;
 
-pub use super::conv::MAX_CONV_WIDTH;
 pub use super::reductions::ColSum;
 pub use super::tokens::{DeviceTokenCsr, TokenCsr};
 
-/// Threads per block of the row/element kernels.
-pub(super) const THREADS: u32 = 128;
 /// Rows per block of the warp-per-row kernels (RMSNorm).
 const ROWS_PER_BLOCK: usize = 8;
 

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::train::RunConfig;
+use crate::run_config::RunConfig;
 
 /// Version of the checkpoint directory format; bumped on any incompatible
 /// change of file names, tensor names, or `state.json` fields.

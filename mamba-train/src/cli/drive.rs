@@ -13,9 +13,9 @@ use std::time::Instant;
 
 use mamba_reduce::Reducer;
 
-use super::args::TrainArgs;
+pub use super::context::RankContext;
 use super::progress::{human, stderr_line, Progress};
-use super::report::{contract_note, describe, TrainOutcome, TrainSummary};
+use super::report::{contract_note, describe, plural, TrainOutcome, TrainSummary};
 use super::run_dir::{io_err, write_plot, RunDir};
 use crate::checkpoint;
 use crate::dp::DataParallel;
@@ -25,18 +25,6 @@ use crate::train::Backend;
 
 /// Rows per held-out evaluation batch.
 const EVAL_ROWS: usize = 32;
-
-/// What the loop needs to know besides the world.
-pub struct RankContext<'a> {
-    /// The command line.
-    pub args: &'a TrainArgs,
-    /// The step the loop stops after.
-    pub end: u64,
-    /// The checkpoint the run resumed from, if any.
-    pub resumed_from: Option<PathBuf>,
-    /// Worker threads of this rank, for the description line.
-    pub threads: usize,
-}
 
 /// Train this rank to the end (see the module docs) and report.
 pub fn drive<B, R>(
@@ -184,15 +172,10 @@ where
         w(
             out,
             format!(
-                "world: {world} process{} x {} micro-batch{} = logical world {} ({}); {} replica \
-                 checks passed",
-                if world == 1 { "" } else { "es" },
+                "world: {world} {} x {} {} = logical world {} ({}); {} replica checks passed",
+                plural(world, "process"),
                 run.logical_world / world,
-                if run.logical_world / world == 1 {
-                    ""
-                } else {
-                    "es"
-                },
+                plural(run.logical_world / world, "micro-batch"),
                 run.logical_world,
                 run.contract,
                 summary.replica_checks

@@ -2,6 +2,7 @@
 //! checkpoint, progress display, and the `train` command.
 
 pub mod args;
+pub mod context;
 pub mod defaults;
 pub mod drive;
 pub mod progress;

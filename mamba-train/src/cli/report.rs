@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use mamba_comm::supervisor::WorldReport;
 use mamba_reduce::ReduceContract;
 
-use super::drive::RankContext;
+use super::context::RankContext;
 use crate::data::TaskSpec;
 use crate::train::RunConfig;
 
@@ -86,15 +86,10 @@ pub(crate) fn describe(
     };
     let layout = if world > 1 || run.logical_world > 1 {
         format!(
-            "; {world} {} process{} x {} micro-batch{} (logical world {}, {})",
-            device,
-            if world == 1 { "" } else { "es" },
+            "; {world} {device} {} x {} {} (logical world {}, {})",
+            plural(world, "process"),
             run.logical_world / world,
-            if run.logical_world / world == 1 {
-                ""
-            } else {
-                "es"
-            },
+            plural(run.logical_world / world, "micro-batch"),
             run.logical_world,
             run.contract
         )
@@ -133,4 +128,28 @@ pub fn contract_note(c: ReduceContract, world: usize, logical: usize) -> Option<
                 .to_string()
         }
     })
+}
+
+/// `word` for a count of `n`: `process`/`processes`,
+/// `micro-batch`/`micro-batches`.
+pub(crate) fn plural(n: usize, word: &str) -> String {
+    match (n, word.ends_with("ss") || word.ends_with('h')) {
+        (1, _) => word.to_string(),
+        (_, true) => format!("{word}es"),
+        _ => format!("{word}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plural;
+
+    #[test]
+    fn plurals_of_the_words_the_cli_counts() {
+        assert_eq!(plural(1, "process"), "process");
+        assert_eq!(plural(2, "process"), "processes");
+        assert_eq!(plural(1, "micro-batch"), "micro-batch");
+        assert_eq!(plural(0, "micro-batch"), "micro-batches");
+        assert_eq!(plural(3, "step"), "steps");
+    }
 }

@@ -23,8 +23,10 @@ use mamba_comm::supervisor::{start_world, Role, SpawnOptions};
 use mamba_reduce::RunIdentity;
 
 use super::args::{Device, TrainArgs};
-use super::drive::{drive, RankContext};
+use super::context::RankContext;
+use super::drive::drive;
 use super::progress::stderr_line;
+use super::report::plural;
 use super::resolve::resolve_run_in;
 use crate::checkpoint::{self, state::RunState, Checkpoint, STATE_FILE};
 use crate::data::{Dataset, TaskSpec};
@@ -126,9 +128,9 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
             Device::Cuda => "GPU processes (one GPU each, ",
         };
         stderr_line(&format!(
-            "mamba-train: starting {world} {kind}logical world {l}, {blocks} \
-             micro-batch{} each, contract {})",
-            if blocks == 1 { "" } else { "es" },
+            "mamba-train: starting {world} {kind}logical world {l}, {blocks} {} each, \
+             contract {})",
+            plural(blocks, "micro-batch"),
             plan.run.contract
         ));
         opts.logical_world = Some(l);

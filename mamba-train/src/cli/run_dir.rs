@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::drive::RankContext;
+use super::context::RankContext;
 use super::progress::stderr_line;
 use crate::checkpoint::{atomic, CHECKPOINTS_DIR};
 use crate::error::{Result, TrainError};

@@ -5,9 +5,12 @@ use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
 use crate::params::ParamLayout;
 
+pub mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod init;
+
+pub use backend::{Backend, HostModel};
 
 /// Target value that contributes nothing to the loss (Hugging Face's
 /// `ignore_index`).

@@ -6,14 +6,12 @@
 //! p = p * (1 - lr*wd)                      (ParamKind::Matrix only)
 //! p = p - (lr / (1-b1^t)) * (m / (sqrt(v) / sqrt(1-b2^t) + eps))
 //! ```
-//! The bias corrections are computed once per step in f64 and rounded to f32.
-//! Every element's update reads only its own `p, g, m, v`, so the result is
-//! the same bits however the arena is split across threads; the split is at
-//! fixed chunk boundaries anyway.
+//! The bias corrections are computed once per step in f64 and rounded to f32
+//! ([`AdamWStep`]); the per-element arithmetic is an [`ArenaMath`]'s (the
+//! host's is in [`super::math`]).
 
 use std::ops::Range;
 
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use kernels::mamba::AdamWStep;
@@ -21,9 +19,6 @@ use kernels::mamba::AdamWStep;
 use super::math::ArenaMath;
 use crate::error::{Result, TrainError};
 use crate::params::{ParamKind, ParamLayout};
-
-/// Elements per parallel work item of the update.
-pub const UPDATE_CHUNK: usize = 1 << 14;
 
 /// AdamW hyper-parameters (everything but the learning rate, which comes
 /// from the [`Schedule`](super::Schedule)).
@@ -218,83 +213,6 @@ impl<A> AdamW<A> {
     }
 }
 
-/// One AdamW update over host slices, in fixed chunks (any thread count,
-/// the same bits): the CPU's [`ArenaMath::adamw`].
-pub(crate) fn host_adamw(
-    k: &AdamWStep,
-    decayed: &[Range<usize>],
-    params: &mut [f32],
-    grads: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-) -> Result<()> {
-    let n = m.len();
-    if params.len() != n || grads.len() != n || v.len() != n {
-        return Err(TrainError::Config(format!(
-            "AdamW update: params {} and grads {} elements, optimizer state {} and {}",
-            params.len(),
-            grads.len(),
-            n,
-            v.len()
-        )));
-    }
-    params
-        .par_chunks_mut(UPDATE_CHUNK)
-        .zip(grads.par_chunks(UPDATE_CHUNK))
-        .zip(m.par_chunks_mut(UPDATE_CHUNK))
-        .zip(v.par_chunks_mut(UPDATE_CHUNK))
-        .enumerate()
-        .for_each(|(ci, (((p, g), m), v))| {
-            let base = ci * UPDATE_CHUNK;
-            let mut i = 0;
-            // Walk the chunk as runs of equal decay, so the inner loop
-            // has no per-element branch on the tensor kind.
-            while i < p.len() {
-                let (decay, run_end) = decay_run(decayed, base + i, base + p.len());
-                let end = run_end - base;
-                update_run(
-                    k,
-                    decay,
-                    &mut p[i..end],
-                    &g[i..end],
-                    &mut m[i..end],
-                    &mut v[i..end],
-                );
-                i = end;
-            }
-        });
-    Ok(())
-}
-
-#[inline]
-fn update_run(k: &AdamWStep, decay: bool, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-    for i in 0..p.len() {
-        let gi = g[i] * k.scale;
-        let mi = k.b1 * m[i] + k.omb1 * gi;
-        let vi = k.b2 * v[i] + k.omb2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        let mut pi = p[i];
-        if decay {
-            pi *= k.decay_factor;
-        }
-        let denom = vi.sqrt() / k.bc2_sqrt + k.eps;
-        p[i] = pi - k.step_size * (mi / denom);
-    }
-}
-
-/// Whether element `at` is decayed, and where that run of equal decay ends
-/// (capped at `limit`).
-fn decay_run(decayed: &[Range<usize>], at: usize, limit: usize) -> (bool, usize) {
-    // First decayed range that ends after `at`.
-    let idx = decayed.partition_point(|r| r.end <= at);
-    match decayed.get(idx) {
-        Some(r) if r.start <= at => (true, r.end.min(limit)),
-        Some(r) => (false, r.start.min(limit)),
-        None => (false, limit),
-    }
-}
-
 /// The arena ranges of `ParamKind::Matrix` tensors, merged where adjacent:
 /// the one definition of which weights decay, for every device.
 pub fn decayed_ranges(layout: &ParamLayout) -> Vec<Range<usize>> {
@@ -316,6 +234,7 @@ pub fn decayed_ranges(layout: &ParamLayout) -> Vec<Range<usize>> {
 mod tests {
     use super::*;
     use crate::config::ModelConfig;
+    use crate::optim::math::UPDATE_CHUNK;
     use crate::optim::HostMath;
     use crate::seed::Rng;
 
@@ -502,13 +421,25 @@ mod tests {
     }
 
     #[test]
-    fn decay_runs_cover_chunk_boundaries() {
-        let d = vec![2..5, 8..9];
-        assert_eq!(decay_run(&d, 0, 100), (false, 2));
-        assert_eq!(decay_run(&d, 2, 100), (true, 5));
-        assert_eq!(decay_run(&d, 4, 4 + 1), (true, 5));
-        assert_eq!(decay_run(&d, 3, 4), (true, 4), "capped at the chunk end");
-        assert_eq!(decay_run(&d, 5, 100), (false, 8));
-        assert_eq!(decay_run(&d, 9, 100), (false, 100));
+    fn decayed_ranges_are_the_matrices_merged() {
+        let l = layout();
+        let r = decayed_ranges(&l);
+        for w in r.windows(2) {
+            assert!(w[0].end < w[1].start, "ascending, disjoint, merged: {r:?}");
+        }
+        for e in l.entries() {
+            for i in [e.offset, e.offset + e.len() - 1] {
+                let inside = r.iter().any(|x| x.contains(&i));
+                assert_eq!(
+                    inside,
+                    e.kind == ParamKind::Matrix,
+                    "{} element {i}",
+                    e.name
+                );
+            }
+        }
+        // The norm between the embedding and layer 0's in_proj is not
+        // decayed, so the ranges are not all one.
+        assert!(r.len() > 1);
     }
 }

@@ -1,16 +1,15 @@
-//! Training: the run's identity ([`RunConfig`]), what the engine asks of a
-//! device ([`Backend`], and [`HostModel`] for models over host arenas), and
-//! the engine itself ([`Trainer`]).
+//! Training: the engine ([`Trainer`]) over what it asks of a device
+//! ([`Backend`], and [`HostModel`] for models over host arenas, both defined
+//! with the models in [`crate::model`]), and the run's identity
+//! ([`RunConfig`], [`crate::run_config`]), re-exported here.
 
-pub mod backend;
-pub mod run_config;
 pub mod trainer;
 
 #[cfg(test)]
 pub(crate) mod testutil;
 
-pub use backend::{Backend, HostModel};
-pub use run_config::{RunConfig, CONTRACTS, DEFAULT_CONTRACT};
+pub use crate::model::{Backend, HostModel};
+pub use crate::run_config::{RunConfig, CONTRACTS, DEFAULT_CONTRACT};
 pub use trainer::{evaluate_with, run_state, EvalReport, StepStats, Trainer};
 
 #[cfg(test)]

@@ -10,12 +10,12 @@
 use crate::config::ModelConfig;
 use crate::data::{SelectiveCopyConfig, TaskSpec};
 use crate::error::{Result, TrainError};
+use crate::model::HostModel;
 use crate::model::{Batch, IGNORE};
 use crate::optim::{AdamWConfig, Schedule};
 use crate::params::ParamLayout;
+use crate::run_config::{RunConfig, DEFAULT_CONTRACT};
 use crate::seed::{self, Domain, Rng};
-use crate::train::backend::HostModel;
-use crate::train::run_config::{RunConfig, DEFAULT_CONTRACT};
 
 /// The bigram test model.
 pub struct ToyModel {

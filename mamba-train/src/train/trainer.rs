@@ -22,10 +22,10 @@ use crate::checkpoint::{self, arena_digest, Checkpoint, CheckpointRef, DataPosit
 use crate::config::ModelConfig;
 use crate::data::{accuracy, Accuracy, Dataset};
 use crate::error::{Result, TrainError};
+use crate::model::Backend;
 use crate::model::{Batch, IGNORE};
 use crate::optim::{AdamW, Optimizer};
-use crate::train::backend::Backend;
-use crate::train::run_config::RunConfig;
+use crate::run_config::RunConfig;
 
 /// What one step did (for metrics).
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -41,7 +41,7 @@ use std::sync::Mutex;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::model::Batch;
+use crate::model::{Batch, HostModel};
 use crate::params::ParamLayout;
 use float::Float;
 
@@ -225,5 +225,28 @@ impl CpuModel {
 
     fn check_batch(&self, b: &Batch) -> Result<()> {
         b.validate(self.cfg.vocab_size).map(|_| ())
+    }
+}
+
+impl HostModel for CpuModel {
+    fn config(&self) -> &ModelConfig {
+        CpuModel::config(self)
+    }
+    fn layout(&self) -> &ParamLayout {
+        CpuModel::layout(self)
+    }
+    fn init_params(&self, seed: u64) -> Vec<f32> {
+        CpuModel::init_params(self, seed)
+    }
+    fn forward_backward(
+        &mut self,
+        params: &[f32],
+        batch: &Batch,
+        grads: &mut [f32],
+    ) -> Result<f32> {
+        CpuModel::forward_backward(self, params, batch, grads)
+    }
+    fn logits(&mut self, params: &[f32], batch: &Batch) -> Result<Vec<f32>> {
+        CpuModel::logits(self, params, batch)
     }
 }

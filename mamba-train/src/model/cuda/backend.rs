@@ -9,9 +9,9 @@ use cudarc::driver::CudaSlice;
 use super::CudaModel;
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::model::Backend;
 use crate::model::Batch;
 use crate::params::ParamLayout;
-use crate::train::Backend;
 
 impl Backend for CudaModel {
     fn config(&self) -> &ModelConfig {

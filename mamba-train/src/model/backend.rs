@@ -1,6 +1,9 @@
-//! [`Backend`]: what the one training engine ([`super::Trainer`]) asks of a
-//! device, and [`HostModel`], the smaller interface of a model over host
-//! arenas (the CPU Mamba, or a test model) that is a backend as it stands.
+//! [`Backend`]: what the one training engine
+//! ([`Trainer`](crate::train::Trainer)) asks of a device, and [`HostModel`],
+//! the smaller interface of a model over host arenas (the CPU Mamba, or a
+//! test model) that is a backend as it stands. Defined here, with the
+//! models, so that the models implement them and the engine above uses
+//! them (no import cycle between `model` and `train`).
 //!
 //! The engine never touches an arena's contents itself, so the arenas may
 //! live anywhere the backend keeps them ([`ArenaMath::Arena`]): host
@@ -13,7 +16,6 @@ use std::borrow::Cow;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::model::cpu::CpuModel;
 use crate::model::Batch;
 use crate::optim::{ArenaMath, HostMath};
 use crate::params::ParamLayout;
@@ -141,28 +143,5 @@ impl<M: HostModel> Backend for M {
     }
     fn all_finite(&mut self, grads: &Vec<f32>) -> Result<bool> {
         Ok(grads.iter().all(|g| g.is_finite()))
-    }
-}
-
-impl HostModel for CpuModel {
-    fn config(&self) -> &ModelConfig {
-        CpuModel::config(self)
-    }
-    fn layout(&self) -> &ParamLayout {
-        CpuModel::layout(self)
-    }
-    fn init_params(&self, seed: u64) -> Vec<f32> {
-        CpuModel::init_params(self, seed)
-    }
-    fn forward_backward(
-        &mut self,
-        params: &[f32],
-        batch: &Batch,
-        grads: &mut [f32],
-    ) -> Result<f32> {
-        CpuModel::forward_backward(self, params, batch, grads)
-    }
-    fn logits(&mut self, params: &[f32], batch: &Batch) -> Result<Vec<f32>> {
-        CpuModel::logits(self, params, batch)
     }
 }

@@ -1,0 +1,19 @@
+//! [`RankContext`]: what the rank's loop and its reports need to know
+//! besides the world (the command line, where the loop stops, what it
+//! resumed from).
+
+use std::path::PathBuf;
+
+use super::args::TrainArgs;
+
+/// What the loop needs to know besides the world.
+pub struct RankContext<'a> {
+    /// The command line.
+    pub args: &'a TrainArgs,
+    /// The step the loop stops after.
+    pub end: u64,
+    /// The checkpoint the run resumed from, if any.
+    pub resumed_from: Option<PathBuf>,
+    /// Worker threads of this rank, for the description line.
+    pub threads: usize,
+}
