@@ -51,6 +51,23 @@ pub fn spawn_world(world: usize, opts: SpawnOptions) -> Result<WorldReport> {
     Supervisor::spawn(world, opts)?.wait()
 }
 
+/// Rank, world and local-rank variables of the external launchers. The
+/// supervisor removes them from its ranks' environments: a rank of ours is
+/// described by `MAMBA_*` alone, and a launcher around the supervisor (whose
+/// variables would otherwise leak down) describes the supervisor, not the
+/// ranks.
+const SCRUBBED_LAUNCHER_VARS: [&str; 9] = [
+    vars::RANK,
+    vars::WORLD_SIZE,
+    vars::LOCAL_RANK,
+    vars::OMPI_COMM_WORLD_RANK,
+    vars::OMPI_COMM_WORLD_SIZE,
+    vars::OMPI_COMM_WORLD_LOCAL_RANK,
+    vars::SLURM_PROCID,
+    vars::SLURM_NTASKS,
+    vars::SLURM_LOCALID,
+];
+
 fn status_of(status: std::process::ExitStatus) -> RankStatus {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
@@ -148,6 +165,9 @@ impl Supervisor {
                 launcher: Launcher::Mamba,
             };
             let mut cmd = Command::new(&program);
+            for var in SCRUBBED_LAUNCHER_VARS {
+                cmd.env_remove(var);
+            }
             cmd.args(&args)
                 .envs(place.contract_env())
                 .stdin(Stdio::null());
@@ -438,6 +458,36 @@ mod tests {
             !root.path().join("contract").exists(),
             "launch directory left behind"
         );
+    }
+
+    /// Ranks of our supervisor are described by `MAMBA_*` alone: the rank
+    /// variables of a launcher around the supervisor (e.g. `srun -n 1`
+    /// running `cargo test`) are not handed down, where they would
+    /// contradict the ranks' own.
+    #[test]
+    fn launcher_rank_variables_are_not_handed_to_the_ranks() {
+        let root = tempfile::tempdir().expect("tmp");
+        let mut seen = Vec::new();
+        let res = Supervisor::spawn_with(2, opts(root.path(), "scrub"), |rank, cmd| {
+            let removed: Vec<String> = cmd
+                .get_envs()
+                .filter(|(_, v)| v.is_none())
+                .map(|(k, _)| k.to_string_lossy().into_owned())
+                .collect();
+            seen.push((rank, removed));
+            Err(std::io::Error::other("stop after inspecting"))
+        });
+        assert!(res.is_err());
+        let (_, removed) = &seen[0];
+        for var in SCRUBBED_LAUNCHER_VARS {
+            assert!(
+                removed.iter().any(|k| k == var),
+                "{var} handed down: {removed:?}"
+            );
+        }
+        for var in [vars::RANK, vars::OMPI_COMM_WORLD_RANK, vars::SLURM_PROCID] {
+            assert!(SCRUBBED_LAUNCHER_VARS.contains(&var));
+        }
     }
 
     #[test]
