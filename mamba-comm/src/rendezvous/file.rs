@@ -4,8 +4,8 @@
 //! Layout: `<root>/<job_id>/<launch>/<key>`.
 //! - `<root>` is shared by every rank (`MAMBA_RENDEZVOUS_DIR`, or a private
 //!   default under the temporary directory on one host). It is created 0700
-//!   when missing and refused when anyone may write into it without the
-//!   sticky bit.
+//!   when missing and refused when it is not a directory, is owned by another
+//!   user, or group or others may write into it.
 //! - `<job_id>` and `<launch>` are created 0700 and must be directories (not
 //!   links) owned by this user with no group/other permissions.
 //! - Values are written to a temporary file in the launch directory and
