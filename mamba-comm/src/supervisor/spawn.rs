@@ -13,7 +13,7 @@ use super::{RankExit, RankStatus, SpawnOptions, WorldReport};
 use crate::bootstrap::{
     default_rendezvous_root, new_launch_id, validate_id, vars, Launcher, ProcessEnv, WorldPlace,
 };
-use crate::rendezvous::file::{make_private_dir, prepare_root, purge_job_dir};
+use crate::rendezvous::file::{make_owned_launch_dir, prepare_root, purge_stale};
 use crate::{CommError, Result};
 
 /// A running world of child processes.
@@ -33,6 +33,9 @@ pub struct Supervisor {
     launch_id: String,
     job_dir: PathBuf,
     launch_dir: PathBuf,
+    /// Held (flock) while this supervisor lives: marks the launch directory
+    /// live, so no other launch's purge removes it.
+    _owner_lock: fs::File,
     children: Vec<Option<Child>>,
     pids: Vec<u32>,
     exits: Vec<Option<RankExit>>,
@@ -130,11 +133,9 @@ impl Supervisor {
         let launch_id = new_launch_id()?;
 
         prepare_root(&root, 0)?;
-        purge_job_dir(&root, &job_id)?;
+        purge_stale(&root, &job_id)?;
         let job_dir = root.join(&job_id);
-        make_private_dir(&job_dir, 0)?;
-        let launch_dir = job_dir.join(&launch_id);
-        make_private_dir(&launch_dir, 0)?;
+        let (launch_dir, owner_lock) = make_owned_launch_dir(&job_dir, &launch_id)?;
 
         let (exited_tx, exited) = unbounded();
         let mut sup = Supervisor {
@@ -142,6 +143,7 @@ impl Supervisor {
             launch_id: launch_id.clone(),
             job_dir,
             launch_dir,
+            _owner_lock: owner_lock,
             children: Vec::with_capacity(world),
             pids: Vec::with_capacity(world),
             exits: vec![None; world],
@@ -488,6 +490,53 @@ mod tests {
         for var in [vars::RANK, vars::OMPI_COMM_WORLD_RANK, vars::SLURM_PROCID] {
             assert!(SCRUBBED_LAUNCHER_VARS.contains(&var));
         }
+    }
+
+    /// A launch directory as a supervisor leaves it: private, with the
+    /// owner's lock file; `hold` keeps the lock like a live supervisor.
+    fn fake_launch(root: &std::path::Path, job: &str, nonce: &str, hold: bool) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = root.join(job).join(nonce);
+        fs::create_dir_all(&dir).expect("mkdir");
+        for d in [root.join(job), dir.clone()] {
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).expect("chmod");
+        }
+        fs::write(dir.join("nccl-id"), [7u8; 128]).expect("stale value");
+        let lock = crate::rendezvous::file::hold_owner_lock(&dir).expect("lock");
+        if hold {
+            std::mem::forget(lock);
+        }
+        dir
+    }
+
+    #[test]
+    fn stale_launches_are_purged_and_live_ones_kept() {
+        let root = tempfile::tempdir().expect("tmp");
+        let dead_other = fake_launch(root.path(), "pid-4000000", &"a".repeat(32), false);
+        let live_other = fake_launch(root.path(), "pid-4000001", &"b".repeat(32), true);
+        let dead_same = fake_launch(root.path(), "shared", &"c".repeat(32), false);
+        let live_same = fake_launch(root.path(), "shared", &"d".repeat(32), true);
+        let mut o = opts(root.path(), "shared");
+        o.args = Some(vec!["-c".into(), "exit 0".into()]);
+        let report = spawn_world(2, o).expect("world");
+        assert!(report.success(), "{report}");
+        assert!(
+            !dead_other.exists(),
+            "a killed supervisor's launch survived"
+        );
+        assert!(
+            !root.path().join("pid-4000000").exists(),
+            "its empty job directory survived"
+        );
+        assert!(!dead_same.exists(), "a stale launch of this job survived");
+        assert!(
+            live_other.join("nccl-id").exists(),
+            "a live launch was purged"
+        );
+        assert!(
+            live_same.join("nccl-id").exists(),
+            "a concurrent launch of this job was purged"
+        );
     }
 
     #[test]
