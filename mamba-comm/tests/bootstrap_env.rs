@@ -269,10 +269,17 @@ proptest! {
         let best = vs.iter().map(|v| v.family).min().expect("non-empty");
         let winner = vs.iter().find(|v| v.family == best).expect("present");
         let mut e = build(winner);
+        // A lesser contract that cannot be an outer launcher of the winner
+        // (torchrun or Open MPI beside the project's own) describes the same
+        // process and so carries the same rank and world; SLURM without a
+        // step id (a batch script) and Open MPI/SLURM beside torchrun are
+        // outer launchers and may hold anything.
         for v in vs.iter().filter(|v| v.family != best) {
             let (_, rv, wv, lv) = FAMILIES[v.family];
-            e.insert(rv.into(), v.rank.to_string());
-            e.insert(wv.into(), v.world.to_string());
+            let same_process = best == 0 && (v.family == 1 || v.family == 2);
+            let (rank, world) = if same_process { (winner.rank, winner.world) } else { (v.rank, v.world) };
+            e.insert(rv.into(), rank.to_string());
+            e.insert(wv.into(), world.to_string());
             if let Some(l) = v.local { e.insert(lv.into(), l.to_string()); }
         }
         let p = detect(&e).expect("valid").expect("present");
@@ -420,4 +427,189 @@ fn torchrun_agent_store_moves_our_store_one_port_up() {
     let mut top = base.to_vec();
     top[3].1 = "65535".into();
     assert_eq!(err_var(&detect(&env(&top))), Some(MASTER_PORT.into()));
+}
+
+fn err_of(r: &Result<Option<WorldPlace>, CommError>) -> (String, String) {
+    match r {
+        Err(CommError::EnvContract { var, detail }) => (var.clone(), detail.clone()),
+        other => panic!("expected an EnvContract error, got {other:?}"),
+    }
+}
+
+#[test]
+fn torchrun_without_master_addr_is_an_error_not_a_node_local_directory() {
+    let base = vec![
+        (RANK, "1".to_string()),
+        (WORLD_SIZE, "4".to_string()),
+        (LOCAL_RANK, "1".to_string()),
+        (TORCHELASTIC_RUN_ID, "job7".to_string()),
+    ];
+    let (var, detail) = err_of(&detect(&env(&base)));
+    assert_eq!(var, format!("{MASTER_ADDR}/{MASTER_PORT}"));
+    assert!(detail.contains(MAMBA_RENDEZVOUS_DIR), "{detail}");
+    // The documented shared-filesystem way keeps working.
+    let mut shared = base.clone();
+    shared.push((MAMBA_RENDEZVOUS_DIR, "/shared/rdv".into()));
+    let p = detect(&env(&shared)).expect("shared dir").expect("present");
+    assert_eq!(p.rendezvous_dir, Some(PathBuf::from("/shared/rdv")));
+    assert_eq!(p.job_id, "torchrun-job7");
+    // A torchrun world of one needs no rendezvous at all.
+    let solo = env(&[(RANK, "0".into()), (WORLD_SIZE, "1".into())]);
+    assert!(detect(&solo).expect("solo").is_some());
+}
+
+#[test]
+fn a_stray_project_rank_beside_torchrun_is_named_with_both_values() {
+    let e = env(&[
+        (MAMBA_RANK, "1".into()),
+        (MAMBA_WORLD_SIZE, "2".into()),
+        (RANK, "0".into()),
+        (WORLD_SIZE, "2".into()),
+        (MASTER_ADDR, "h".into()),
+        (MASTER_PORT, "1".into()),
+    ]);
+    let (var, detail) = err_of(&detect(&e));
+    assert_eq!(var, format!("{MAMBA_RANK}/{RANK}"));
+    assert!(
+        detail.contains("MAMBA_RANK=1") && detail.contains("RANK=0"),
+        "{detail}"
+    );
+    // A world-size contradiction names the world variables.
+    let e = env(&[
+        (MAMBA_RANK, "0".into()),
+        (MAMBA_WORLD_SIZE, "2".into()),
+        (OMPI_COMM_WORLD_RANK, "0".into()),
+        (OMPI_COMM_WORLD_SIZE, "4".into()),
+        (MAMBA_JOB_ID, "j".into()),
+    ]);
+    let (var, detail) = err_of(&detect(&e));
+    assert_eq!(var, format!("{MAMBA_WORLD_SIZE}/{OMPI_COMM_WORLD_SIZE}"));
+    assert!(
+        detail.contains("MAMBA_WORLD_SIZE=2") && detail.contains("OMPI_COMM_WORLD_SIZE=4"),
+        "{detail}"
+    );
+    // Agreeing values are fine: the project contract describes the same
+    // torchrun worker.
+    let e = env(&[
+        (MAMBA_RANK, "1".into()),
+        (MAMBA_WORLD_SIZE, "2".into()),
+        (RANK, "1".into()),
+        (WORLD_SIZE, "2".into()),
+        (MASTER_ADDR, "h".into()),
+        (MASTER_PORT, "1".into()),
+    ]);
+    assert_eq!(
+        detect(&e).expect("agree").expect("present").launcher,
+        Launcher::Mamba
+    );
+}
+
+#[test]
+fn open_mpi_and_a_slurm_step_of_the_same_processes_must_agree() {
+    // srun started these very processes (a step with as many tasks as
+    // Open MPI's world) and they contradict: an error naming both.
+    let e = env(&[
+        (OMPI_COMM_WORLD_RANK, "1".into()),
+        (OMPI_COMM_WORLD_SIZE, "4".into()),
+        (SLURM_PROCID, "0".into()),
+        (SLURM_NTASKS, "4".into()),
+        (SLURM_STEP_ID, "0".into()),
+        (SLURM_JOB_ID, "9".into()),
+        (MAMBA_JOB_ID, "j".into()),
+    ]);
+    let (var, detail) = err_of(&detect(&e));
+    assert_eq!(var, format!("{OMPI_COMM_WORLD_RANK}/{SLURM_PROCID}"));
+    assert!(
+        detail.contains("OMPI_COMM_WORLD_RANK=1") && detail.contains("SLURM_PROCID=0"),
+        "{detail}"
+    );
+    // The same values agreeing: fine, Open MPI wins.
+    let mut agree = e.clone();
+    agree.insert(SLURM_PROCID.into(), "1".into());
+    assert_eq!(
+        detect(&agree).expect("agree").expect("present").launcher,
+        Launcher::OpenMpi
+    );
+}
+
+#[test]
+fn a_leaked_outer_launcher_is_told_apart_and_ignored() {
+    let check = |pairs: &[(&str, &str)], want: Launcher, rank: usize| {
+        let e: Env = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let p = detect(&e)
+            .unwrap_or_else(|e| panic!("{pairs:?}: {e}"))
+            .expect("present");
+        assert_eq!((p.launcher, p.rank), (want, rank), "{pairs:?}");
+    };
+    // mpirun in a batch script: the batch step (no SLURM_STEP_ID) leaks.
+    check(
+        &[
+            (OMPI_COMM_WORLD_RANK, "3"),
+            (OMPI_COMM_WORLD_SIZE, "8"),
+            (MAMBA_JOB_ID, "j"),
+            (SLURM_PROCID, "0"),
+            (SLURM_NTASKS, "8"),
+            (SLURM_JOB_ID, "9"),
+        ],
+        Launcher::OpenMpi,
+        3,
+    );
+    // mpirun's daemons, one srun task per node, leak their step.
+    check(
+        &[
+            (OMPI_COMM_WORLD_RANK, "3"),
+            (OMPI_COMM_WORLD_SIZE, "8"),
+            (MAMBA_JOB_ID, "j"),
+            (SLURM_PROCID, "1"),
+            (SLURM_NTASKS, "2"),
+            (SLURM_STEP_ID, "0"),
+            (SLURM_JOB_ID, "9"),
+        ],
+        Launcher::OpenMpi,
+        3,
+    );
+    // torchrun under srun (any number of tasks per node): SLURM describes
+    // the agents, never torchrun's workers.
+    check(
+        &[
+            (RANK, "5"),
+            (WORLD_SIZE, "8"),
+            (MASTER_ADDR, "n0"),
+            (MASTER_PORT, "29500"),
+            (SLURM_PROCID, "2"),
+            (SLURM_NTASKS, "8"),
+            (SLURM_STEP_ID, "0"),
+        ],
+        Launcher::Torchrun,
+        5,
+    );
+    // torchrun agents started by mpirun.
+    check(
+        &[
+            (RANK, "5"),
+            (WORLD_SIZE, "8"),
+            (MASTER_ADDR, "n0"),
+            (MASTER_PORT, "29500"),
+            (OMPI_COMM_WORLD_RANK, "1"),
+            (OMPI_COMM_WORLD_SIZE, "2"),
+        ],
+        Launcher::Torchrun,
+        5,
+    );
+    // Our own supervisor run inside `srun -n 1` (e.g. cargo test).
+    check(
+        &[
+            (MAMBA_RANK, "1"),
+            (MAMBA_WORLD_SIZE, "2"),
+            (MAMBA_JOB_ID, "j"),
+            (SLURM_PROCID, "0"),
+            (SLURM_NTASKS, "1"),
+            (SLURM_STEP_ID, "0"),
+        ],
+        Launcher::Mamba,
+        1,
+    );
 }

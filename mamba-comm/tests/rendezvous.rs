@@ -158,11 +158,37 @@ fn directories_that_are_not_private_are_refused() {
     let e =
         FileRendezvous::with_launch_id(&open_root, "job", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 0, 1)
             .expect_err("o+w root");
-    assert!(e.to_string().contains("sticky"), "{e}");
-    // With the sticky bit (like /tmp) it is acceptable.
-    fs::set_permissions(&open_root, fs::Permissions::from_mode(0o1777)).expect("chmod");
+    assert!(e.to_string().contains("writable by"), "{e}");
+    assert!(e.to_string().contains("MAMBA_RENDEZVOUS_DIR"), "{e}");
+    assert!(e.to_string().contains("chmod 700"), "{e}");
+    // Another user could pre-create (or squat) job directories in a root
+    // open to them, sticky bit (like /tmp) or not, and the group too: all
+    // refused.
+    for mode in [0o1777, 0o770, 0o730, 0o702] {
+        fs::set_permissions(&open_root, fs::Permissions::from_mode(mode)).expect("chmod");
+        let e = FileRendezvous::with_launch_id(
+            &open_root,
+            "job",
+            "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+            0,
+            1,
+        )
+        .expect_err("a root open to others");
+        assert!(e.to_string().contains("writable by"), "{mode:o}: {e}");
+    }
+    // Private again: accepted.
+    fs::set_permissions(&open_root, fs::Permissions::from_mode(0o750)).expect("chmod");
     FileRendezvous::with_launch_id(&open_root, "job", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 0, 1)
-        .expect("sticky root");
+        .expect("a root only this user can write");
+
+    // A root that is a file: "not a directory", naming the variable.
+    let file_root = root.path().join("file-root");
+    fs::write(&file_root, b"x").expect("file");
+    let e =
+        FileRendezvous::with_launch_id(&file_root, "job", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 0, 1)
+            .expect_err("file root");
+    assert!(e.to_string().contains("not a directory"), "{e}");
+    assert!(e.to_string().contains("MAMBA_RENDEZVOUS_DIR"), "{e}");
 
     for bad in ["..", "a/b", ""] {
         assert!(

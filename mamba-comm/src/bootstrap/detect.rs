@@ -6,7 +6,26 @@
 //! process by `mpirun`), SLURM (set per task by `srun`). Launchers nest —
 //! torchrun or `mpirun` inside a SLURM allocation leave the allocation's
 //! `SLURM_*` in every worker's environment — so the more specific contract
-//! wins and the outer one is ignored rather than called a contradiction.
+//! wins, and a less specific one is ignored where it can be such an outer
+//! launcher:
+//! - Open MPI or SLURM beside torchrun: always outer (torchrun forks its
+//!   workers; no launcher starts a torchrun worker directly);
+//! - SLURM beside Open MPI or `MAMBA_*`: outer when it has no
+//!   `SLURM_STEP_ID` (a batch script or allocation shell running `mpirun`)
+//!   or its step has fewer tasks than the inner world (`mpirun`'s daemons,
+//!   one task per node).
+//!
+//! Everywhere else both contracts describe this very process — torchrun or
+//! Open MPI beside `MAMBA_*` (our supervisor spawns only where no launcher
+//! is present and removes launcher rank variables from its ranks), SLURM
+//! with a step of at least as many tasks as Open MPI's or our world — and
+//! their rank and world must agree: a contradiction is a
+//! [`CommError::EnvContract`] naming both variables and both values.
+//!
+//! torchrun's rank and world without `MASTER_ADDR`/`MASTER_PORT` are an
+//! error unless `MAMBA_RENDEZVOUS_DIR` names the (shared) directory to meet
+//! in: torchrun sets both itself, and its ranks may be on several nodes,
+//! where the node-local default directory would only time out.
 //!
 //! Within a contract nothing is guessed: rank without world (or world
 //! without rank), half of an address, an override without the variables it
@@ -127,6 +146,21 @@ pub fn detect<E: EnvSource + ?Sized>(env: &E) -> Result<Option<WorldPlace>> {
     };
     let rendezvous_dir = match (&ov.rendezvous_dir, &master) {
         (Some(d), _) => Some(d.clone()),
+        (None, None) if id.world > 1 && id.launcher == Launcher::Torchrun => {
+            // torchrun always sets both; without them this is a hand-made
+            // or broken environment whose ranks may well sit on several
+            // nodes, where a node-local directory would only time out.
+            return Err(CommError::env(
+                format!("{MASTER_ADDR}/{MASTER_PORT}"),
+                format!(
+                    "unset while torchrun's {RANK}/{WORLD_SIZE} describe a world of {} ranks: \
+                     set {MASTER_ADDR} and {MASTER_PORT} to rank 0's host and a free port (what \
+                     torchrun itself sets), or set {MAMBA_RENDEZVOUS_DIR} to a directory every \
+                     rank sees (a shared filesystem)",
+                    id.world
+                ),
+            ));
+        }
         (None, None) if id.world > 1 => Some(default_rendezvous_root(env)),
         _ => None,
     };
@@ -177,7 +211,133 @@ struct Identity {
     derived_job: Option<(&'static str, String)>,
 }
 
+/// The contract that tells this process its place: the most specific one
+/// present, after checking it against every less specific one that cannot
+/// be a launcher around it (see the [module docs](self)).
 fn identity<E: EnvSource + ?Sized>(env: &E) -> Result<Option<Identity>> {
+    const ORDER: [Launcher; 4] = [
+        Launcher::Mamba,
+        Launcher::Torchrun,
+        Launcher::OpenMpi,
+        Launcher::Slurm,
+    ];
+    let mut chosen = None;
+    let mut rest = ORDER.iter();
+    for &l in rest.by_ref() {
+        if let Some(id) = contract(env, l)? {
+            chosen = Some(id);
+            break;
+        }
+    }
+    let Some(chosen) = chosen else {
+        return Ok(None);
+    };
+    // The innermost view of this process so far, as (launcher, rank, world).
+    let mut inner = (chosen.launcher, chosen.rank, chosen.world);
+    for &outer in rest {
+        if !describes_same_process(env, inner.0, inner.2, outer)? {
+            continue;
+        }
+        let Some(other) = contract(env, outer)? else {
+            continue;
+        };
+        check_agree(env, inner, (other.launcher, other.rank, other.world))?;
+        inner = (other.launcher, other.rank, other.world);
+    }
+    Ok(Some(chosen))
+}
+
+/// Whether contract `outer` (less specific than `inner`, whose world is
+/// `inner_world`), when present, must describe the same process as `inner`
+/// (so their rank and world must agree) rather than a launcher around it
+/// whose variables leaked into this process:
+/// - torchrun and Open MPI never run inside our own ranks (the supervisor
+///   spawns only where no launcher is present, and scrubs launcher rank
+///   variables from its children), so beside `MAMBA_*` they describe the
+///   same process;
+/// - torchrun always forks its workers, so Open MPI or SLURM beside torchrun
+///   describe its agent, never the worker: always outer;
+/// - SLURM beside Open MPI or `MAMBA_*` is outer when it is a batch script or
+///   allocation shell (no `SLURM_STEP_ID`) or a step of fewer tasks than the
+///   inner world (e.g. `mpirun`'s daemons, one task per node); a step of at
+///   least as many tasks as the inner world launched these very processes.
+fn describes_same_process<E: EnvSource + ?Sized>(
+    env: &E,
+    inner: Launcher,
+    inner_world: usize,
+    outer: Launcher,
+) -> Result<bool> {
+    Ok(match (inner, outer) {
+        (Launcher::Mamba, Launcher::Torchrun | Launcher::OpenMpi) => true,
+        (Launcher::Mamba | Launcher::OpenMpi, Launcher::Slurm) => {
+            if env.var(SLURM_STEP_ID).is_none() || env.var(SLURM_PROCID).is_none() {
+                false
+            } else {
+                match env.var(SLURM_NTASKS) {
+                    Some(n) => parse_count(SLURM_NTASKS, &n)? >= inner_world,
+                    None => false,
+                }
+            }
+        }
+        _ => false,
+    })
+}
+
+/// Two contracts that describe the same process must give it the same rank
+/// and world.
+fn check_agree<E: EnvSource + ?Sized>(
+    env: &E,
+    (a, a_rank, a_world): (Launcher, usize, usize),
+    (b, b_rank, b_world): (Launcher, usize, usize),
+) -> Result<()> {
+    if a_rank == b_rank && a_world == b_world {
+        return Ok(());
+    }
+    let why = if b == Launcher::Slurm {
+        format!(
+            "SLURM step {} has {b_world} tasks, at least as many as {}, so srun started these very \
+             processes",
+            env.var(SLURM_STEP_ID).unwrap_or_default(),
+            a.world_var()
+        )
+    } else {
+        format!(
+            "{} cannot come from a launcher around this one, so both describe this very process",
+            b.rank_var()
+        )
+    };
+    let var = if a_world != b_world {
+        format!("{}/{}", a.world_var(), b.world_var())
+    } else {
+        format!("{}/{}", a.rank_var(), b.rank_var())
+    };
+    Err(CommError::env(
+        var,
+        format!(
+            "{}={a_rank} {}={a_world} but {}={b_rank} {}={b_world}: {why}, and they contradict \
+             each other; unset the stray variables (e.g. `env -u {} -u {}` in the launch \
+             command) so that one launcher describes each process",
+            a.rank_var(),
+            a.world_var(),
+            b.rank_var(),
+            b.world_var(),
+            b.rank_var(),
+            b.world_var()
+        ),
+    ))
+}
+
+/// Read one launcher's contract, if present.
+fn contract<E: EnvSource + ?Sized>(env: &E, launcher: Launcher) -> Result<Option<Identity>> {
+    match launcher {
+        Launcher::Mamba => mamba_contract(env),
+        Launcher::Torchrun => torchrun_contract(env),
+        Launcher::OpenMpi => ompi_contract(env),
+        Launcher::Slurm => slurm_contract(env),
+    }
+}
+
+fn mamba_contract<E: EnvSource + ?Sized>(env: &E) -> Result<Option<Identity>> {
     if let Some((rank, world)) = pair(env, MAMBA_RANK, MAMBA_WORLD_SIZE, true)? {
         let local_rank = optional_count(env, MAMBA_LOCAL_RANK)?.unwrap_or(rank);
         let launch_id = env.var(MAMBA_LAUNCH_ID);
@@ -204,6 +364,10 @@ fn identity<E: EnvSource + ?Sized>(env: &E) -> Result<Option<Identity>> {
             ));
         }
     }
+    Ok(None)
+}
+
+fn torchrun_contract<E: EnvSource + ?Sized>(env: &E) -> Result<Option<Identity>> {
     if let Some((rank, world)) = pair(env, RANK, WORLD_SIZE, true)? {
         let local_rank = optional_count(env, LOCAL_RANK)?.unwrap_or(rank);
         let derived_job = env
@@ -218,6 +382,10 @@ fn identity<E: EnvSource + ?Sized>(env: &E) -> Result<Option<Identity>> {
             derived_job,
         }));
     }
+    Ok(None)
+}
+
+fn ompi_contract<E: EnvSource + ?Sized>(env: &E) -> Result<Option<Identity>> {
     if let Some((rank, world)) = pair(env, OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, true)? {
         let local_rank = optional_count(env, OMPI_COMM_WORLD_LOCAL_RANK)?.unwrap_or(rank);
         let derived_job = [OMPI_MCA_ESS_BASE_JOBID, PMIX_NAMESPACE]
@@ -232,6 +400,10 @@ fn identity<E: EnvSource + ?Sized>(env: &E) -> Result<Option<Identity>> {
             derived_job,
         }));
     }
+    Ok(None)
+}
+
+fn slurm_contract<E: EnvSource + ?Sized>(env: &E) -> Result<Option<Identity>> {
     // `SLURM_NTASKS` alone is an allocation shell (salloc/sbatch), not a task.
     if let Some((rank, world)) = pair(env, SLURM_PROCID, SLURM_NTASKS, false)? {
         let local_rank = optional_count(env, SLURM_LOCALID)?.unwrap_or(rank);

@@ -4,8 +4,8 @@
 //! Layout: `<root>/<job_id>/<launch>/<key>`.
 //! - `<root>` is shared by every rank (`MAMBA_RENDEZVOUS_DIR`, or a private
 //!   default under the temporary directory on one host). It is created 0700
-//!   when missing and refused when anyone may write into it without the
-//!   sticky bit.
+//!   when missing and refused when it is not a directory, is owned by another
+//!   user, or group or others may write into it.
 //! - `<job_id>` and `<launch>` are created 0700 and must be directories (not
 //!   links) owned by this user with no group/other permissions.
 //! - Values are written to a temporary file in the launch directory and
@@ -35,7 +35,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::barrier::BarrierCounts;
-pub use super::dir::{job_dir, make_private_dir, prepare_root, purge_job_dir};
+pub use super::dir::{
+    hold_owner_lock, job_dir, make_private_dir, prepare_root, purge_job_dir, purge_stale,
+    OWNER_LOCK,
+};
+pub(crate) use super::dir::{is_live_launch, make_owned_launch_dir};
 use crate::bootstrap::{new_launch_id, validate_id};
 use crate::poll::Backoff;
 use crate::{CommError, Rendezvous, Result};
@@ -169,7 +173,7 @@ impl FileRendezvous {
                 for e in entries.flatten() {
                     let name = e.file_name().to_string_lossy().into_owned();
                     let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
-                    if is_dir && is_nonce(&name) && name != k {
+                    if is_dir && is_nonce(&name) && name != k && !is_live_launch(&e.path()) {
                         let _ = fs::remove_dir_all(e.path());
                     }
                 }

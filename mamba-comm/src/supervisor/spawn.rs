@@ -13,7 +13,7 @@ use super::{RankExit, RankStatus, SpawnOptions, WorldReport};
 use crate::bootstrap::{
     default_rendezvous_root, new_launch_id, validate_id, vars, Launcher, ProcessEnv, WorldPlace,
 };
-use crate::rendezvous::file::{make_private_dir, prepare_root, purge_job_dir};
+use crate::rendezvous::file::{make_owned_launch_dir, prepare_root, purge_stale};
 use crate::{CommError, Result};
 
 /// A running world of child processes.
@@ -33,6 +33,9 @@ pub struct Supervisor {
     launch_id: String,
     job_dir: PathBuf,
     launch_dir: PathBuf,
+    /// Held (flock) while this supervisor lives: marks the launch directory
+    /// live, so no other launch's purge removes it.
+    _owner_lock: fs::File,
     children: Vec<Option<Child>>,
     pids: Vec<u32>,
     exits: Vec<Option<RankExit>>,
@@ -50,6 +53,23 @@ pub struct Supervisor {
 pub fn spawn_world(world: usize, opts: SpawnOptions) -> Result<WorldReport> {
     Supervisor::spawn(world, opts)?.wait()
 }
+
+/// Rank, world and local-rank variables of the external launchers. The
+/// supervisor removes them from its ranks' environments: a rank of ours is
+/// described by `MAMBA_*` alone, and a launcher around the supervisor (whose
+/// variables would otherwise leak down) describes the supervisor, not the
+/// ranks.
+const SCRUBBED_LAUNCHER_VARS: [&str; 9] = [
+    vars::RANK,
+    vars::WORLD_SIZE,
+    vars::LOCAL_RANK,
+    vars::OMPI_COMM_WORLD_RANK,
+    vars::OMPI_COMM_WORLD_SIZE,
+    vars::OMPI_COMM_WORLD_LOCAL_RANK,
+    vars::SLURM_PROCID,
+    vars::SLURM_NTASKS,
+    vars::SLURM_LOCALID,
+];
 
 fn status_of(status: std::process::ExitStatus) -> RankStatus {
     use std::os::unix::process::ExitStatusExt;
@@ -113,11 +133,9 @@ impl Supervisor {
         let launch_id = new_launch_id()?;
 
         prepare_root(&root, 0)?;
-        purge_job_dir(&root, &job_id)?;
+        purge_stale(&root, &job_id)?;
         let job_dir = root.join(&job_id);
-        make_private_dir(&job_dir, 0)?;
-        let launch_dir = job_dir.join(&launch_id);
-        make_private_dir(&launch_dir, 0)?;
+        let (launch_dir, owner_lock) = make_owned_launch_dir(&job_dir, &launch_id)?;
 
         let (exited_tx, exited) = unbounded();
         let mut sup = Supervisor {
@@ -125,6 +143,7 @@ impl Supervisor {
             launch_id: launch_id.clone(),
             job_dir,
             launch_dir,
+            _owner_lock: owner_lock,
             children: Vec::with_capacity(world),
             pids: Vec::with_capacity(world),
             exits: vec![None; world],
@@ -148,6 +167,9 @@ impl Supervisor {
                 launcher: Launcher::Mamba,
             };
             let mut cmd = Command::new(&program);
+            for var in SCRUBBED_LAUNCHER_VARS {
+                cmd.env_remove(var);
+            }
             cmd.args(&args)
                 .envs(place.contract_env())
                 .stdin(Stdio::null());
@@ -437,6 +459,83 @@ mod tests {
         assert!(
             !root.path().join("contract").exists(),
             "launch directory left behind"
+        );
+    }
+
+    /// Ranks of our supervisor are described by `MAMBA_*` alone: the rank
+    /// variables of a launcher around the supervisor (e.g. `srun -n 1`
+    /// running `cargo test`) are not handed down, where they would
+    /// contradict the ranks' own.
+    #[test]
+    fn launcher_rank_variables_are_not_handed_to_the_ranks() {
+        let root = tempfile::tempdir().expect("tmp");
+        let mut seen = Vec::new();
+        let res = Supervisor::spawn_with(2, opts(root.path(), "scrub"), |rank, cmd| {
+            let removed: Vec<String> = cmd
+                .get_envs()
+                .filter(|(_, v)| v.is_none())
+                .map(|(k, _)| k.to_string_lossy().into_owned())
+                .collect();
+            seen.push((rank, removed));
+            Err(std::io::Error::other("stop after inspecting"))
+        });
+        assert!(res.is_err());
+        let (_, removed) = &seen[0];
+        for var in SCRUBBED_LAUNCHER_VARS {
+            assert!(
+                removed.iter().any(|k| k == var),
+                "{var} handed down: {removed:?}"
+            );
+        }
+        for var in [vars::RANK, vars::OMPI_COMM_WORLD_RANK, vars::SLURM_PROCID] {
+            assert!(SCRUBBED_LAUNCHER_VARS.contains(&var));
+        }
+    }
+
+    /// A launch directory as a supervisor leaves it: private, with the
+    /// owner's lock file; `hold` keeps the lock like a live supervisor.
+    fn fake_launch(root: &std::path::Path, job: &str, nonce: &str, hold: bool) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = root.join(job).join(nonce);
+        fs::create_dir_all(&dir).expect("mkdir");
+        for d in [root.join(job), dir.clone()] {
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).expect("chmod");
+        }
+        fs::write(dir.join("nccl-id"), [7u8; 128]).expect("stale value");
+        let lock = crate::rendezvous::file::hold_owner_lock(&dir).expect("lock");
+        if hold {
+            std::mem::forget(lock);
+        }
+        dir
+    }
+
+    #[test]
+    fn stale_launches_are_purged_and_live_ones_kept() {
+        let root = tempfile::tempdir().expect("tmp");
+        let dead_other = fake_launch(root.path(), "pid-4000000", &"a".repeat(32), false);
+        let live_other = fake_launch(root.path(), "pid-4000001", &"b".repeat(32), true);
+        let dead_same = fake_launch(root.path(), "shared", &"c".repeat(32), false);
+        let live_same = fake_launch(root.path(), "shared", &"d".repeat(32), true);
+        let mut o = opts(root.path(), "shared");
+        o.args = Some(vec!["-c".into(), "exit 0".into()]);
+        let report = spawn_world(2, o).expect("world");
+        assert!(report.success(), "{report}");
+        assert!(
+            !dead_other.exists(),
+            "a killed supervisor's launch survived"
+        );
+        assert!(
+            !root.path().join("pid-4000000").exists(),
+            "its empty job directory survived"
+        );
+        assert!(!dead_same.exists(), "a stale launch of this job survived");
+        assert!(
+            live_other.join("nccl-id").exists(),
+            "a live launch was purged"
+        );
+        assert!(
+            live_same.join("nccl-id").exists(),
+            "a concurrent launch of this job was purged"
         );
     }
 
