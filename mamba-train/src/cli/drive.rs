@@ -17,11 +17,11 @@ use super::args::TrainArgs;
 use super::progress::{human, stderr_line, Progress};
 use super::report::{contract_note, describe, TrainOutcome, TrainSummary};
 use super::run_dir::{io_err, write_plot, RunDir};
-use crate::checkpoint;
+use crate::checkpoint::{self, CheckpointMeta, CheckpointRef};
 use crate::dp::DataParallel;
 use crate::error::Result;
 use crate::metrics::MetricsRecord;
-use crate::train::Backend;
+use crate::train::{Backend, Trainer};
 
 /// Rows per held-out evaluation batch.
 const EVAL_ROWS: usize = 32;
@@ -36,6 +36,33 @@ pub struct RankContext<'a> {
     pub resumed_from: Option<PathBuf>,
     /// Worker threads of this rank, for the description line.
     pub threads: usize,
+    /// The run directory (`--out`, or its default: see
+    /// [`super::run_dir::run_dir_of`]).
+    pub out: PathBuf,
+    /// What every checkpoint of this run records besides its state: the
+    /// device, the precision, the schedule's changes.
+    pub meta: CheckpointMeta,
+}
+
+/// Save a checkpoint of `t`'s current step under `run_dir` with `meta`,
+/// keeping the newest `keep` (see [`checkpoint::save_with_meta`]).
+fn save_checkpoint<B: Backend>(
+    t: &mut Trainer<B>,
+    run_dir: &Path,
+    keep: usize,
+    meta: &CheckpointMeta,
+) -> Result<PathBuf> {
+    let state = t.run_state()?;
+    let params = t.params_host()?;
+    let opt = t.optimizer_host()?;
+    let adamw = opt.adamw();
+    let ck = CheckpointRef {
+        state: &state,
+        params: &params,
+        exp_avg: adamw.exp_avg(),
+        exp_avg_sq: adamw.exp_avg_sq(),
+    };
+    checkpoint::save_with_meta(run_dir, &ck, meta, keep, &mut |_| Ok(()))
 }
 
 /// Train this rank to the end (see the module docs) and report.
@@ -63,7 +90,7 @@ where
             &run,
             dp.trainer().arena_len(),
             dp.trainer().backend().device_name(),
-            &args.out,
+            &ctx.out,
             first_step,
             world,
             ctx,
@@ -97,10 +124,12 @@ where
             // Every rank: a checkpoint holds weights every rank agreed on.
             dp.replica_check(&format!("before the checkpoint of step {}", s.step))?;
             if let Some(d) = dir.as_mut() {
-                d.last_ck = Some(
-                    dp.trainer_mut()
-                        .save_checkpoint(&d.path, args.keep_checkpoints)?,
-                );
+                d.last_ck = Some(save_checkpoint(
+                    dp.trainer_mut(),
+                    &d.path,
+                    args.keep_checkpoints,
+                    &ctx.meta,
+                )?);
                 write_plot(&d.path, &run)?;
             }
         }
@@ -115,9 +144,12 @@ where
     if let Some(d) = dir.as_mut() {
         checkpoint = match d.last_ck.take() {
             Some(p) if p.ends_with(checkpoint::step_dir_name(step)) => p,
-            _ => dp
-                .trainer_mut()
-                .save_checkpoint(&d.path, args.keep_checkpoints)?,
+            _ => save_checkpoint(
+                dp.trainer_mut(),
+                &d.path,
+                args.keep_checkpoints,
+                &ctx.meta,
+            )?,
         };
         write_plot(&d.path, &run)?;
     }
@@ -176,7 +208,7 @@ where
             out,
             format!(
                 "stopped at step {step} (--stop-at); continue with --resume {}",
-                args.out.display()
+                ctx.out.display()
             ),
         )?;
     }
@@ -222,7 +254,7 @@ where
         out,
         format!(
             "run directory: {} (metrics.jsonl, loss.svg)",
-            args.out.display()
+            ctx.out.display()
         ),
     )?;
     w(out, format!("checkpoint: {}", summary.checkpoint.display()))?;
