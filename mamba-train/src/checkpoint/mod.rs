@@ -40,7 +40,9 @@ use sha2::{Digest, Sha256};
 use crate::error::{Result, TrainError};
 use crate::params::ParamLayout;
 
-pub use state::{CheckpointMeta, DataPosition, RunState, ScheduleChange, FORMAT_VERSION, PRECISION_F32};
+pub use state::{
+    CheckpointMeta, DataPosition, RunState, ScheduleChange, FORMAT_VERSION, PRECISION_F32,
+};
 
 /// Sub-directory of a run directory holding its checkpoints.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
@@ -124,7 +126,9 @@ pub fn step_dir_name(step: u64) -> String {
 /// checkpoint's directory. Records the default [`CheckpointMeta`] (CPU, f32,
 /// no schedule change); the command line saves with [`save_with_meta`].
 pub fn save(run_dir: &Path, ck: &CheckpointRef<'_>, keep: usize) -> Result<PathBuf> {
-    save_with_meta(run_dir, ck, &CheckpointMeta::default(), keep, &mut |_| Ok(()))
+    save_with_meta(run_dir, ck, &CheckpointMeta::default(), keep, &mut |_| {
+        Ok(())
+    })
 }
 
 /// [`save`] with `before_file` called before each file is written (with the
@@ -449,9 +453,9 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
     let checked = |file: &str| -> Result<Vec<u8>> {
         let bytes = read(file)?;
         let p = dir.join(file);
-        let want = digests.get(file).ok_or_else(|| {
-            ck_err(&st_path, format!("records no digest of {file}"))
-        })?;
+        let want = digests
+            .get(file)
+            .ok_or_else(|| ck_err(&st_path, format!("records no digest of {file}")))?;
         let got = bytes_digest(&bytes);
         if &got != want {
             return Err(ck_err(
@@ -479,8 +483,7 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
 
     let layout = ParamLayout::new(&state.run.model);
     let w_path = dir.join(WEIGHTS_FILE);
-    let (mut w, _) =
-        tensors::decode(&layout, &w_bytes, &[""]).map_err(|e| ck_err(&w_path, e))?;
+    let (mut w, _) = tensors::decode(&layout, &w_bytes, &[""]).map_err(|e| ck_err(&w_path, e))?;
     let params = w.pop().unwrap_or_default();
     let digest = arena_digest(&params);
     if digest != state.weights_digest {
@@ -709,7 +712,9 @@ mod tests {
         fs::write(&c, &bytes).unwrap();
         let e = load(&p).unwrap_err().to_string();
         assert!(e.contains("config.json digest"), "{e}");
-        edit_state(&p, |st| st[FILE_DIGESTS][HF_CONFIG_FILE] = bytes_digest(&bytes).into());
+        edit_state(&p, |st| {
+            st[FILE_DIGESTS][HF_CONFIG_FILE] = bytes_digest(&bytes).into()
+        });
         let e = load(&p).unwrap_err().to_string();
         assert!(e.contains("num_hidden_layers is 3"), "{e}");
 
@@ -770,7 +775,8 @@ mod tests {
         edit_state(&p, |st| st["format_version"] = 1.into());
         let e = load(&p).unwrap_err().to_string();
         assert!(
-            e.contains("format 1 is not supported") && e.contains(&format!("format {FORMAT_VERSION}")),
+            e.contains("format 1 is not supported")
+                && e.contains(&format!("format {FORMAT_VERSION}")),
             "{e}"
         );
     }
@@ -783,7 +789,10 @@ mod tests {
         assert_eq!(ck.meta, CheckpointMeta::default());
         assert_eq!(check_resume(&ck, "cpu", PRECISION_F32).unwrap(), None);
         let note = check_resume(&ck, "cuda", PRECISION_F32).unwrap().unwrap();
-        assert!(note.contains("on cuda") && note.contains("written on cpu"), "{note}");
+        assert!(
+            note.contains("on cuda") && note.contains("written on cpu"),
+            "{note}"
+        );
         edit_state(&p, |st| st["precision"] = "bf16".into());
         let ck = load(&p).unwrap();
         let e = check_resume(&ck, "cpu", PRECISION_F32)

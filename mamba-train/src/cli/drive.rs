@@ -144,12 +144,7 @@ where
     if let Some(d) = dir.as_mut() {
         checkpoint = match d.last_ck.take() {
             Some(p) if p.ends_with(checkpoint::step_dir_name(step)) => p,
-            _ => save_checkpoint(
-                dp.trainer_mut(),
-                &d.path,
-                args.keep_checkpoints,
-                &ctx.meta,
-            )?,
+            _ => save_checkpoint(dp.trainer_mut(), &d.path, args.keep_checkpoints, &ctx.meta)?,
         };
         write_plot(&d.path, &run)?;
     }

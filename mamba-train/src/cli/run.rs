@@ -123,7 +123,11 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
         // The run directory too (rank 0 checks it again, under its lock).
         let out = run_dir_of(args)?;
         RunLock::check_free(&out)?;
-        check_run_dir(&out, recorded.as_ref().map(|(d, _)| d.as_path()), args.overwrite)?;
+        check_run_dir(
+            &out,
+            recorded.as_ref().map(|(d, _)| d.as_path()),
+            args.overwrite,
+        )?;
         let (l, blocks) = (plan.run.logical_world, plan.run.logical_world / world);
         if let Some(host) = &gpu {
             dp::cuda::check_world_fits(host, world, l)?;

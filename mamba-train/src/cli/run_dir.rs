@@ -46,9 +46,9 @@ pub fn run_dir_of(args: &TrainArgs) -> Result<PathBuf> {
     };
     let ck = checkpoint::resolve(resume)?;
     match ck.parent() {
-        Some(root) if root.file_name().is_some_and(|n| n == CHECKPOINTS_DIR) => {
-            Ok(root.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf))
-        }
+        Some(root) if root.file_name().is_some_and(|n| n == CHECKPOINTS_DIR) => Ok(root
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)),
         _ => Err(TrainError::Config(format!(
             "--resume {}: the checkpoint is not inside a run directory's {CHECKPOINTS_DIR}/, \
              so there is no run directory to continue in; pass --out DIR for the continued run",
