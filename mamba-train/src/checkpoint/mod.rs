@@ -7,23 +7,30 @@
 //!     config.json                    Hugging Face MambaConfig
 //!     model.safetensors              weights, Hugging Face names and shapes, F32
 //!     optimizer.safetensors          exp_avg.<name>, exp_avg_sq.<name>
-//!     state.json                     step, seed, data position, run identity, digest
+//!     state.json                     step, seed, data position, run identity,
+//!                                    device, precision, schedule changes, and
+//!                                    the SHA-256 of every other file and of itself
 //! ```
+//! Every file is covered by a digest checked on load: `state.json` records
+//! the others' (`file_digests`) and its own (`state_digest`, over its JSON
+//! without that key); a mismatch names the file.
 //! A checkpoint directory is itself loadable by
 //! `transformers.MambaForCausalLM.from_pretrained`.
 //!
 //! **Atomicity.** Files are written into a private temp directory
 //! (`checkpoints/.tmp-...`), each fsynced, the directory fsynced, then renamed
 //! to its final name; only then is `LATEST` replaced (temp file, fsync,
-//! rename). A crash or error at any point leaves `LATEST` naming the previous
-//! complete checkpoint. Stale temp directories are removed by the next save.
+//! rename); only then are old checkpoints pruned. A crash or error at any
+//! point leaves `LATEST` naming a complete checkpoint (the previous one, or
+//! the new one), also when the same step is saved again. Stale temp
+//! directories are removed by the next save.
 
 pub mod atomic;
 pub mod hf_config;
 pub mod state;
 pub mod tensors;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -33,7 +40,9 @@ use sha2::{Digest, Sha256};
 use crate::error::{Result, TrainError};
 use crate::params::ParamLayout;
 
-pub use state::{DataPosition, RunState, FORMAT_VERSION};
+pub use state::{
+    CheckpointMeta, DataPosition, RunState, ScheduleChange, FORMAT_VERSION, PRECISION_F32,
+};
 
 /// Sub-directory of a run directory holding its checkpoints.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
@@ -86,6 +95,8 @@ pub struct Checkpoint {
     pub dir: PathBuf,
     /// The JSON state.
     pub state: RunState,
+    /// How it was written: device, precision, schedule changes.
+    pub meta: CheckpointMeta,
     /// Weight arena.
     pub params: Vec<f32>,
     /// AdamW first moments.
@@ -112,9 +123,12 @@ pub fn step_dir_name(step: u64) -> String {
 
 /// Save into `run_dir/checkpoints/step-N`, publish it as `LATEST`, and keep
 /// only the newest `keep` checkpoints (at least the new one). Returns the new
-/// checkpoint's directory.
+/// checkpoint's directory. Records the default [`CheckpointMeta`] (CPU, f32,
+/// no schedule change); the command line saves with [`save_with_meta`].
 pub fn save(run_dir: &Path, ck: &CheckpointRef<'_>, keep: usize) -> Result<PathBuf> {
-    save_with_hook(run_dir, ck, keep, &mut |_| Ok(()))
+    save_with_meta(run_dir, ck, &CheckpointMeta::default(), keep, &mut |_| {
+        Ok(())
+    })
 }
 
 /// [`save`] with `before_file` called before each file is written (with the
@@ -123,6 +137,84 @@ pub fn save(run_dir: &Path, ck: &CheckpointRef<'_>, keep: usize) -> Result<PathB
 pub fn save_with_hook(
     run_dir: &Path,
     ck: &CheckpointRef<'_>,
+    keep: usize,
+    before_file: &mut dyn FnMut(&Path) -> io::Result<()>,
+) -> Result<PathBuf> {
+    save_with_meta(run_dir, ck, &CheckpointMeta::default(), keep, before_file)
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn bytes_digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Key of `state.json`'s own digest (over the rest of the file's JSON).
+pub const STATE_DIGEST: &str = "state_digest";
+/// Key of `state.json`'s map from file name to hex SHA-256.
+pub const FILE_DIGESTS: &str = "file_digests";
+
+/// The digest `state.json` records of itself: SHA-256 of the compact JSON
+/// of `value` without its [`STATE_DIGEST`] key.
+pub fn state_json_digest(value: &serde_json::Value) -> String {
+    let mut v = value.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.remove(STATE_DIGEST);
+    }
+    bytes_digest(&serde_json::to_vec(&v).unwrap_or_default())
+}
+
+/// Re-seal an edited `state.json` value: recompute its [`STATE_DIGEST`].
+/// For tools and tests that edit a checkpoint's state on purpose.
+pub fn seal_state_json(value: &mut serde_json::Value) {
+    let d = state_json_digest(value);
+    if let Some(o) = value.as_object_mut() {
+        o.insert(STATE_DIGEST.into(), d.into());
+    }
+}
+
+/// The bytes of `state.json`: the state, the meta, the digests of the other
+/// files, and its own digest last.
+fn state_json(
+    state: &RunState,
+    meta: &CheckpointMeta,
+    files: &[(&str, &Vec<u8>)],
+) -> serde_json::Result<Vec<u8>> {
+    // Through bytes first, so numbers keep the writer's shortest form.
+    let mut v: serde_json::Value = serde_json::from_slice(&serde_json::to_vec(state)?)?;
+    let meta = serde_json::to_value(meta)?;
+    let digests: BTreeMap<&str, String> =
+        files.iter().map(|(n, b)| (*n, bytes_digest(b))).collect();
+    if let (Some(o), Some(m)) = (v.as_object_mut(), meta.as_object()) {
+        for (k, x) in m {
+            o.insert(k.clone(), x.clone());
+        }
+        o.insert(FILE_DIGESTS.into(), serde_json::to_value(digests)?);
+    }
+    seal_state_json(&mut v);
+    serde_json::to_vec_pretty(&v)
+}
+
+/// The name `root/LATEST` holds, if it can be read.
+fn latest_name(root: &Path) -> Option<String> {
+    fs::read_to_string(root.join(LATEST))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// [`save_with_hook`] recording `meta`. The hook is also called before each
+/// publishing step, with the path about to change (the final directory, or
+/// `LATEST`), so tests can check what a crash there would leave.
+///
+/// Order: write every file of the new checkpoint into a temp directory,
+/// fsync them and it; rename it to `step-N` (fsync the parent); replace
+/// `LATEST` atomically; only then prune old checkpoints. A re-save of a
+/// step whose directory exists first points `LATEST` at the complete temp
+/// directory, then swaps the new files in under the final name, so `LATEST`
+/// never names a missing or partial directory.
+pub fn save_with_meta(
+    run_dir: &Path,
+    ck: &CheckpointRef<'_>,
+    meta: &CheckpointMeta,
     keep: usize,
     before_file: &mut dyn FnMut(&Path) -> io::Result<()>,
 ) -> Result<PathBuf> {
@@ -140,35 +232,37 @@ pub fn save_with_hook(
         .map_err(|e| io_err(&root, "cannot create the checkpoint directory", e))?;
     remove_stale_temps(&root);
 
-    let mut meta = HashMap::new();
-    meta.insert("step".to_string(), state.step.to_string());
-    let weights = tensors::encode(&layout, &[("", ck.params)], meta.clone())
+    let mut tmeta = HashMap::new();
+    tmeta.insert("step".to_string(), state.step.to_string());
+    let weights = tensors::encode(&layout, &[("", ck.params)], tmeta.clone())
         .map_err(|e| ck_err(&root, format!("encoding weights: {e}")))?;
     let moments = tensors::encode(
         &layout,
         &[(EXP_AVG, ck.exp_avg), (EXP_AVG_SQ, ck.exp_avg_sq)],
-        meta,
+        tmeta,
     )
     .map_err(|e| ck_err(&root, format!("encoding optimizer moments: {e}")))?;
     let hf = serde_json::to_vec_pretty(&hf_config::hf_config_json(&state.run.model))
         .map_err(|e| ck_err(&root, format!("encoding config.json: {e}")))?;
-    let st = serde_json::to_vec_pretty(state)
+    let files = [
+        (HF_CONFIG_FILE, &hf),
+        (WEIGHTS_FILE, &weights),
+        (OPTIMIZER_FILE, &moments),
+    ];
+    let st = state_json(state, meta, &files)
         .map_err(|e| ck_err(&root, format!("encoding state.json: {e}")))?;
 
     let name = step_dir_name(state.step);
-    let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
+    let pid = std::process::id();
+    let tmp_name = format!(".tmp-{name}-{pid}");
+    let tmp = root.join(&tmp_name);
     let written = (|| -> io::Result<()> {
         if tmp.exists() {
             fs::remove_dir_all(&tmp)?;
         }
         fs::create_dir(&tmp)?;
         // The state goes last: a directory with a state.json has everything.
-        for (file, bytes) in [
-            (HF_CONFIG_FILE, &hf),
-            (WEIGHTS_FILE, &weights),
-            (OPTIMIZER_FILE, &moments),
-            (STATE_FILE, &st),
-        ] {
+        for (file, bytes) in files.iter().copied().chain([(STATE_FILE, &st)]) {
             let p = tmp.join(file);
             before_file(&p)?;
             atomic::write_synced(&p, bytes)?;
@@ -185,35 +279,67 @@ pub fn save_with_hook(
     }
 
     let final_dir = root.join(&name);
+    let latest = root.join(LATEST);
+    let aside = root.join(format!(".tmp-old-{name}-{pid}"));
+    let linked = root.join(format!(".tmp-new-{name}-{pid}"));
     let publish = (|| -> io::Result<()> {
         if final_dir.exists() {
-            // Same step saved again (e.g. a re-run into the same directory):
-            // move the old one aside first; a directory cannot be renamed
-            // over a non-empty one.
-            let aside = root.join(format!(".tmp-old-{name}-{}", std::process::id()));
+            // Same step saved again (e.g. a resume from an older checkpoint
+            // of this directory). `LATEST` may name this step: point it at
+            // the complete temp directory while the final name changes
+            // hands, then at the final name again.
+            before_file(&latest)?;
+            atomic::replace_file(&latest, format!("{tmp_name}\n").as_bytes())?;
+            // The new files under a second name (hard links: same data).
+            if linked.exists() {
+                fs::remove_dir_all(&linked)?;
+            }
+            fs::create_dir(&linked)?;
+            for file in [HF_CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE] {
+                let (from, to) = (tmp.join(file), linked.join(file));
+                if fs::hard_link(&from, &to).is_err() {
+                    atomic::write_synced(&to, &fs::read(&from)?)?;
+                }
+            }
+            atomic::sync_dir(&linked)?;
+            before_file(&final_dir)?;
             fs::rename(&final_dir, &aside)?;
-            fs::rename(&tmp, &final_dir)?;
-            let _ = fs::remove_dir_all(&aside);
+            fs::rename(&linked, &final_dir)?;
         } else {
+            before_file(&final_dir)?;
             fs::rename(&tmp, &final_dir)?;
         }
         atomic::sync_dir(&root)?;
-        atomic::replace_file(&root.join(LATEST), format!("{name}\n").as_bytes())
+        before_file(&latest)?;
+        atomic::replace_file(&latest, format!("{name}\n").as_bytes())
     })();
-    if let Err(e) = publish {
+    // The temp directory may be what `LATEST` names after a failed re-save
+    // (then it is the complete new checkpoint and stays).
+    let keep_tmp = latest_name(&root).as_deref() == Some(tmp_name.as_str());
+    if !keep_tmp {
         let _ = fs::remove_dir_all(&tmp);
+    }
+    let _ = fs::remove_dir_all(&linked);
+    if let Err(e) = publish {
+        if !final_dir.exists() && aside.exists() {
+            let _ = fs::rename(&aside, &final_dir);
+        }
         return Err(io_err(&final_dir, "publishing the checkpoint failed", e));
     }
+    let _ = fs::remove_dir_all(&aside);
     prune(&root, &name, keep.max(1));
     Ok(final_dir)
 }
 
 /// Remove leftovers of interrupted saves (best effort: they are ours, and a
-/// failure to remove one only wastes space).
+/// failure to remove one only wastes space), except what `LATEST` names (a
+/// re-save interrupted while it pointed at its complete temp directory).
 fn remove_stale_temps(root: &Path) {
+    let latest = latest_name(root);
     if let Ok(rd) = fs::read_dir(root) {
         for e in rd.flatten() {
-            if e.file_name().to_string_lossy().starts_with(".tmp-") {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with(".tmp-") && latest.as_deref() != Some(n.as_str()) {
                 let p = e.path();
                 let _ = if p.is_dir() {
                     fs::remove_dir_all(&p)
@@ -275,8 +401,10 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
 }
 
 /// Load the checkpoint meant by `path` (see [`resolve`]) and verify it:
-/// format version, config.json against the state's model, every tensor's
-/// name, dtype and shape, no extra tensors, and the weights digest.
+/// format version, `state.json`'s own digest and the digest of every other
+/// file (the error names the file), config.json against the state's model,
+/// every tensor's name, dtype and shape, no extra tensors, and the weights
+/// digest.
 pub fn load(path: &Path) -> Result<Checkpoint> {
     let dir = resolve(path)?;
     let read = |file: &str| -> Result<Vec<u8>> {
@@ -284,31 +412,78 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
         fs::read(&p).map_err(|e| io_err(&p, "cannot read", e))
     };
     let st_path = dir.join(STATE_FILE);
-    let state: RunState = serde_json::from_slice(&read(STATE_FILE)?)
+    let value: serde_json::Value = serde_json::from_slice(&read(STATE_FILE)?)
         .map_err(|e| ck_err(&st_path, format!("not a valid state file: {e}")))?;
-    if state.format_version != FORMAT_VERSION {
+    let version = value.get("format_version").and_then(|v| v.as_u64());
+    if version != Some(u64::from(FORMAT_VERSION)) {
+        let found = version.map_or("none".to_string(), |v| v.to_string());
         return Err(ck_err(
             &st_path,
             format!(
-                "format_version {} is not supported (this build reads {FORMAT_VERSION})",
-                state.format_version
+                "checkpoint format {found} is not supported: this build reads format \
+                 {FORMAT_VERSION} only (format 1 had no digests of the optimizer moments); \
+                 resume it with the build that wrote it, or start a new run"
             ),
         ));
     }
+    let recorded = value.get(STATE_DIGEST).and_then(|v| v.as_str());
+    let actual = state_json_digest(&value);
+    if recorded != Some(actual.as_str()) {
+        return Err(ck_err(
+            &st_path,
+            format!(
+                "{STATE_FILE} digest {actual} does not match its recorded {STATE_DIGEST} {}: \
+                 the file is corrupted or was edited",
+                recorded.unwrap_or("(none)")
+            ),
+        ));
+    }
+    let state: RunState = serde_json::from_value(value.clone())
+        .map_err(|e| ck_err(&st_path, format!("not a valid state file: {e}")))?;
+    let meta: CheckpointMeta = serde_json::from_value(value.clone())
+        .map_err(|e| ck_err(&st_path, format!("not a valid state file: {e}")))?;
+    let digests: BTreeMap<String, String> = value
+        .get(FILE_DIGESTS)
+        .cloned()
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| ck_err(&st_path, format!("{FILE_DIGESTS} is not valid: {e}")))?
+        .unwrap_or_default();
+    // Every file, read once and checked against its recorded digest.
+    let checked = |file: &str| -> Result<Vec<u8>> {
+        let bytes = read(file)?;
+        let p = dir.join(file);
+        let want = digests
+            .get(file)
+            .ok_or_else(|| ck_err(&st_path, format!("records no digest of {file}")))?;
+        let got = bytes_digest(&bytes);
+        if &got != want {
+            return Err(ck_err(
+                &p,
+                format!(
+                    "{file} digest {got} does not match the {want} recorded in {STATE_FILE}: \
+                     the file is corrupted or was changed"
+                ),
+            ));
+        }
+        Ok(bytes)
+    };
+    let hf_bytes = checked(HF_CONFIG_FILE)?;
+    let w_bytes = checked(WEIGHTS_FILE)?;
+    let o_bytes = checked(OPTIMIZER_FILE)?;
     state
         .run
         .model
         .validate()
         .map_err(|e| ck_err(&st_path, e.to_string()))?;
     let hf_path = dir.join(HF_CONFIG_FILE);
-    let hf: serde_json::Value = serde_json::from_slice(&read(HF_CONFIG_FILE)?)
+    let hf: serde_json::Value = serde_json::from_slice(&hf_bytes)
         .map_err(|e| ck_err(&hf_path, format!("not valid JSON: {e}")))?;
     hf_config::check_hf_config(&hf, &state.run.model).map_err(|e| ck_err(&hf_path, e))?;
 
     let layout = ParamLayout::new(&state.run.model);
     let w_path = dir.join(WEIGHTS_FILE);
-    let (mut w, _) =
-        tensors::decode(&layout, &read(WEIGHTS_FILE)?, &[""]).map_err(|e| ck_err(&w_path, e))?;
+    let (mut w, _) = tensors::decode(&layout, &w_bytes, &[""]).map_err(|e| ck_err(&w_path, e))?;
     let params = w.pop().unwrap_or_default();
     let digest = arena_digest(&params);
     if digest != state.weights_digest {
@@ -321,17 +496,44 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
         ));
     }
     let o_path = dir.join(OPTIMIZER_FILE);
-    let (mut moments, _) = tensors::decode(&layout, &read(OPTIMIZER_FILE)?, &[EXP_AVG, EXP_AVG_SQ])
+    let (mut moments, _) = tensors::decode(&layout, &o_bytes, &[EXP_AVG, EXP_AVG_SQ])
         .map_err(|e| ck_err(&o_path, e))?;
     let exp_avg_sq = moments.pop().unwrap_or_default();
     let exp_avg = moments.pop().unwrap_or_default();
     Ok(Checkpoint {
         dir,
         state,
+        meta,
         params,
         exp_avg,
         exp_avg_sq,
     })
+}
+
+/// Check that the checkpoint `ck` may be resumed by a run on `device` in
+/// `precision`: another precision is refused (it is part of the run's
+/// bits), another device is allowed (same format) and gives a note, which
+/// is returned.
+pub fn check_resume(ck: &Checkpoint, device: &str, precision: &str) -> Result<Option<String>> {
+    let m = &ck.meta;
+    if m.precision != precision {
+        return Err(ck_err(
+            &ck.dir.join(STATE_FILE),
+            format!(
+                "--resume: the checkpoint was trained in precision {}, this run trains in {precision}; \
+                 the precision is part of a run's bits, so a run cannot change it: resume it \
+                 in {} or start a new run",
+                m.precision, m.precision
+            ),
+        ));
+    }
+    Ok((m.device != device).then(|| {
+        format!(
+            "note: resuming on {device} a checkpoint written on {} (same checkpoint format; \
+             the bits may differ from an unbroken run on one device)",
+            m.device
+        )
+    }))
 }
 
 /// Weights only, from any directory holding a Hugging Face Mamba
@@ -501,16 +703,151 @@ mod tests {
         assert!(e.contains("digest"), "{e}");
         fs::write(&w, &good).unwrap();
 
-        // A config.json describing another model: the field is named.
+        // A config.json describing another model: its digest no longer
+        // matches; with the digest updated too, the field is named.
         let c = p.join(HF_CONFIG_FILE);
         let mut hf: serde_json::Value = serde_json::from_slice(&fs::read(&c).unwrap()).unwrap();
         hf["num_hidden_layers"] = serde_json::json!(3);
-        fs::write(&c, serde_json::to_vec(&hf).unwrap()).unwrap();
+        let bytes = serde_json::to_vec(&hf).unwrap();
+        fs::write(&c, &bytes).unwrap();
+        let e = load(&p).unwrap_err().to_string();
+        assert!(e.contains("config.json digest"), "{e}");
+        edit_state(&p, |st| {
+            st[FILE_DIGESTS][HF_CONFIG_FILE] = bytes_digest(&bytes).into()
+        });
         let e = load(&p).unwrap_err().to_string();
         assert!(e.contains("num_hidden_layers is 3"), "{e}");
 
         let e = load(&dir.path().join("nowhere")).unwrap_err().to_string();
         assert!(e.contains("no checkpoint here"), "{e}");
+    }
+
+    /// Edit `dir`'s state.json with `f` and re-seal its own digest.
+    fn edit_state(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+        let sp = dir.join(STATE_FILE);
+        let mut st: serde_json::Value = serde_json::from_slice(&fs::read(&sp).unwrap()).unwrap();
+        f(&mut st);
+        seal_state_json(&mut st);
+        fs::write(&sp, serde_json::to_vec_pretty(&st).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn every_file_is_covered_by_a_digest_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = trained(2).save_checkpoint(dir.path(), 2).unwrap();
+        let st: serde_json::Value =
+            serde_json::from_slice(&fs::read(p.join(STATE_FILE)).unwrap()).unwrap();
+        assert_eq!(st["format_version"], FORMAT_VERSION);
+        assert_eq!(st["precision"], "f32");
+        for f in [HF_CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE] {
+            assert_eq!(
+                st[FILE_DIGESTS][f].as_str().unwrap(),
+                bytes_digest(&fs::read(p.join(f)).unwrap()),
+                "{f}"
+            );
+        }
+        // A flipped bit in the optimizer moments (which no weights digest
+        // covers) is refused, naming the file.
+        let o = p.join(OPTIMIZER_FILE);
+        let good = fs::read(&o).unwrap();
+        let mut bad = good.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        fs::write(&o, &bad).unwrap();
+        let e = load(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("optimizer.safetensors digest") && e.contains("corrupted"),
+            "{e}"
+        );
+        fs::write(&o, &good).unwrap();
+        assert!(load(&p).is_ok());
+
+        // An edited state.json (here the step) is refused by its own digest.
+        let sp = p.join(STATE_FILE);
+        let good = fs::read(&sp).unwrap();
+        let text = String::from_utf8(good.clone()).unwrap();
+        fs::write(&sp, text.replace("\"step\": 2", "\"step\": 3")).unwrap();
+        let e = load(&p).unwrap_err().to_string();
+        assert!(e.contains("state.json digest"), "{e}");
+        fs::write(&sp, &good).unwrap();
+
+        // A checkpoint of the previous format is refused with the versions.
+        edit_state(&p, |st| st["format_version"] = 1.into());
+        let e = load(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("format 1 is not supported")
+                && e.contains(&format!("format {FORMAT_VERSION}")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_resume_in_another_precision_is_refused_another_device_noted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = trained(1).save_checkpoint(dir.path(), 2).unwrap();
+        let ck = load(&p).unwrap();
+        assert_eq!(ck.meta, CheckpointMeta::default());
+        assert_eq!(check_resume(&ck, "cpu", PRECISION_F32).unwrap(), None);
+        let note = check_resume(&ck, "cuda", PRECISION_F32).unwrap().unwrap();
+        assert!(
+            note.contains("on cuda") && note.contains("written on cpu"),
+            "{note}"
+        );
+        edit_state(&p, |st| st["precision"] = "bf16".into());
+        let ck = load(&p).unwrap();
+        let e = check_resume(&ck, "cpu", PRECISION_F32)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--resume") && e.contains("precision bf16") && e.contains("trains in f32"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_re_save_of_the_same_step_never_leaves_latest_dangling() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = trained(2);
+        t.save_checkpoint(dir.path(), 2).unwrap();
+        let state = t.run_state().unwrap();
+        let params = t.params().clone();
+        let adamw = t.optimizer().adamw();
+        let ck = CheckpointRef {
+            state: &state,
+            params: &params,
+            exp_avg: adamw.exp_avg(),
+            exp_avg_sq: adamw.exp_avg_sq(),
+        };
+        let meta = CheckpointMeta::default();
+        // At every step of the re-save, what LATEST names loads; and a
+        // failure injected at any publishing step leaves it loadable.
+        let mut points = 0;
+        save_with_meta(dir.path(), &ck, &meta, 2, &mut |_| {
+            points += 1;
+            load(dir.path()).map(|_| ()).map_err(io::Error::other)
+        })
+        .unwrap();
+        assert!(points >= 6, "{points}");
+        for fail_at in 0..points {
+            let mut n = 0;
+            let r = save_with_meta(dir.path(), &ck, &meta, 2, &mut |_| {
+                n += 1;
+                if n > fail_at {
+                    Err(io::Error::other("crash (injected)"))
+                } else {
+                    Ok(())
+                }
+            });
+            assert!(r.is_err());
+            let back = load(dir.path()).unwrap_or_else(|e| panic!("fail at {fail_at}: {e}"));
+            assert_eq!(back.state.step, 2);
+            assert_eq!(&back.params, &params);
+        }
+        save(dir.path(), &ck, 2).unwrap();
+        assert_eq!(
+            latest_name(&dir.path().join(CHECKPOINTS_DIR)).unwrap(),
+            "step-00000002"
+        );
     }
 
     #[test]

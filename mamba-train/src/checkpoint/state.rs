@@ -7,7 +7,51 @@ use crate::run_config::RunConfig;
 
 /// Version of the checkpoint directory format; bumped on any incompatible
 /// change of file names, tensor names, or `state.json` fields.
-pub const FORMAT_VERSION: u32 = 1;
+///
+/// 2: `state.json` carries a SHA-256 of every other file (`file_digests`)
+/// and of itself (`state_digest`), the device and precision that wrote it,
+/// and the schedule extensions (`schedule_changes`).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The only precision this build trains in (recorded in every checkpoint).
+pub const PRECISION_F32: &str = "f32";
+
+/// One extension of a run's schedule (`--extend`): from step `at_step` on,
+/// the cosine schedule's total is `new_total` instead of `old_total`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleChange {
+    /// The step at which the new schedule took over (the resumed step).
+    pub at_step: u64,
+    /// The total steps before the change.
+    pub old_total: u64,
+    /// The total steps after the change.
+    pub new_total: u64,
+}
+
+/// What a checkpoint records about how it was written, besides the run's
+/// identity: the device, the precision, and the schedule's history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    /// Where the run trained when this checkpoint was written (`cpu`,
+    /// `cuda`). A resume on another device is allowed (same format).
+    pub device: String,
+    /// Arithmetic precision of the training step (`f32`). Part of the
+    /// run's bits: a resume in another precision is refused.
+    pub precision: String,
+    /// Every `--extend` of the run, oldest first.
+    #[serde(default)]
+    pub schedule_changes: Vec<ScheduleChange>,
+}
+
+impl Default for CheckpointMeta {
+    fn default() -> Self {
+        CheckpointMeta {
+            device: "cpu".into(),
+            precision: PRECISION_F32.into(),
+            schedule_changes: Vec::new(),
+        }
+    }
+}
 
 /// Where the sample stream continues. Samples are a pure function of
 /// `(seed, step, micro, row)` (see [`crate::data`]), so the next step number

@@ -115,12 +115,28 @@ pub struct TrainArgs {
     /// Master seed: weights and data derive from it [default: 0].
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
-    /// Run directory: metrics.jsonl, loss.svg, checkpoints/.
-    #[arg(long, value_name = "DIR", default_value = "runs/latest")]
-    pub out: PathBuf,
-    /// Continue from a checkpoint: a run directory or a checkpoint directory.
+    /// Run directory: metrics.jsonl, loss.svg, checkpoints/; one run at a
+    /// time (locked while it trains) [default: runs/latest; with --resume,
+    /// the run directory of the checkpoint].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Continue from a checkpoint: a run directory or a checkpoint
+    /// directory. Without --out the run continues in the checkpoint's own
+    /// run directory.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// Replace another run that --out holds (its checkpoints, metrics and
+    /// plot; nothing else there). Without it a run refuses a directory
+    /// holding another run's checkpoints or metrics.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// With --resume and a --steps N larger than the run's planned steps:
+    /// continue past them. The cosine schedule's total becomes N, so from
+    /// the resumed step on the learning rate, and the bits, follow the new
+    /// schedule (not those of a run planned with N steps from the start).
+    /// The checkpoint records the change.
+    #[arg(long)]
+    pub extend: bool,
     /// Also checkpoint every N steps (0: only at the end).
     #[arg(long, value_name = "N", default_value_t = super::defaults::CHECKPOINT_EVERY)]
     pub checkpoint_every: u64,

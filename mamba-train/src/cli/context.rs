@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use super::args::TrainArgs;
+use crate::checkpoint::CheckpointMeta;
 
 /// What the loop needs to know besides the world.
 pub struct RankContext<'a> {
@@ -16,4 +17,10 @@ pub struct RankContext<'a> {
     pub resumed_from: Option<PathBuf>,
     /// Worker threads of this rank, for the description line.
     pub threads: usize,
+    /// The run directory (`--out`, or its default: see
+    /// [`super::run_dir::run_dir_of`]).
+    pub out: PathBuf,
+    /// What every checkpoint of this run records besides its state: the
+    /// device, the precision, the schedule's changes.
+    pub meta: CheckpointMeta,
 }

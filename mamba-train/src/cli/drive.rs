@@ -51,7 +51,7 @@ where
             &run,
             dp.trainer().arena_len(),
             dp.trainer().backend().device_name(),
-            &args.out,
+            &ctx.out,
             first_step,
             world,
             ctx,
@@ -85,10 +85,11 @@ where
             // Every rank: a checkpoint holds weights every rank agreed on.
             dp.replica_check(&format!("before the checkpoint of step {}", s.step))?;
             if let Some(d) = dir.as_mut() {
-                d.last_ck = Some(
-                    dp.trainer_mut()
-                        .save_checkpoint(&d.path, args.keep_checkpoints)?,
-                );
+                d.last_ck = Some(dp.trainer_mut().save_checkpoint_with_meta(
+                    &d.path,
+                    args.keep_checkpoints,
+                    &ctx.meta,
+                )?);
                 write_plot(&d.path, &run)?;
             }
         }
@@ -103,9 +104,11 @@ where
     if let Some(d) = dir.as_mut() {
         checkpoint = match d.last_ck.take() {
             Some(p) if p.ends_with(checkpoint::step_dir_name(step)) => p,
-            _ => dp
-                .trainer_mut()
-                .save_checkpoint(&d.path, args.keep_checkpoints)?,
+            _ => dp.trainer_mut().save_checkpoint_with_meta(
+                &d.path,
+                args.keep_checkpoints,
+                &ctx.meta,
+            )?,
         };
         write_plot(&d.path, &run)?;
     }
@@ -164,7 +167,7 @@ where
             out,
             format!(
                 "stopped at step {step} (--stop-at); continue with --resume {}",
-                args.out.display()
+                ctx.out.display()
             ),
         )?;
     }
@@ -205,7 +208,7 @@ where
         out,
         format!(
             "run directory: {} (metrics.jsonl, loss.svg)",
-            args.out.display()
+            ctx.out.display()
         ),
     )?;
     w(out, format!("checkpoint: {}", summary.checkpoint.display()))?;

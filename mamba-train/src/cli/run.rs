@@ -28,7 +28,10 @@ use super::drive::drive;
 use super::progress::stderr_line;
 use super::report::plural;
 use super::resolve::resolve_run_in;
-use crate::checkpoint::{self, state::RunState, Checkpoint, STATE_FILE};
+use super::run_dir::{check_run_dir, run_dir_of, RunLock};
+use crate::checkpoint::{
+    self, state::RunState, Checkpoint, CheckpointMeta, ScheduleChange, PRECISION_F32, STATE_FILE,
+};
 use crate::data::{Dataset, TaskSpec};
 #[cfg(feature = "fault-injection")]
 use crate::dp::FaultHooks;
@@ -119,6 +122,14 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
             logical_world: ov.logical_world,
         };
         let plan = plan_run(args, recorded.as_ref(), world, env_run)?;
+        // The run directory too (rank 0 checks it again, under its lock).
+        let out = run_dir_of(args)?;
+        RunLock::check_free(&out)?;
+        check_run_dir(
+            &out,
+            recorded.as_ref().map(|(d, _)| d.as_path()),
+            args.overwrite,
+        )?;
         let (l, blocks) = (plan.run.logical_world, plan.run.logical_world / world);
         if let Some(host) = &gpu {
             dp::cuda::check_world_fits(host, world, l)?;
@@ -166,6 +177,8 @@ struct Plan {
     corpus: Option<Arc<Vec<u8>>>,
     /// Where the loop ends (`--stop-at` or the run's steps).
     end: u64,
+    /// The schedule's extension (`--extend`), if any.
+    extension: Option<ScheduleChange>,
 }
 
 /// Resolve and validate the run for a world of `world` processes, given
@@ -189,12 +202,50 @@ fn plan_run(
     };
     let resolved = resolve_run_in(args, rec_run, world, env.logical_world)?;
     let run = resolved.run;
+    let extension = match (args.extend, recorded) {
+        (false, _) => None,
+        (true, None) => {
+            return Err(TrainError::Config(
+                "--extend continues a resumed run past its planned steps; it needs --resume".into(),
+            ))
+        }
+        (true, Some((_, st))) => {
+            let old = st.run.schedule.total_steps;
+            match args.steps {
+                Some(n) if n > old => Some(ScheduleChange {
+                    at_step: st.step,
+                    old_total: old,
+                    new_total: n,
+                }),
+                Some(n) => {
+                    return Err(TrainError::Config(format!(
+                        "--extend needs --steps larger than the run's planned {old} steps, got --steps {n}"
+                    )))
+                }
+                None => {
+                    return Err(TrainError::Config(format!(
+                        "--extend needs the new total as --steps N, larger than the run's planned {old} steps"
+                    )))
+                }
+            }
+        }
+    };
     if let Some((dir, st)) = recorded {
-        run.mismatches(&st.run)
-            .map_err(|detail| TrainError::Checkpoint {
+        let mut rec = st.run.clone();
+        if let Some(x) = &extension {
+            rec.schedule.total_steps = x.new_total;
+        }
+        run.mismatches(&rec).map_err(|mut detail| {
+            if run.schedule.total_steps != rec.schedule.total_steps {
+                detail.push_str(
+                    "; to train a resumed run past its planned steps, pass --extend with the new --steps",
+                );
+            }
+            TrainError::Checkpoint {
                 path: dir.display().to_string(),
                 detail,
-            })?;
+            }
+        })?;
     }
     if let Some(stop) = args.stop_at {
         if stop == 0 || stop > run.schedule.total_steps {
@@ -216,6 +267,7 @@ fn plan_run(
         end: args.stop_at.unwrap_or(run.schedule.total_steps),
         run,
         corpus: resolved.corpus,
+        extension,
     })
 }
 
@@ -276,20 +328,53 @@ struct RankSetup {
     resumed_from: Option<PathBuf>,
     opts: DpOptions,
     timeout: Duration,
+    out: PathBuf,
+    meta: CheckpointMeta,
 }
 
 fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
     configure_threads(args, place);
-    let ck: Option<Checkpoint> = match &args.resume {
+    let lead = place.rank == 0;
+    let device = match args.device {
+        Device::Cpu => "cpu",
+        Device::Cuda => "cuda",
+    };
+    let mut ck: Option<Checkpoint> = match &args.resume {
         Some(dir) => Some(checkpoint::load(dir)?),
         None => None,
     };
+    let mut meta = CheckpointMeta {
+        device: device.into(),
+        precision: PRECISION_F32.into(),
+        schedule_changes: Vec::new(),
+    };
+    if let Some(c) = &ck {
+        if let Some(note) = checkpoint::check_resume(c, device, PRECISION_F32)? {
+            if lead {
+                stderr_line(&note);
+            }
+        }
+        meta.schedule_changes = c.meta.schedule_changes.clone();
+    }
     let recorded = ck.as_ref().map(|c| (c.dir.clone(), c.state.clone()));
     let env_run = EnvRun {
         seed: place.seed,
         logical_world: place.logical_world,
     };
     let plan = plan_run(args, recorded.as_ref(), place.world, env_run)?;
+    if let (Some(x), Some(c)) = (&plan.extension, ck.as_mut()) {
+        // The engine resumes the extended run: the checkpoint's schedule
+        // is the new one from this step on, and its checkpoints say so.
+        c.state.run.schedule.total_steps = x.new_total;
+        meta.schedule_changes.push(x.clone());
+        if lead {
+            stderr_line(&format!(
+                "note: --extend: the run's schedule grows from {} to {} steps at step {}; from \
+                 here the learning rate (and so the bits) follow the cosine schedule of {} steps",
+                x.old_total, x.new_total, x.at_step, x.new_total
+            ));
+        }
+    }
     let run = &plan.run;
     let data = match (&run.task, plan.corpus.clone()) {
         (TaskSpec::Text(t), Some(bytes)) => Dataset::with_corpus(t.clone(), bytes, run.batch)?,
@@ -316,6 +401,8 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
         data,
         opts,
         timeout: Duration::from_secs(args.comm_timeout),
+        out: run_dir_of(args)?,
+        meta,
     })
 }
 
@@ -329,6 +416,8 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
         resumed_from,
         opts,
         timeout,
+        out: run_dir,
+        meta,
     } = prepare_rank(args, &place)?;
     let run = plan.run.clone();
     let model = CpuModel::new(run.model.clone())?;
@@ -344,6 +433,8 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
         end: plan.end,
         resumed_from,
         threads: rayon::current_num_threads(),
+        out: run_dir,
+        meta,
     };
     let outcome = drive(&mut world, &ctx, out);
     // The rendezvous outlives the transport (rank 0 may serve it).
@@ -376,6 +467,8 @@ fn run_cuda_rank(
         resumed_from,
         opts,
         timeout,
+        out: run_dir,
+        meta,
     } = prepare_rank(args, &place)?;
     let run = plan.run.clone();
     let link = dp::cuda::connect(&place, device, timeout)?;
@@ -391,6 +484,8 @@ fn run_cuda_rank(
         end: plan.end,
         resumed_from,
         threads: rayon::current_num_threads(),
+        out: run_dir,
+        meta,
     };
     let outcome = drive(&mut world, &ctx, out);
     let (trainer, reducer) = world.into_parts();

@@ -18,7 +18,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{self, arena_digest, Checkpoint, CheckpointRef, DataPosition, RunState};
+use crate::checkpoint::{
+    self, arena_digest, Checkpoint, CheckpointMeta, CheckpointRef, DataPosition, RunState,
+};
 use crate::config::ModelConfig;
 use crate::data::{accuracy, Accuracy, Dataset};
 use crate::error::{Result, TrainError};
@@ -276,9 +278,25 @@ impl<B: Backend> Trainer<B> {
     }
 
     /// Save a checkpoint of the current step under `run_dir` (atomically;
-    /// see [`checkpoint`]), keeping the newest `keep`. Weights and moments
-    /// are read on the host (downloaded from a device).
+    /// see [`checkpoint`]), keeping the newest `keep`, recording this
+    /// backend's device and the f32 precision. Weights and moments are read
+    /// on the host (downloaded from a device).
     pub fn save_checkpoint(&mut self, run_dir: &Path, keep: usize) -> Result<PathBuf> {
+        let meta = CheckpointMeta {
+            device: self.backend.device_name().to_string(),
+            ..CheckpointMeta::default()
+        };
+        self.save_checkpoint_with_meta(run_dir, keep, &meta)
+    }
+
+    /// [`Self::save_checkpoint`] recording `meta` (device, precision,
+    /// schedule changes) as given.
+    pub fn save_checkpoint_with_meta(
+        &mut self,
+        run_dir: &Path,
+        keep: usize,
+        meta: &CheckpointMeta,
+    ) -> Result<PathBuf> {
         let state = self.run_state()?;
         let backend = &mut self.backend;
         let adamw = self.opt.adamw();
@@ -291,7 +309,7 @@ impl<B: Backend> Trainer<B> {
             exp_avg: &exp_avg,
             exp_avg_sq: &exp_avg_sq,
         };
-        checkpoint::save(run_dir, &ck, keep)
+        checkpoint::save_with_meta(run_dir, &ck, meta, keep, &mut |_| Ok(()))
     }
 
     /// Replace the weights with `host` (same length). For fault-injection
