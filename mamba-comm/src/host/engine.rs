@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
 use super::fault::Fault;
-use super::link::{LinkStats, Writers};
+use super::link::Writers;
 use super::message::{Event, Msg, OpCode};
 use super::HostOptions;
 use crate::{CommError, Result};
@@ -303,11 +303,6 @@ impl HostTransport {
                     self.rank
                 ),
             )),
-            Event::Refused { from, detail } => Err(Fault::transport(
-                op,
-                format!("{detail} (noticed by rank {} during {op})", self.rank),
-                from,
-            )),
             Event::Closed { from, detail } => {
                 if self.departed[from] {
                     // The end of stream after an orderly goodbye.
@@ -322,39 +317,14 @@ impl HostTransport {
         }
     }
 
-    /// Wait for the next message from `peer`, which must belong to `code`
-    /// and is expected to carry at most `limit` values: in a socket world, a
-    /// frame from `peer` that claims more (beyond the small eager size) is
-    /// refused by the link's reader before anything is allocated for it.
+    /// Wait for the next message from `peer`, which must belong to `code`.
     pub(super) fn take(
         &mut self,
         peer: usize,
         op: &str,
         code: OpCode,
-        limit: usize,
         deadline: Instant,
     ) -> Result<Msg, Fault> {
-        let gate = self
-            .writers
-            .as_ref()
-            .and_then(|w| w.links.get(peer).cloned().flatten());
-        let res = self.take_gated(peer, op, code, limit, gate.as_deref(), deadline);
-        if let Some(g) = &gate {
-            g.expect.store(0, Ordering::Release);
-        }
-        res
-    }
-
-    fn take_gated(
-        &mut self,
-        peer: usize,
-        op: &str,
-        code: OpCode,
-        limit: usize,
-        gate: Option<&LinkStats>,
-        deadline: Instant,
-    ) -> Result<Msg, Fault> {
-        let mut gate = gate;
         loop {
             if let Some(msg) = self.pending[peer].pop_front() {
                 if msg.op != code {
@@ -382,15 +352,6 @@ impl HostTransport {
                         self.rank
                     ),
                 ));
-            }
-            // From here on this receive waits for `peer`: let its reader
-            // admit a large frame of up to `limit` values (once; the reader
-            // takes the permission).
-            if let Some(g) = gate.take() {
-                let bound = u64::try_from(limit)
-                    .unwrap_or(u64::MAX - 1)
-                    .min(u64::MAX - 1);
-                g.expect.store(bound + 1, Ordering::Release);
             }
             match self.inbox.recv_deadline(deadline) {
                 Ok(ev) => self.absorb(ev, op)?,

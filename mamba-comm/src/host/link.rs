@@ -17,12 +17,6 @@ pub(crate) struct LinkStats {
     /// The reader thread saw the peer's goodbye: errors on our side of the
     /// link after that cannot hurt the peer.
     pub(crate) peer_left: AtomicBool,
-    /// Admission gate of large frames from the peer: 0 while no receive
-    /// from the peer waits, else 1 + the number of values the waiting
-    /// receive expects. Set by the engine while it waits for the peer; the
-    /// reader thread takes it (swapping in 0) before it reads a frame of
-    /// more than `EAGER_VALUES` values, and refuses a frame that claims more.
-    pub(crate) expect: AtomicU64,
 }
 
 /// Writer threads of a socket world: each sends one report on `done` when it

@@ -105,11 +105,6 @@ pub(crate) enum Event {
     /// The connection to the peer broke (socket closed without a goodbye,
     /// write failed). Always an error: the peer died or the network failed.
     Closed { from: usize, detail: String },
-    /// The peer sent a frame this rank refused to read (it claimed more
-    /// values than the receive waiting for it expects). The link is out of
-    /// step after it and is read no further. Always an error, blamed on the
-    /// peer.
-    Refused { from: usize, detail: String },
 }
 
 const TAG_MSG: u8 = 1;
@@ -120,17 +115,10 @@ const PAYLOAD_EMPTY: u8 = 0;
 const PAYLOAD_F32: u8 = 1;
 const PAYLOAD_I32: u8 = 2;
 
-/// Largest value count a frame may claim at all (2^36 values = 256 GiB of
-/// f32). The real bound is tighter: a frame of more than [`EAGER_VALUES`]
-/// values is read only once the receiver's admission hook (see [`decode`])
-/// allowed its length, which the socket reader bounds by the receive
-/// waiting for it.
+/// Largest value count a frame may claim (2^36 values = 256 GiB of f32):
+/// a bound that no real buffer reaches, so a corrupted length fails cleanly
+/// instead of attempting an absurd allocation.
 const MAX_VALUES: u64 = 1 << 36;
-
-/// Frames of at most this many values (256 KiB of f32) are read as soon as
-/// they arrive, without asking the admission hook: a peer can make a rank
-/// allocate at most this much per frame ahead of its receives.
-pub(crate) const EAGER_VALUES: u64 = 1 << 16;
 /// Largest abort detail accepted, in bytes.
 const MAX_DETAIL: u32 = 1 << 16;
 
@@ -180,7 +168,7 @@ pub(crate) fn encode(event: &Event, out: &mut Vec<u8>) {
             out.extend_from_slice(&(n as u32).to_le_bytes());
             out.extend_from_slice(&bytes[..n]);
         }
-        Event::Closed { .. } | Event::Refused { .. } => {}
+        Event::Closed { .. } => {}
     }
 }
 
@@ -208,17 +196,7 @@ fn bad(what: String) -> io::Error {
 
 /// Read one event sent by peer `from`. `Ok(None)` is a clean end of stream
 /// at a frame boundary; a stream that ends inside a frame is an error.
-///
-/// Before it allocates for a frame of more than [`EAGER_VALUES`] values,
-/// `admit(count)` must allow the claimed count; when it refuses (with a
-/// reason), nothing is allocated or read further and the result is an
-/// [`Event::Refused`] carrying the reason. Nothing is ever allocated for
-/// more than [`MAX_VALUES`].
-pub(crate) fn decode(
-    r: &mut impl Read,
-    from: usize,
-    admit: &mut dyn FnMut(u64) -> Result<(), String>,
-) -> io::Result<Option<Event>> {
+pub(crate) fn decode(r: &mut impl Read, from: usize) -> io::Result<Option<Event>> {
     let mut tag = [0u8; 1];
     loop {
         match r.read(&mut tag) {
@@ -240,16 +218,7 @@ pub(crate) fn decode(
                     "frame claims {count} values (limit {MAX_VALUES})"
                 )));
             }
-            if matches!(kind, PAYLOAD_F32 | PAYLOAD_I32) && count > EAGER_VALUES {
-                if let Err(detail) = admit(count) {
-                    return Ok(Some(Event::Refused { from, detail }));
-                }
-            }
-            let count = usize::try_from(count).map_err(|_| {
-                bad(format!(
-                    "frame claims {count} values, more than fit in memory"
-                ))
-            })?;
+            let count = count as usize;
             let payload = match kind {
                 PAYLOAD_EMPTY if count == 0 => Payload::Empty,
                 PAYLOAD_F32 | PAYLOAD_I32 => {
@@ -335,9 +304,7 @@ mod tests {
         let mut buf = Vec::new();
         encode(e, &mut buf);
         let mut r = &buf[..];
-        let back = decode(&mut r, 3, &mut |_| Ok(()))
-            .expect("decode")
-            .expect("one event");
+        let back = decode(&mut r, 3).expect("decode").expect("one event");
         assert!(r.is_empty(), "decoder left {} bytes", r.len());
         back
     }
@@ -404,64 +371,20 @@ mod tests {
         encode(&e, &mut buf);
         buf.truncate(buf.len() - 3);
         let mut r = &buf[..];
-        assert!(decode(&mut r, 0, &mut |_| Ok(())).is_err());
+        assert!(decode(&mut r, 0).is_err());
         // A stream that ends between frames is a clean end.
         let mut empty: &[u8] = &[];
-        assert!(decode(&mut empty, 0, &mut |_| Ok(()))
-            .expect("clean")
-            .is_none());
+        assert!(decode(&mut empty, 0).expect("clean").is_none());
     }
 
     #[test]
     fn absurd_lengths_and_tags_are_rejected() {
         let mut buf = vec![TAG_MSG, OpCode::P2p as u8, PAYLOAD_F32];
         buf.extend_from_slice(&(MAX_VALUES + 1).to_le_bytes());
-        assert!(decode(&mut &buf[..], 0, &mut |_| Ok(())).is_err());
-        assert!(decode(&mut &[99u8][..], 0, &mut |_| Ok(())).is_err());
+        assert!(decode(&mut &buf[..], 0).is_err());
+        assert!(decode(&mut &[99u8][..], 0).is_err());
         let mut buf = vec![TAG_MSG, 42, PAYLOAD_EMPTY];
         buf.extend_from_slice(&0u64.to_le_bytes());
-        assert!(decode(&mut &buf[..], 0, &mut |_| Ok(())).is_err());
-    }
-
-    #[test]
-    fn a_large_frame_is_read_only_when_admitted() {
-        let n = EAGER_VALUES as usize + 1;
-        let e = Event::Msg {
-            from: 2,
-            msg: Msg {
-                op: OpCode::P2p,
-                payload: Payload::F32(vec![0.5; n]),
-            },
-        };
-        let mut buf = Vec::new();
-        encode(&e, &mut buf);
-        let mut asked = None;
-        let got = decode(&mut &buf[..], 2, &mut |c| {
-            asked = Some(c);
-            Err(format!("no receive expects {c}"))
-        })
-        .expect("decode");
-        assert_eq!(asked, Some(n as u64));
-        assert_eq!(
-            got,
-            Some(Event::Refused {
-                from: 2,
-                detail: format!("no receive expects {n}")
-            })
-        );
-        let got = decode(&mut &buf[..], 2, &mut |_| Ok(())).expect("decode");
-        assert_eq!(got, Some(e));
-        // Small frames never ask.
-        let small = Event::Msg {
-            from: 2,
-            msg: Msg {
-                op: OpCode::P2p,
-                payload: Payload::I32(vec![7; 4]),
-            },
-        };
-        let mut buf = Vec::new();
-        encode(&small, &mut buf);
-        let got = decode(&mut &buf[..], 2, &mut |_| panic!("asked for a small frame"));
-        assert_eq!(got.expect("decode"), Some(small));
+        assert!(decode(&mut &buf[..], 0).is_err());
     }
 }

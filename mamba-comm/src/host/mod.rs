@@ -27,12 +27,6 @@
 //!   once, whichever peer this rank was waiting for. A rank that hits any
 //!   error tells every peer (an abort naming the culprit), so the whole world
 //!   stops within one deadline at most, usually at once.
-//! - **Bounded reads.** A socket frame's length is the peer's claim, so it
-//!   is never trusted for an allocation: a frame of more than 2^16 values is
-//!   read only while a receive from that peer waits, and only if it claims no
-//!   more values than that receive expects; otherwise it is a
-//!   [`CommError::Transport`](crate::CommError) error naming the peer, and
-//!   nothing is allocated for it.
 //! - **Orderly leave.** Dropping a transport (or
 //!   [`HostTransport::shutdown`]) says goodbye to every peer; a peer that
 //!   later waits for a message from a rank that left gets an error at once.

@@ -21,7 +21,7 @@ impl HostTransport {
         len: usize,
         deadline: Instant,
     ) -> Result<Vec<T>, Fault> {
-        let msg = self.take(peer, op, code, len, deadline)?;
+        let msg = self.take(peer, op, code, deadline)?;
         match T::values(msg.payload) {
             Ok(v) if v.len() == len => Ok(v),
             Ok(v) => Err(self.size_mismatch(peer, op, T::KIND, len, &T::payload(v))),
@@ -101,7 +101,7 @@ impl HostTransport {
         code: OpCode,
         deadline: Instant,
     ) -> Result<(), Fault> {
-        let msg = self.take(peer, op, code, 0, deadline)?;
+        let msg = self.take(peer, op, code, deadline)?;
         match msg.payload {
             Payload::Empty => Ok(()),
             other => Err(self.size_mismatch(peer, op, "no", 0, &other)),
