@@ -27,6 +27,10 @@ fn missing() -> Option<String> {
     }
     match kernels::device_count() {
         Ok(n) if n >= 2 => {}
+        Ok(n) if !too_few_gpus_fail(2, n) => {
+            eprintln!("skipping: a 2-rank NCCL world needs 2 GPUs, {n} visible");
+            return Some(String::new());
+        }
         Ok(n) => return Some(format!("a 2-rank NCCL world needs 2 GPUs, {n} visible")),
         Err(e) => return Some(format!("cannot count CUDA devices: {e}")),
     }
@@ -38,11 +42,28 @@ fn missing() -> Option<String> {
         .map(|e| format!("NCCL is not usable: {e}"))
 }
 
+/// Under `MAMBA_REQUIRE_GPU=1`, whether a test that needs `need` GPUs must
+/// fail on a machine with `have`: always without any GPU; with too few,
+/// only when `MAMBA_REQUIRE_GPUS` (which `run.sh` sets to the machine's
+/// GPU count) is at least `need`, or is unset. So the suite passes on one
+/// GPU with the two-GPU tests skipped and named, and requires them where
+/// two are present.
+fn too_few_gpus_fail(need: usize, have: usize) -> bool {
+    let demanded = std::env::var("MAMBA_REQUIRE_GPUS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(usize::MAX);
+    have == 0 || demanded >= need
+}
+
 #[test]
 fn two_gpu_world_matches_the_oracle() {
     if !is_rank_process() {
         if let Some(why) = missing() {
-            gpu_missing(&why);
+            // An empty reason: skipped already (too few GPUs, not demanded).
+            if !why.is_empty() {
+                gpu_missing(&why);
+            }
             return;
         }
         let report = test_world(NAME, 2, &[]).expect("spawn the world");
