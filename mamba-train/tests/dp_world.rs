@@ -528,10 +528,14 @@ fn world_flags_are_checked_with_clear_errors() {
             "{e}"
         );
     }
+    // A torchrun world of several ranks needs MASTER_ADDR/MASTER_PORT
+    // (nothing listens there: the flag is refused before any meeting).
     let launcher = [
         ("RANK", "0"),
         ("WORLD_SIZE", "3"),
         ("TORCHELASTIC_RUN_ID", "flags"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29999"),
     ];
     let e = err(&train(&out, &["--world", "2"], &launcher));
     assert!(
