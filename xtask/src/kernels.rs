@@ -127,7 +127,7 @@ pub struct KernelUsage {
 
 /// Parse `ptxas -v` output: a "Compiling entry function 'NAME'" line opens
 /// a kernel, "N bytes stack frame, N bytes spill stores, N bytes spill
-/// loads" and "Used N registers, ..., N bytes smem, N bytes cmem[0]" fill it.
+/// loads" and "Used N registers, ..., N bytes smem, N bytes cmem\[0\]" fill it.
 pub fn parse_ptxas(log: &str) -> Vec<KernelUsage> {
     let mut kernels: Vec<KernelUsage> = Vec::new();
     for line in log.lines() {

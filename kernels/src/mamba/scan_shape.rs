@@ -65,7 +65,7 @@ impl ScanShape {
             .div_ceil(self.channels_per_block())
             .div_ceil(self.rounds())
     }
-    /// Length of the d B / d C partial buffer of [`MambaKernels::scan_backward`].
+    /// Length of the d B / d C partial buffer of [`MambaKernels::scan_backward`](super::MambaKernels::scan_backward).
     pub fn dbc_partial_len(&self) -> usize {
         self.groups() * self.rows() * 2 * self.d_state
     }

@@ -216,7 +216,7 @@ impl RankPlan {
     }
 
     /// The default chunk length for `len`-element arenas reduced by `world`
-    /// processes over `logical_world` logical ranks: see [`chunk`] for the
+    /// processes over `logical_world` logical ranks: see the `chunk` module for the
     /// model (and the crate docs for the counts). Never changes bits.
     pub fn default_chunk(len: usize, world: usize, logical_world: usize) -> usize {
         chunk::default_chunk(len, world, logical_world)

@@ -85,7 +85,7 @@ impl AdamWConfig {
 /// number of updates applied so far (`t`, for bias correction).
 ///
 /// The arithmetic is not here but in an [`ArenaMath`] (the CPU's
-/// [`HostMath`], or a device model's kernels), which every backend
+/// [`HostMath`](super::HostMath), or a device model's kernels), which every backend
 /// implements with the same per-element formula and the same per-step
 /// constants ([`AdamWStep`], computed once, here), so one state machine
 /// serves every device.
