@@ -147,3 +147,39 @@ fn over_a_tcp_rendezvous_with_tags() {
     all.extend(hs.into_iter().map(|h| h.join().expect("rank")));
     assert_eq!(all, vec![9.0; 3], "(1+1+1) then (3+3+3)");
 }
+
+#[test]
+fn a_message_larger_than_the_receivers_bound_is_refused_naming_the_peer() {
+    // Rank 1 receives at most 100 values per message; rank 0 sends 1000.
+    let rdvs = MemoryRendezvous::world(2);
+    let hs: Vec<_> = rdvs
+        .into_iter()
+        .enumerate()
+        .map(|(rank, rdv)| {
+            thread::spawn(move || {
+                let opts = HostOptions {
+                    max_values: if rank == 1 { 100 } else { 1 << 20 },
+                    ..HostOptions::with_timeout(Duration::from_secs(10))
+                };
+                let mut t = HostTransport::connect(&rdv, opts).expect("connect");
+                let mut v = vec![0.5f32; 1000];
+                if rank == 0 {
+                    // Its peer fails; whatever this rank sees, it must end.
+                    let _ = t.send(&v, 0..1000, 1);
+                    let _ = t.barrier();
+                    Ok(())
+                } else {
+                    t.recv(&mut v, 0..1000, 0).map_err(|e| e.to_string())
+                }
+            })
+        })
+        .collect();
+    let results: Vec<_> = hs.into_iter().map(|h| h.join().expect("rank")).collect();
+    let e = results[1]
+        .clone()
+        .expect_err("rank 1 must refuse the frame");
+    assert!(
+        e.contains("rank 0") && e.contains("1000 values") && e.contains("100"),
+        "{e}"
+    );
+}

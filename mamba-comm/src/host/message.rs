@@ -115,12 +115,23 @@ const PAYLOAD_EMPTY: u8 = 0;
 const PAYLOAD_F32: u8 = 1;
 const PAYLOAD_I32: u8 = 2;
 
-/// Largest value count a frame may claim (2^36 values = 256 GiB of f32):
-/// a bound that no real buffer reaches, so a corrupted length fails cleanly
-/// instead of attempting an absurd allocation.
-const MAX_VALUES: u64 = 1 << 36;
+/// Bytes read per piece of a frame's payload: memory grows with what the
+/// peer actually sent, never with what its header claims.
+const READ_PIECE: usize = 1 << 20;
 /// Largest abort detail accepted, in bytes.
 const MAX_DETAIL: u32 = 1 << 16;
+
+/// Exactly `len` bytes from `r`, in pieces of at most [`READ_PIECE`].
+fn read_pieces(r: &mut impl Read, len: usize) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(len.min(READ_PIECE));
+    while bytes.len() < len {
+        let start = bytes.len();
+        let n = (len - start).min(READ_PIECE);
+        bytes.resize(start + n, 0);
+        r.read_exact(&mut bytes[start..])?;
+    }
+    Ok(bytes)
+}
 
 /// Serialise an event sent by this rank. `Closed` is never sent (it is
 /// produced locally when a connection breaks) and encodes to nothing.
@@ -196,7 +207,16 @@ fn bad(what: String) -> io::Error {
 
 /// Read one event sent by peer `from`. `Ok(None)` is a clean end of stream
 /// at a frame boundary; a stream that ends inside a frame is an error.
-pub(crate) fn decode(r: &mut impl Read, from: usize) -> io::Result<Option<Event>> {
+///
+/// A frame claiming more than `max_values` values (the receiver's bound,
+/// [`HostOptions::max_values`](super::HostOptions::max_values)) is refused
+/// before any of it is read, and the payload is read in pieces, so a peer
+/// that lies about a length makes this rank allocate only what it sent.
+pub(crate) fn decode(
+    r: &mut impl Read,
+    from: usize,
+    max_values: usize,
+) -> io::Result<Option<Event>> {
     let mut tag = [0u8; 1];
     loop {
         match r.read(&mut tag) {
@@ -213,17 +233,18 @@ pub(crate) fn decode(r: &mut impl Read, from: usize) -> io::Result<Option<Event>
                 .ok_or_else(|| bad(format!("unknown operation code {op_raw}")))?;
             let kind = read_u8(r)?;
             let count = read_u64(r)?;
-            if count > MAX_VALUES {
+            if count > max_values as u64 {
                 return Err(bad(format!(
-                    "frame claims {count} values (limit {MAX_VALUES})"
+                    "a frame claims {count} values, more than this rank ever receives \
+                     ({max_values}, HostOptions::max_values): the ranks run different \
+                     programs, or the peer does not speak this protocol"
                 )));
             }
             let count = count as usize;
             let payload = match kind {
                 PAYLOAD_EMPTY if count == 0 => Payload::Empty,
                 PAYLOAD_F32 | PAYLOAD_I32 => {
-                    let mut bytes = vec![0u8; count * 4];
-                    r.read_exact(&mut bytes)?;
+                    let bytes = read_pieces(r, count * 4)?;
                     let words = bytes.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]);
                     if kind == PAYLOAD_F32 {
                         Payload::F32(
@@ -304,7 +325,9 @@ mod tests {
         let mut buf = Vec::new();
         encode(e, &mut buf);
         let mut r = &buf[..];
-        let back = decode(&mut r, 3).expect("decode").expect("one event");
+        let back = decode(&mut r, 3, usize::MAX)
+            .expect("decode")
+            .expect("one event");
         assert!(r.is_empty(), "decoder left {} bytes", r.len());
         back
     }
@@ -371,20 +394,32 @@ mod tests {
         encode(&e, &mut buf);
         buf.truncate(buf.len() - 3);
         let mut r = &buf[..];
-        assert!(decode(&mut r, 0).is_err());
+        assert!(decode(&mut r, 0, usize::MAX).is_err());
         // A stream that ends between frames is a clean end.
         let mut empty: &[u8] = &[];
-        assert!(decode(&mut empty, 0).expect("clean").is_none());
+        assert!(decode(&mut empty, 0, usize::MAX).expect("clean").is_none());
     }
 
     #[test]
     fn absurd_lengths_and_tags_are_rejected() {
+        // More than the receiver's bound: refused, naming the bound.
         let mut buf = vec![TAG_MSG, OpCode::P2p as u8, PAYLOAD_F32];
-        buf.extend_from_slice(&(MAX_VALUES + 1).to_le_bytes());
-        assert!(decode(&mut &buf[..], 0).is_err());
-        assert!(decode(&mut &[99u8][..], 0).is_err());
+        buf.extend_from_slice(&1001u64.to_le_bytes());
+        buf.extend(std::iter::repeat_n(0u8, 1001 * 4));
+        let e = decode(&mut &buf[..], 0, 1000).unwrap_err().to_string();
+        assert!(e.contains("1001 values") && e.contains("1000"), "{e}");
+        // Control: at the bound it is read.
+        assert!(decode(&mut &buf[..], 0, 1001).unwrap().is_some());
+        // A header that lies (2^40 values = 4 TiB) with no bound: the
+        // payload is read in pieces, so the stream's end is an error, not
+        // an allocation of what the header claims (which aborted before).
+        let mut buf = vec![TAG_MSG, OpCode::P2p as u8, PAYLOAD_F32];
+        buf.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        buf.extend_from_slice(&[0u8; 64]);
+        assert!(decode(&mut &buf[..], 0, usize::MAX).is_err());
+        assert!(decode(&mut &[99u8][..], 0, usize::MAX).is_err());
         let mut buf = vec![TAG_MSG, 42, PAYLOAD_EMPTY];
         buf.extend_from_slice(&0u64.to_le_bytes());
-        assert!(decode(&mut &buf[..], 0).is_err());
+        assert!(decode(&mut &buf[..], 0, usize::MAX).is_err());
     }
 }

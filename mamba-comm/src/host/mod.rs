@@ -67,6 +67,13 @@ pub struct HostOptions {
     /// Prefix of the rendezvous keys used to exchange addresses, so several
     /// transports can be built over one rendezvous (each needs its own tag).
     pub tag: String,
+    /// The most values one message from a peer may carry (socket worlds):
+    /// a frame claiming more is refused before it is read, naming the
+    /// peer. Set it to the largest buffer this rank receives (a trainer:
+    /// its arena length); the default (2^32 values, 16 GiB of f32) only
+    /// stops absurd lengths. Payloads are read in pieces either way, so a
+    /// peer's header alone never decides an allocation.
+    pub max_values: usize,
 }
 
 impl Default for HostOptions {
@@ -76,6 +83,7 @@ impl Default for HostOptions {
             timeout: Duration::from_secs(300),
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             tag: "host".to_string(),
+            max_values: 1 << 32,
         }
     }
 }

@@ -106,6 +106,7 @@ impl HostTransport {
             ));
         }
         let deadline = Instant::now() + opts.timeout;
+        let max_values = opts.max_values;
         let tag = &opts.tag;
         let listener = TcpListener::bind((opts.bind, 0))
             .map_err(|e| connect_error(rank, format!("cannot listen on {}:0: {e}", opts.bind)))?;
@@ -161,7 +162,7 @@ impl HostTransport {
             let st = stats.clone();
             thread::Builder::new()
                 .name(format!("mamba-host-read-{peer}"))
-                .spawn(move || reader(read_half, inbox, peer, &st))
+                .spawn(move || reader(read_half, inbox, peer, max_values, &st))
                 .map_err(|e| connect_error(rank, format!("starting reader thread: {e}")))?;
             let inbox = inbox_tx.clone();
             let done = done_tx.clone();
@@ -372,10 +373,16 @@ fn writer(
 /// Feed every event from `peer` into the inbox; a broken or closed
 /// connection becomes `Event::Closed` (ignored by the engine after a
 /// goodbye).
-fn reader(stream: TcpStream, inbox: Sender<Event>, peer: usize, stats: &LinkStats) {
+fn reader(
+    stream: TcpStream,
+    inbox: Sender<Event>,
+    peer: usize,
+    max_values: usize,
+    stats: &LinkStats,
+) {
     let mut input = BufReader::with_capacity(1 << 16, stream);
     loop {
-        let ev = match decode(&mut input, peer) {
+        let ev = match decode(&mut input, peer, max_values) {
             Ok(Some(ev)) => ev,
             Ok(None) => Event::Closed {
                 from: peer,

@@ -425,7 +425,7 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
         Some(c) => Trainer::resume(model, run.clone(), data, c)?,
         None => Trainer::with_dataset(model, run.clone(), data)?,
     };
-    let link = dp::host::connect(&place, timeout)?;
+    let link = dp::host::connect(&place, timeout, trainer.arena_len())?;
     let reducer = dp::host::reducer(link.transport, &run);
     let mut world = DataParallel::new(trainer, reducer, opts)?;
     let ctx = RankContext {

@@ -12,6 +12,10 @@ use super::{DataParallel, DpOptions};
 use crate::error::Result;
 use crate::train::{Backend, RunConfig, Trainer};
 
+/// Values every rank may receive in one message whatever the arena: the
+/// host all-gathers of a world of up to tens of thousands of ranks.
+pub const SMALL_MESSAGES: usize = 1 << 20;
+
 /// Rendezvous-key prefix of the trainer's host transport.
 pub const HOST_TAG: &str = "mamba-train-host";
 
@@ -31,10 +35,17 @@ pub struct HostLink {
 /// Meet the other ranks of `place` and connect to them over loopback TCP
 /// (a world of one needs nobody). `timeout` bounds the meeting and every
 /// later wait on a peer.
-pub fn connect(place: &WorldPlace, timeout: Duration) -> Result<HostLink> {
+///
+/// `arena_len` bounds what a peer may send in one message: no message of
+/// the trainer's carries more than one arena (a shard, a chunk, the
+/// running prefix), and the host values it gathers (losses, the replica
+/// check, the agreement record) stay far below [`SMALL_MESSAGES`]; a
+/// larger claim is refused before it is read.
+pub fn connect(place: &WorldPlace, timeout: Duration, arena_len: usize) -> Result<HostLink> {
     let rendezvous = rendezvous::open(place, timeout)?;
     let opts = HostOptions {
         tag: HOST_TAG.to_string(),
+        max_values: arena_len.max(SMALL_MESSAGES),
         ..HostOptions::with_timeout(timeout)
     };
     let transport = HostTransport::connect(&*rendezvous, opts)?;
