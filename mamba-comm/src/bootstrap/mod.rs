@@ -16,6 +16,7 @@
 //! `MAMBA_STORE_PORT` (port of our TCP store when `MASTER_PORT` is taken).
 //! An empty value counts as unset.
 
+mod contracts;
 mod detect;
 mod env;
 mod ids;

@@ -30,15 +30,12 @@ pub mod hf_config;
 pub mod state;
 pub mod tensors;
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{Result, TrainError};
-use crate::params::ParamLayout;
+use crate::error::TrainError;
 
 pub use state::{
     CheckpointMeta, DataPosition, RunState, ScheduleChange, FORMAT_VERSION, PRECISION_F32,
@@ -105,42 +102,20 @@ pub struct Checkpoint {
     pub exp_avg_sq: Vec<f32>,
 }
 
-fn ck_err(path: &Path, detail: impl Into<String>) -> TrainError {
+pub(crate) fn ck_err(path: &Path, detail: impl Into<String>) -> TrainError {
     TrainError::Checkpoint {
         path: path.display().to_string(),
         detail: detail.into(),
     }
 }
 
-fn io_err(path: &Path, what: &str, e: io::Error) -> TrainError {
+pub(crate) fn io_err(path: &Path, what: &str, e: io::Error) -> TrainError {
     ck_err(path, format!("{what}: {e}"))
 }
 
 /// Directory name of the checkpoint of step `step`.
 pub fn step_dir_name(step: u64) -> String {
     format!("step-{step:08}")
-}
-
-/// Save into `run_dir/checkpoints/step-N`, publish it as `LATEST`, and keep
-/// only the newest `keep` checkpoints (at least the new one). Returns the new
-/// checkpoint's directory. Records the default [`CheckpointMeta`] (CPU, f32,
-/// no schedule change); the command line saves with [`save_with_meta`].
-pub fn save(run_dir: &Path, ck: &CheckpointRef<'_>, keep: usize) -> Result<PathBuf> {
-    save_with_meta(run_dir, ck, &CheckpointMeta::default(), keep, &mut |_| {
-        Ok(())
-    })
-}
-
-/// [`save`] with `before_file` called before each file is written (with the
-/// file's temp path); an error from it aborts the save like a failed write.
-/// This is how tests inject a failure mid-write.
-pub fn save_with_hook(
-    run_dir: &Path,
-    ck: &CheckpointRef<'_>,
-    keep: usize,
-    before_file: &mut dyn FnMut(&Path) -> io::Result<()>,
-) -> Result<PathBuf> {
-    save_with_meta(run_dir, ck, &CheckpointMeta::default(), keep, before_file)
 }
 
 /// Hex SHA-256 of `bytes`.
@@ -172,413 +147,19 @@ pub fn seal_state_json(value: &mut serde_json::Value) {
     }
 }
 
-/// The bytes of `state.json`: the state, the meta, the digests of the other
-/// files, and its own digest last.
-fn state_json(
-    state: &RunState,
-    meta: &CheckpointMeta,
-    files: &[(&str, &Vec<u8>)],
-) -> serde_json::Result<Vec<u8>> {
-    // Through bytes first, so numbers keep the writer's shortest form.
-    let mut v: serde_json::Value = serde_json::from_slice(&serde_json::to_vec(state)?)?;
-    let meta = serde_json::to_value(meta)?;
-    let digests: BTreeMap<&str, String> =
-        files.iter().map(|(n, b)| (*n, bytes_digest(b))).collect();
-    if let (Some(o), Some(m)) = (v.as_object_mut(), meta.as_object()) {
-        for (k, x) in m {
-            o.insert(k.clone(), x.clone());
-        }
-        o.insert(FILE_DIGESTS.into(), serde_json::to_value(digests)?);
-    }
-    seal_state_json(&mut v);
-    serde_json::to_vec_pretty(&v)
-}
+mod load;
+mod save;
 
-/// The name `root/LATEST` holds, if it can be read.
-fn latest_name(root: &Path) -> Option<String> {
-    fs::read_to_string(root.join(LATEST))
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
-/// [`save_with_hook`] recording `meta`. The hook is also called before each
-/// publishing step, with the path about to change (the final directory, or
-/// `LATEST`), so tests can check what a crash there would leave.
-///
-/// Order: write every file of the new checkpoint into a temp directory,
-/// fsync them and it; rename it to `step-N` (fsync the parent); replace
-/// `LATEST` atomically; only then prune old checkpoints. A re-save of a
-/// step whose directory exists first points `LATEST` at the complete temp
-/// directory, then swaps the new files in under the final name, so `LATEST`
-/// never names a missing or partial directory.
-pub fn save_with_meta(
-    run_dir: &Path,
-    ck: &CheckpointRef<'_>,
-    meta: &CheckpointMeta,
-    keep: usize,
-    before_file: &mut dyn FnMut(&Path) -> io::Result<()>,
-) -> Result<PathBuf> {
-    let state = ck.state;
-    let layout = ParamLayout::new(&state.run.model);
-    let digest = arena_digest(ck.params);
-    if digest != state.weights_digest {
-        return Err(ck_err(
-            run_dir,
-            "state.weights_digest does not match the weights being saved",
-        ));
-    }
-    let root = run_dir.join(CHECKPOINTS_DIR);
-    fs::create_dir_all(&root)
-        .map_err(|e| io_err(&root, "cannot create the checkpoint directory", e))?;
-    remove_stale_temps(&root);
-
-    let mut tmeta = HashMap::new();
-    tmeta.insert("step".to_string(), state.step.to_string());
-    let weights = tensors::encode(&layout, &[("", ck.params)], tmeta.clone())
-        .map_err(|e| ck_err(&root, format!("encoding weights: {e}")))?;
-    let moments = tensors::encode(
-        &layout,
-        &[(EXP_AVG, ck.exp_avg), (EXP_AVG_SQ, ck.exp_avg_sq)],
-        tmeta,
-    )
-    .map_err(|e| ck_err(&root, format!("encoding optimizer moments: {e}")))?;
-    let hf = serde_json::to_vec_pretty(&hf_config::hf_config_json(&state.run.model))
-        .map_err(|e| ck_err(&root, format!("encoding config.json: {e}")))?;
-    let files = [
-        (HF_CONFIG_FILE, &hf),
-        (WEIGHTS_FILE, &weights),
-        (OPTIMIZER_FILE, &moments),
-    ];
-    let st = state_json(state, meta, &files)
-        .map_err(|e| ck_err(&root, format!("encoding state.json: {e}")))?;
-
-    let name = step_dir_name(state.step);
-    let pid = std::process::id();
-    let tmp_name = format!(".tmp-{name}-{pid}");
-    let tmp = root.join(&tmp_name);
-    let written = (|| -> io::Result<()> {
-        if tmp.exists() {
-            fs::remove_dir_all(&tmp)?;
-        }
-        fs::create_dir(&tmp)?;
-        // The state goes last: a directory with a state.json has everything.
-        for (file, bytes) in files.iter().copied().chain([(STATE_FILE, &st)]) {
-            let p = tmp.join(file);
-            before_file(&p)?;
-            atomic::write_synced(&p, bytes)?;
-        }
-        atomic::sync_dir(&tmp)
-    })();
-    if let Err(e) = written {
-        let _ = fs::remove_dir_all(&tmp);
-        return Err(io_err(
-            &tmp,
-            "writing the checkpoint failed; the previous checkpoint is untouched",
-            e,
-        ));
-    }
-
-    let final_dir = root.join(&name);
-    let latest = root.join(LATEST);
-    let aside = root.join(format!(".tmp-old-{name}-{pid}"));
-    let linked = root.join(format!(".tmp-new-{name}-{pid}"));
-    let publish = (|| -> io::Result<()> {
-        if final_dir.exists() {
-            // Same step saved again (e.g. a resume from an older checkpoint
-            // of this directory). `LATEST` may name this step: point it at
-            // the complete temp directory while the final name changes
-            // hands, then at the final name again.
-            before_file(&latest)?;
-            atomic::replace_file(&latest, format!("{tmp_name}\n").as_bytes())?;
-            // The new files under a second name (hard links: same data).
-            if linked.exists() {
-                fs::remove_dir_all(&linked)?;
-            }
-            fs::create_dir(&linked)?;
-            for file in [HF_CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE] {
-                let (from, to) = (tmp.join(file), linked.join(file));
-                if fs::hard_link(&from, &to).is_err() {
-                    atomic::write_synced(&to, &fs::read(&from)?)?;
-                }
-            }
-            atomic::sync_dir(&linked)?;
-            before_file(&final_dir)?;
-            fs::rename(&final_dir, &aside)?;
-            fs::rename(&linked, &final_dir)?;
-        } else {
-            before_file(&final_dir)?;
-            fs::rename(&tmp, &final_dir)?;
-        }
-        atomic::sync_dir(&root)?;
-        before_file(&latest)?;
-        atomic::replace_file(&latest, format!("{name}\n").as_bytes())
-    })();
-    // The temp directory may be what `LATEST` names after a failed re-save
-    // (then it is the complete new checkpoint and stays).
-    let keep_tmp = latest_name(&root).as_deref() == Some(tmp_name.as_str());
-    if !keep_tmp {
-        let _ = fs::remove_dir_all(&tmp);
-    }
-    let _ = fs::remove_dir_all(&linked);
-    if let Err(e) = publish {
-        if !final_dir.exists() && aside.exists() {
-            let _ = fs::rename(&aside, &final_dir);
-        }
-        return Err(io_err(&final_dir, "publishing the checkpoint failed", e));
-    }
-    let _ = fs::remove_dir_all(&aside);
-    prune(&root, &name, keep.max(1));
-    Ok(final_dir)
-}
-
-/// Remove leftovers of interrupted saves (best effort: they are ours, and a
-/// failure to remove one only wastes space), except what `LATEST` names (a
-/// re-save interrupted while it pointed at its complete temp directory).
-fn remove_stale_temps(root: &Path) {
-    let latest = latest_name(root);
-    if let Ok(rd) = fs::read_dir(root) {
-        for e in rd.flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with(".tmp-") && latest.as_deref() != Some(n.as_str()) {
-                let p = e.path();
-                let _ = if p.is_dir() {
-                    fs::remove_dir_all(&p)
-                } else {
-                    fs::remove_file(&p)
-                };
-            }
-        }
-    }
-}
-
-/// Keep the newest `keep` `step-*` directories and always `latest`.
-fn prune(root: &Path, latest: &str, keep: usize) {
-    let Ok(rd) = fs::read_dir(root) else { return };
-    let mut steps: Vec<(u64, PathBuf, String)> = rd
-        .flatten()
-        .filter_map(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            let s = n.strip_prefix("step-")?.parse::<u64>().ok()?;
-            Some((s, e.path(), n))
-        })
-        .collect();
-    steps.sort_by_key(|s| std::cmp::Reverse(s.0));
-    for (_, path, name) in steps.into_iter().skip(keep) {
-        if name != latest {
-            let _ = fs::remove_dir_all(path);
-        }
-    }
-}
-
-/// The checkpoint directory meant by `path`: a checkpoint directory itself
-/// (has `state.json`), or a run directory / `checkpoints` directory whose
-/// `LATEST` names one.
-pub fn resolve(path: &Path) -> Result<PathBuf> {
-    if path.join(STATE_FILE).is_file() {
-        return Ok(path.to_path_buf());
-    }
-    for root in [path.join(CHECKPOINTS_DIR), path.to_path_buf()] {
-        let latest = root.join(LATEST);
-        if latest.is_file() {
-            let name =
-                fs::read_to_string(&latest).map_err(|e| io_err(&latest, "cannot read", e))?;
-            let dir = root.join(name.trim());
-            if !dir.join(STATE_FILE).is_file() {
-                return Err(ck_err(
-                    &latest,
-                    format!("names {:?}, which holds no {STATE_FILE}", name.trim()),
-                ));
-            }
-            return Ok(dir);
-        }
-    }
-    Err(ck_err(
-        path,
-        format!(
-            "no checkpoint here: expected a checkpoint directory (with {STATE_FILE}) or a run directory with {CHECKPOINTS_DIR}/{LATEST}"
-        ),
-    ))
-}
-
-/// Load the checkpoint meant by `path` (see [`resolve`]) and verify it:
-/// format version, `state.json`'s own digest and the digest of every other
-/// file (the error names the file), config.json against the state's model,
-/// every tensor's name, dtype and shape, no extra tensors, and the weights
-/// digest.
-pub fn load(path: &Path) -> Result<Checkpoint> {
-    let dir = resolve(path)?;
-    let read = |file: &str| -> Result<Vec<u8>> {
-        let p = dir.join(file);
-        fs::read(&p).map_err(|e| io_err(&p, "cannot read", e))
-    };
-    let st_path = dir.join(STATE_FILE);
-    let value: serde_json::Value = serde_json::from_slice(&read(STATE_FILE)?)
-        .map_err(|e| ck_err(&st_path, format!("not a valid state file: {e}")))?;
-    let version = value.get("format_version").and_then(|v| v.as_u64());
-    if version != Some(u64::from(FORMAT_VERSION)) {
-        let found = version.map_or("none".to_string(), |v| v.to_string());
-        return Err(ck_err(
-            &st_path,
-            format!(
-                "checkpoint format {found} is not supported: this build reads format \
-                 {FORMAT_VERSION} only (format 1 had no digests of the optimizer moments); \
-                 resume it with the build that wrote it, or start a new run"
-            ),
-        ));
-    }
-    let recorded = value.get(STATE_DIGEST).and_then(|v| v.as_str());
-    let actual = state_json_digest(&value);
-    if recorded != Some(actual.as_str()) {
-        return Err(ck_err(
-            &st_path,
-            format!(
-                "{STATE_FILE} digest {actual} does not match its recorded {STATE_DIGEST} {}: \
-                 the file is corrupted or was edited",
-                recorded.unwrap_or("(none)")
-            ),
-        ));
-    }
-    let state: RunState = serde_json::from_value(value.clone())
-        .map_err(|e| ck_err(&st_path, format!("not a valid state file: {e}")))?;
-    let meta: CheckpointMeta = serde_json::from_value(value.clone())
-        .map_err(|e| ck_err(&st_path, format!("not a valid state file: {e}")))?;
-    let digests: BTreeMap<String, String> = value
-        .get(FILE_DIGESTS)
-        .cloned()
-        .map(serde_json::from_value)
-        .transpose()
-        .map_err(|e| ck_err(&st_path, format!("{FILE_DIGESTS} is not valid: {e}")))?
-        .unwrap_or_default();
-    // Every file, read once and checked against its recorded digest.
-    let checked = |file: &str| -> Result<Vec<u8>> {
-        let bytes = read(file)?;
-        let p = dir.join(file);
-        let want = digests
-            .get(file)
-            .ok_or_else(|| ck_err(&st_path, format!("records no digest of {file}")))?;
-        let got = bytes_digest(&bytes);
-        if &got != want {
-            return Err(ck_err(
-                &p,
-                format!(
-                    "{file} digest {got} does not match the {want} recorded in {STATE_FILE}: \
-                     the file is corrupted or was changed"
-                ),
-            ));
-        }
-        Ok(bytes)
-    };
-    let hf_bytes = checked(HF_CONFIG_FILE)?;
-    let w_bytes = checked(WEIGHTS_FILE)?;
-    let o_bytes = checked(OPTIMIZER_FILE)?;
-    state
-        .run
-        .model
-        .validate()
-        .map_err(|e| ck_err(&st_path, e.to_string()))?;
-    let hf_path = dir.join(HF_CONFIG_FILE);
-    let hf: serde_json::Value = serde_json::from_slice(&hf_bytes)
-        .map_err(|e| ck_err(&hf_path, format!("not valid JSON: {e}")))?;
-    hf_config::check_hf_config(&hf, &state.run.model).map_err(|e| ck_err(&hf_path, e))?;
-
-    let layout = ParamLayout::new(&state.run.model);
-    let w_path = dir.join(WEIGHTS_FILE);
-    let (mut w, _) = tensors::decode(&layout, &w_bytes, &[""]).map_err(|e| ck_err(&w_path, e))?;
-    let params = w.pop().unwrap_or_default();
-    let digest = arena_digest(&params);
-    if digest != state.weights_digest {
-        return Err(ck_err(
-            &w_path,
-            format!(
-                "weights digest {digest} does not match state.json's {}",
-                state.weights_digest
-            ),
-        ));
-    }
-    let o_path = dir.join(OPTIMIZER_FILE);
-    let (mut moments, _) = tensors::decode(&layout, &o_bytes, &[EXP_AVG, EXP_AVG_SQ])
-        .map_err(|e| ck_err(&o_path, e))?;
-    let exp_avg_sq = moments.pop().unwrap_or_default();
-    let exp_avg = moments.pop().unwrap_or_default();
-    Ok(Checkpoint {
-        dir,
-        state,
-        meta,
-        params,
-        exp_avg,
-        exp_avg_sq,
-    })
-}
-
-/// Check that the checkpoint `ck` may be resumed by a run on `device` in
-/// `precision`: another precision is refused (it is part of the run's
-/// bits), another device is allowed (same format) and gives a note, which
-/// is returned.
-pub fn check_resume(ck: &Checkpoint, device: &str, precision: &str) -> Result<Option<String>> {
-    let m = &ck.meta;
-    if m.precision != precision {
-        return Err(ck_err(
-            &ck.dir.join(STATE_FILE),
-            format!(
-                "--resume: the checkpoint was trained in precision {}, this run trains in {precision}; \
-                 the precision is part of a run's bits, so a run cannot change it: resume it \
-                 in {} or start a new run",
-                m.precision, m.precision
-            ),
-        ));
-    }
-    Ok((m.device != device).then(|| {
-        format!(
-            "note: resuming on {device} a checkpoint written on {} (same checkpoint format; \
-             the bits may differ from an unbroken run on one device)",
-            m.device
-        )
-    }))
-}
-
-/// Weights only, from any directory holding a Hugging Face Mamba
-/// `config.json` and `model.safetensors` (ours, or one written by
-/// `transformers`' `save_pretrained` in F32): the model shape and the weight
-/// arena. A stored `lm_head.weight` is accepted only if it equals the
-/// embedding (the head is tied).
-pub fn load_hf(dir: &Path) -> Result<(crate::config::ModelConfig, Vec<f32>)> {
-    let hf_path = dir.join(HF_CONFIG_FILE);
-    let bytes = fs::read(&hf_path).map_err(|e| io_err(&hf_path, "cannot read", e))?;
-    let hf: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ck_err(&hf_path, format!("not valid JSON: {e}")))?;
-    let cfg = hf_config::model_config_from_hf(&hf).map_err(|e| ck_err(&hf_path, e))?;
-    cfg.validate()
-        .map_err(|e| ck_err(&hf_path, e.to_string()))?;
-    let layout = ParamLayout::new(&cfg);
-    let w_path = dir.join(WEIGHTS_FILE);
-    let bytes = fs::read(&w_path).map_err(|e| io_err(&w_path, "cannot read", e))?;
-    let (mut w, _) = tensors::decode_allowing(&layout, &bytes, &[""], &["lm_head.weight"])
-        .map_err(|e| ck_err(&w_path, e))?;
-    let params = w.pop().unwrap_or_default();
-    let st = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| ck_err(&w_path, e.to_string()))?;
-    if let Ok(head) = st.tensor("lm_head.weight") {
-        let emb = &params[layout.embedding.clone()];
-        let same = head.dtype() == safetensors::Dtype::F32
-            && head.data().len() == emb.len() * 4
-            && head
-                .data()
-                .chunks_exact(4)
-                .zip(emb)
-                .all(|(b, &e)| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) == e);
-        if !same {
-            return Err(ck_err(
-                &w_path,
-                "lm_head.weight differs from the embedding; this model ties them",
-            ));
-        }
-    }
-    Ok((cfg, params))
-}
+pub use load::{check_resume, load, load_hf, resolve};
+pub use save::{save, save_with_hook, save_with_meta};
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
+    use super::save::latest_name;
     use super::*;
+    use crate::params::ParamLayout;
     use crate::train::testutil::{run_steps, toy_model, toy_run};
     use crate::train::Trainer;
 

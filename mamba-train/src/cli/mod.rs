@@ -5,6 +5,7 @@ pub mod args;
 pub mod context;
 pub mod defaults;
 pub mod drive;
+pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod resolve;
