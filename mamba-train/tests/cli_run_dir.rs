@@ -8,25 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{bin, err, last_line_digest, ok, text};
-
-/// A tiny selective-copy run.
-const TINY: &[&str] = &[
-    "--d-model",
-    "16",
-    "--layers",
-    "1",
-    "--batch",
-    "4",
-    "--seq-len",
-    "12",
-    "--memorize",
-    "3",
-    "--alphabet",
-    "4",
-    "--eval-batches",
-    "1",
-];
+use common::{bin, err, last_line_digest, ok, text, TINY};
 
 /// `train` with [`TINY`] and `extra`, in `cwd` (no `--out` added).
 fn command(cwd: &Path, extra: &[&str]) -> Command {

@@ -5,25 +5,7 @@ use std::process::{Command, Output};
 
 mod common;
 
-use common::{bin, err, last_line_digest, ok};
-
-/// A tiny selective-copy run: 1 block of width 16, a few steps.
-const TINY: &[&str] = &[
-    "--d-model",
-    "16",
-    "--layers",
-    "1",
-    "--batch",
-    "4",
-    "--seq-len",
-    "12",
-    "--memorize",
-    "3",
-    "--alphabet",
-    "4",
-    "--eval-batches",
-    "1",
-];
+use common::{bin, err, last_line_digest, ok, TINY};
 
 /// Run `train` with [`TINY`] (less the flags `extra` sets itself), `--out`, and `extra`.
 fn train(out: &Path, extra: &[&str]) -> Output {

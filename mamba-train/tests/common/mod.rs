@@ -7,6 +7,24 @@
 use std::path::PathBuf;
 use std::process::Output;
 
+/// A tiny selective-copy run: 1 block of width 16, a few tokens per row.
+pub const TINY: &[&str] = &[
+    "--d-model",
+    "16",
+    "--layers",
+    "1",
+    "--batch",
+    "4",
+    "--seq-len",
+    "12",
+    "--memorize",
+    "3",
+    "--alphabet",
+    "4",
+    "--eval-batches",
+    "1",
+];
+
 /// The binary under test: cargo's path, or `MAMBA_TRAIN_BIN` when the test
 /// runs from a bundle on a host where cargo's target directory does not exist.
 pub fn bin() -> PathBuf {
