@@ -12,6 +12,7 @@
 use std::process::Command;
 
 mod common;
+mod cuda_common;
 
 use common::{bin, last_line_digest, ok};
 
@@ -94,20 +95,11 @@ const CUDA_FLAGS: &[&str] = &[
 
 #[test]
 fn a_cuda_run_keeps_its_pinned_digest_on_an_h200() {
-    let required = std::env::var("MAMBA_REQUIRE_GPU").is_ok_and(|v| v.trim() == "1");
-    let why = if !kernels::driver_present() {
-        Some("no CUDA driver (libcuda.so.1 not loadable)".to_string())
-    } else if !kernels::available() {
-        Some("this build has no CUDA kernels".to_string())
-    } else {
-        match kernels::device_count() {
-            Ok(0) => Some("no CUDA device".to_string()),
-            Err(e) => Some(format!("cannot count CUDA devices: {e}")),
-            Ok(_) => None,
-        }
-    };
-    if let Some(why) = why {
-        assert!(!required, "MAMBA_REQUIRE_GPU=1 but {why}");
+    if let Some(why) = cuda_common::no_gpu_reason() {
+        assert!(
+            !cuda_common::gpu_required(),
+            "MAMBA_REQUIRE_GPU=1 but {why}"
+        );
         eprintln!("skipping: {why}");
         return;
     }
