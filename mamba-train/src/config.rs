@@ -60,9 +60,7 @@ impl ModelConfig {
         ];
         for (name, v) in positive {
             if v == 0 {
-                return Err(TrainError::Config(format!(
-                    "{name} must be at least 1, got 0"
-                )));
+                return Err(TrainError::setting(name, "must be at least 1, got 0"));
             }
         }
         Ok(())

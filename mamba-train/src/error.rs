@@ -10,6 +10,18 @@ pub enum TrainError {
     /// what is accepted.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// One setting outside what works. `setting` is its name in this
+    /// crate's types (`n_layer`, `peak_lr`); front ends that spell settings
+    /// otherwise (the CLI's `--layers`, `--lr`) re-render it with their
+    /// own name, so a user reads the flag they typed.
+    #[error("invalid configuration: {setting} {detail}")]
+    Setting {
+        /// The field's name in this crate's types.
+        setting: &'static str,
+        /// What is wrong and what is accepted, phrased to follow the name
+        /// ("must be at least 1, got 0").
+        detail: String,
+    },
     /// A checkpoint that cannot be written or read, or that does not match
     /// the run it is loaded into.
     #[error("checkpoint {path}: {detail}")]
@@ -47,4 +59,14 @@ pub enum TrainError {
         /// The library's error, and what to do about it.
         detail: String,
     },
+}
+
+impl TrainError {
+    /// A [`TrainError::Setting`]: `setting` followed by `detail`.
+    pub fn setting(setting: &'static str, detail: impl Into<String>) -> Self {
+        TrainError::Setting {
+            setting,
+            detail: detail.into(),
+        }
+    }
 }

@@ -9,12 +9,11 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use mamba_train::cli::progress::stderr_line;
 use mamba_train::cli::{self, Cli, Command};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_with_config(std::env::args_os().collect());
     match cli.command {
         Command::Train(args) => {
             let stdout = std::io::stdout();
@@ -22,7 +21,11 @@ fn main() -> ExitCode {
             match cli::train(&args, &mut lock) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
-                    stderr_line(&format!("{}error: {e}", cli::rank_prefix()));
+                    stderr_line(&format!(
+                        "{}error: {}",
+                        cli::rank_prefix(),
+                        cli::flags::user_message(&e)
+                    ));
                     ExitCode::FAILURE
                 }
             }

@@ -50,13 +50,15 @@ impl RunConfig {
         self.optimizer.validate()?;
         self.schedule.validate()?;
         if self.batch == 0 {
-            return Err(TrainError::Config(
-                "batch must be at least 1 row, got 0".into(),
+            return Err(TrainError::setting(
+                "batch",
+                "must be at least 1 row, got 0",
             ));
         }
         if self.logical_world == 0 {
-            return Err(TrainError::Config(
-                "logical_world must be at least 1, got 0".into(),
+            return Err(TrainError::setting(
+                "logical_world",
+                "must be at least 1, got 0",
             ));
         }
         let want = self.task.vocab_size();

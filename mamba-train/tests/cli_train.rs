@@ -333,3 +333,73 @@ fn induction_task_runs() {
     );
     digest(&stdout);
 }
+
+#[test]
+fn a_config_file_is_the_same_run_as_its_flags_and_flags_override_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // TINY as a TOML file, with a --steps the command line overrides.
+    let mut toml = String::new();
+    for pair in TINY.chunks(2) {
+        toml.push_str(&format!(
+            "{} = {}\n",
+            pair[0].trim_start_matches("--"),
+            pair[1]
+        ));
+    }
+    toml.push_str("steps = 9\nseed = 3\n");
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let by_flags = digest(&ok(&train(
+        &dir.path().join("flags"),
+        &["--steps", "5", "--seed", "3"],
+    )));
+    let by_file = Command::new(bin())
+        .arg("train")
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--steps", "5", "--out"])
+        .arg(dir.path().join("file"))
+        .output()
+        .unwrap();
+    assert_eq!(digest(&ok(&by_file)), by_flags, "file + override == flags");
+    // Negative control: the file's own --steps is another run.
+    let file_steps = Command::new(bin())
+        .arg("train")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--out")
+        .arg(dir.path().join("file9"))
+        .output()
+        .unwrap();
+    assert_ne!(digest(&ok(&file_steps)), by_flags);
+    // A key that is not a flag is named, with the file.
+    std::fs::write(&cfg, "n_layer = 2\n").unwrap();
+    let bad = Command::new(bin())
+        .arg("train")
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let e = err(&bad);
+    assert!(
+        e.contains("n_layer") && e.contains("run.toml") && e.contains("not a train flag"),
+        "{e}"
+    );
+}
+
+#[test]
+fn invalid_settings_are_named_by_their_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, want) in [
+        (&["--layers", "0"][..], "--layers must be at least 1"),
+        (&["--min-lr-frac", "2"][..], "--min-lr-frac must be within"),
+        (&["--memorize", "9"][..], "--seq-len must be at least twice"),
+    ] {
+        let e = err(&train(&dir.path().join("bad"), flags));
+        assert!(e.contains(want), "{flags:?}: {e}");
+        assert!(
+            !e.contains("n_layer") && !e.contains("min_lr_frac"),
+            "{flags:?}: {e}"
+        );
+    }
+}

@@ -70,6 +70,10 @@ pub enum Device {
 /// default quoted in their help on a fresh run, the checkpoint's on --resume.
 #[derive(Clone, Debug, Default, Args)]
 pub struct TrainArgs {
+    /// A TOML file of these flags (`layers = 4`, `d-model = 128`,
+    /// `overwrite = true`); flags given on the command line override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Task to train on [default: selective-copy].
     #[arg(long, value_enum)]
     pub task: Option<CliTask>,
@@ -187,6 +191,28 @@ pub struct TrainArgs {
     /// writing a checkpoint.
     #[arg(long, value_name = "SECS", default_value_t = super::defaults::COMM_TIMEOUT_SECS)]
     pub comm_timeout: u64,
+}
+
+impl Cli {
+    /// Parse `argv` (the program name first) as [`clap::Parser::parse`]
+    /// does (help, version and usage errors print and exit), after
+    /// expanding `train --config FILE` (see [`super::config_file`]). A later
+    /// flag overrides an earlier one, which is how the command line
+    /// overrides the file. A bad file prints its error and exits with 2.
+    pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> Self {
+        use clap::{CommandFactory, FromArgMatches};
+        let argv = match super::config_file::expand(argv) {
+            Ok(v) => v,
+            Err(e) => {
+                super::progress::stderr_line(&format!("error: {}", super::flags::user_message(&e)));
+                std::process::exit(2);
+            }
+        };
+        let matches = Cli::command()
+            .args_override_self(true)
+            .get_matches_from(argv);
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
 }
 
 /// `--contract` values: the names [`ReduceContract`] parses.

@@ -2,9 +2,11 @@
 //! checkpoint, progress display, and the `train` command.
 
 pub mod args;
+pub mod config_file;
 pub mod context;
 pub mod defaults;
 pub mod drive;
+pub mod flags;
 pub mod plan;
 pub mod progress;
 pub mod report;

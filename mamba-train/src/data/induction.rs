@@ -26,16 +26,22 @@ impl InductionConfig {
     /// Refuse shapes that cannot hold the task, naming the field.
     pub fn validate(&self) -> Result<()> {
         if self.alphabet < 2 {
-            return Err(TrainError::Config(format!(
-                "induction alphabet must be at least 2 data tokens, got {}",
-                self.alphabet
-            )));
+            return Err(TrainError::setting(
+                "alphabet",
+                format!(
+                    "must be at least 2 data tokens for induction, got {}",
+                    self.alphabet
+                ),
+            ));
         }
         if self.seq_len < 3 {
-            return Err(TrainError::Config(format!(
-                "induction seq_len must be at least 3 (trigger, answer, trigger), got {}",
-                self.seq_len
-            )));
+            return Err(TrainError::setting(
+                "seq_len",
+                format!(
+                    "must be at least 3 for induction (trigger, answer, trigger), got {}",
+                    self.seq_len
+                ),
+            ));
         }
         Ok(())
     }

@@ -38,22 +38,31 @@ impl SelectiveCopyConfig {
     /// Refuse shapes that cannot hold the task, naming the field.
     pub fn validate(&self) -> Result<()> {
         if self.alphabet < 2 {
-            return Err(TrainError::Config(format!(
-                "selective-copy alphabet must be at least 2 data tokens, got {}",
-                self.alphabet
-            )));
+            return Err(TrainError::setting(
+                "alphabet",
+                format!(
+                    "must be at least 2 data tokens for selective-copy, got {}",
+                    self.alphabet
+                ),
+            ));
         }
         if self.n_memorize == 0 {
-            return Err(TrainError::Config(
-                "selective-copy needs at least 1 token to memorize, got 0".into(),
+            return Err(TrainError::setting(
+                "n_memorize",
+                "must be at least 1 token for selective-copy, got 0",
             ));
         }
         if self.seq_len < 2 * self.n_memorize {
-            return Err(TrainError::Config(format!(
-                "selective-copy seq_len must be at least 2 * n_memorize = {} (content region plus answers), got {}",
-                2 * self.n_memorize,
-                self.seq_len
-            )));
+            return Err(TrainError::setting(
+                "seq_len",
+                format!(
+                    "must be at least twice the tokens to memorize (2 x {} = {}: content \
+                     region plus answers) for selective-copy, got {}",
+                    self.n_memorize,
+                    2 * self.n_memorize,
+                    self.seq_len
+                ),
+            ));
         }
         Ok(())
     }

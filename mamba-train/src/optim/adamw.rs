@@ -53,28 +53,32 @@ impl AdamWConfig {
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
             if !(0.0..1.0).contains(&v) {
-                return Err(TrainError::Config(format!(
-                    "{name} must be within [0, 1), got {v}"
-                )));
+                return Err(TrainError::setting(
+                    name,
+                    format!("must be within [0, 1), got {v}"),
+                ));
             }
         }
         if !(self.eps.is_finite() && self.eps > 0.0) {
-            return Err(TrainError::Config(format!(
-                "eps must be positive, got {}",
-                self.eps
-            )));
+            return Err(TrainError::setting(
+                "eps",
+                format!("must be positive, got {}", self.eps),
+            ));
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return Err(TrainError::Config(format!(
-                "weight_decay must be a non-negative number, got {}",
-                self.weight_decay
-            )));
+            return Err(TrainError::setting(
+                "weight_decay",
+                format!("must be a non-negative number, got {}", self.weight_decay),
+            ));
         }
         if !(self.clip_norm.is_finite() && self.clip_norm >= 0.0) {
-            return Err(TrainError::Config(format!(
-                "clip_norm must be a non-negative number (0 disables clipping), got {}",
-                self.clip_norm
-            )));
+            return Err(TrainError::setting(
+                "clip_norm",
+                format!(
+                    "must be a non-negative number (0 disables clipping), got {}",
+                    self.clip_norm
+                ),
+            ));
         }
         Ok(())
     }

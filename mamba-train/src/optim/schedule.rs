@@ -27,19 +27,22 @@ impl Schedule {
     /// Refuse schedules that cannot work, naming the field.
     pub fn validate(&self) -> Result<()> {
         if !(self.peak_lr.is_finite() && self.peak_lr > 0.0) {
-            return Err(TrainError::Config(format!(
-                "lr must be a positive number, got {}",
-                self.peak_lr
-            )));
+            return Err(TrainError::setting(
+                "peak_lr",
+                format!("must be a positive number, got {}", self.peak_lr),
+            ));
         }
         if !(0.0..=1.0).contains(&self.min_lr_frac) {
-            return Err(TrainError::Config(format!(
-                "min_lr_frac must be within [0, 1], got {}",
-                self.min_lr_frac
-            )));
+            return Err(TrainError::setting(
+                "min_lr_frac",
+                format!("must be within [0, 1], got {}", self.min_lr_frac),
+            ));
         }
         if self.total_steps == 0 {
-            return Err(TrainError::Config("steps must be at least 1, got 0".into()));
+            return Err(TrainError::setting(
+                "total_steps",
+                "must be at least 1, got 0",
+            ));
         }
         Ok(())
     }
