@@ -61,13 +61,18 @@ impl RunConfig {
                 "must be at least 1, got 0",
             ));
         }
+        // A larger vocabulary is a pretrained model's (`--init-from`):
+        // the task's tokens are its first ids and the rest stay unused.
         let want = self.task.vocab_size();
-        if self.model.vocab_size != want {
-            return Err(TrainError::Config(format!(
-                "model vocab_size is {} but the {} task needs {want}",
-                self.model.vocab_size,
-                self.task.kind()
-            )));
+        if self.model.vocab_size < want {
+            return Err(TrainError::setting(
+                "vocab_size",
+                format!(
+                    "of the model is {} but the {} task's tokens need at least {want}",
+                    self.model.vocab_size,
+                    self.task.kind()
+                ),
+            ));
         }
         Ok(())
     }
@@ -218,8 +223,12 @@ mod tests {
     #[test]
     fn validate_catches_bad_runs() {
         let mut c = sample();
-        c.model.vocab_size += 1;
+        c.model.vocab_size -= 1;
         assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
+        // A pretrained model's larger vocabulary holds the task's tokens.
+        let mut c = sample();
+        c.model.vocab_size += 100;
+        assert!(c.validate().is_ok());
         let mut c = sample();
         c.batch = 0;
         assert!(c.validate().unwrap_err().to_string().contains("batch"));

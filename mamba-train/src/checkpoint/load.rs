@@ -176,12 +176,10 @@ pub fn check_resume(ck: &Checkpoint, device: &str, precision: &str) -> Result<Op
     }))
 }
 
-/// Weights only, from any directory holding a Hugging Face Mamba
-/// `config.json` and `model.safetensors` (ours, or one written by
-/// `transformers`' `save_pretrained` in F32): the model shape and the weight
-/// arena. A stored `lm_head.weight` is accepted only if it equals the
-/// embedding (the head is tied).
-pub fn load_hf(dir: &Path) -> Result<(crate::config::ModelConfig, Vec<f32>)> {
+/// The model shape of the Hugging Face Mamba `config.json` in `dir` (ours
+/// or one `transformers` wrote), refused with the field named when this
+/// model cannot honour it.
+pub fn load_hf_config(dir: &Path) -> Result<crate::config::ModelConfig> {
     let hf_path = dir.join(HF_CONFIG_FILE);
     let bytes = fs::read(&hf_path).map_err(|e| io_err(&hf_path, "cannot read", e))?;
     let hf: serde_json::Value = serde_json::from_slice(&bytes)
@@ -189,6 +187,16 @@ pub fn load_hf(dir: &Path) -> Result<(crate::config::ModelConfig, Vec<f32>)> {
     let cfg = hf_config::model_config_from_hf(&hf).map_err(|e| ck_err(&hf_path, e))?;
     cfg.validate()
         .map_err(|e| ck_err(&hf_path, e.to_string()))?;
+    Ok(cfg)
+}
+
+/// Weights only, from any directory holding a Hugging Face Mamba
+/// `config.json` and `model.safetensors` (ours, or one written by
+/// `transformers`' `save_pretrained` in F32): the model shape and the weight
+/// arena. A stored `lm_head.weight` is accepted only if it equals the
+/// embedding (the head is tied).
+pub fn load_hf(dir: &Path) -> Result<(crate::config::ModelConfig, Vec<f32>)> {
+    let cfg = load_hf_config(dir)?;
     let layout = ParamLayout::new(&cfg);
     let w_path = dir.join(WEIGHTS_FILE);
     let bytes = fs::read(&w_path).map_err(|e| io_err(&w_path, "cannot read", e))?;

@@ -38,7 +38,8 @@ use sha2::{Digest, Sha256};
 use crate::error::TrainError;
 
 pub use state::{
-    CheckpointMeta, DataPosition, RunState, ScheduleChange, FORMAT_VERSION, PRECISION_F32,
+    CheckpointMeta, DataPosition, InitRecord, RunState, ScheduleChange, FORMAT_VERSION,
+    PRECISION_F32,
 };
 
 /// Sub-directory of a run directory holding its checkpoints.
@@ -150,7 +151,7 @@ pub fn seal_state_json(value: &mut serde_json::Value) {
 mod load;
 mod save;
 
-pub use load::{check_resume, load, load_hf, resolve};
+pub use load::{check_resume, load, load_hf, load_hf_config, resolve};
 pub use save::{save, save_with_hook, save_with_meta};
 
 #[cfg(test)]

@@ -41,6 +41,20 @@ pub struct CheckpointMeta {
     /// Every `--extend` of the run, oldest first.
     #[serde(default)]
     pub schedule_changes: Vec<ScheduleChange>,
+    /// The pretrained weights the run started from (`--init-from`), if it
+    /// did not start from the seed law's initialisation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<InitRecord>,
+}
+
+/// Where a fine-tuning run's initial weights came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitRecord {
+    /// The directory given to `--init-from`, as given.
+    pub source: String,
+    /// Hex SHA-256 of the initial weight arena (the `weights-digest` of
+    /// that model), so the start is identified even if the directory moves.
+    pub weights_sha256: String,
 }
 
 impl Default for CheckpointMeta {
@@ -49,6 +63,7 @@ impl Default for CheckpointMeta {
             device: "cpu".into(),
             precision: PRECISION_F32.into(),
             schedule_changes: Vec::new(),
+            init_from: None,
         }
     }
 }

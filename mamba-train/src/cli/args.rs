@@ -129,6 +129,14 @@ pub struct TrainArgs {
     /// run directory.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// Start from the weights of a Hugging Face Mamba checkpoint: a
+    /// directory with config.json and model.safetensors (as transformers'
+    /// save_pretrained writes them, or one of ours). The model's shape and
+    /// vocabulary come from its config.json (--d-model and --layers, if
+    /// given, must agree); the task's tokens must fit its vocabulary. The
+    /// optimizer starts fresh at step 0. Not with --resume.
+    #[arg(long, value_name = "DIR")]
+    pub init_from: Option<PathBuf>,
     /// Replace another run that --out holds (its checkpoints, metrics and
     /// plot; nothing else there). Without it a run refuses a directory
     /// holding another run's checkpoints or metrics.

@@ -38,6 +38,13 @@ pub(super) fn plan_run(
     world: usize,
     env: EnvRun,
 ) -> Result<Plan> {
+    if let (Some(init), Some(_)) = (&args.init_from, recorded) {
+        return Err(TrainError::Config(format!(
+            "--init-from {} starts a new run from pretrained weights, --resume continues a run \
+             from its checkpoint; give one of them",
+            init.display()
+        )));
+    }
     let rec_run = recorded.map(|(_, st)| &st.run);
     // `MAMBA_SEED` acts as `--seed` when the flag is absent.
     let mut with_seed;

@@ -6,10 +6,12 @@
 //! with the checkpoint, so an explicit flag that disagrees is an error that
 //! names the setting rather than a silently different run.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use super::args::TrainArgs;
 use super::defaults as d;
+use crate::checkpoint;
 use crate::config::ModelConfig;
 use crate::data::{InductionConfig, SelectiveCopyConfig, TaskKind, TaskSpec, TextConfig};
 use crate::error::{Result, TrainError};
@@ -159,11 +161,13 @@ pub fn resolve_run_in(
     let rm = recorded.map(|r| &r.model);
     let d_model = pick(args.d_model, rm.map(|m| m.d_model), d::D_MODEL);
     let layers = pick(args.layers, rm.map(|m| m.n_layer), d::LAYERS);
-    let model = match rm {
+    let model = match (&args.init_from, rm) {
+        (Some(dir), _) => pretrained_model(args, dir, &task)?,
         // Keep the recorded shape's other fields when the flags agree, so a
-        // checkpoint with non-default d_state etc. resumes.
-        Some(m)
-            if m.d_model == d_model && m.n_layer == layers && m.vocab_size == task.vocab_size() =>
+        // checkpoint with non-default d_state (or a pretrained model's
+        // larger vocabulary) resumes.
+        (None, Some(m))
+            if m.d_model == d_model && m.n_layer == layers && m.vocab_size >= task.vocab_size() =>
         {
             m.clone()
         }
@@ -208,6 +212,36 @@ pub fn resolve_run_in(
     };
     run.validate()?;
     Ok(Resolved { run, corpus })
+}
+
+/// The model of `--init-from dir`: its `config.json`'s shape, which the
+/// shape flags (if given) must equal, with room for the task's tokens.
+fn pretrained_model(args: &TrainArgs, dir: &Path, task: &TaskSpec) -> Result<ModelConfig> {
+    let m = checkpoint::load_hf_config(dir)?;
+    let shown = dir.display();
+    for (flag, given, theirs) in [
+        ("--d-model", args.d_model, m.d_model),
+        ("--layers", args.layers, m.n_layer),
+    ] {
+        if let Some(g) = given.filter(|&g| g != theirs) {
+            return Err(TrainError::Config(format!(
+                "{flag} {g} disagrees with --init-from {shown}, whose config.json has {theirs}; \
+                 omit {flag} (a pretrained model's shape comes from its config.json)"
+            )));
+        }
+    }
+    let need = task.vocab_size();
+    if m.vocab_size < need {
+        return Err(TrainError::Config(format!(
+            "--init-from {shown}: the model's vocabulary has {} tokens, but the {} task uses {need}; \
+             fine-tune it on data whose token ids are below {} (e.g. text encoded with the \
+             model's own tokenizer)",
+            m.vocab_size,
+            task.kind(),
+            m.vocab_size
+        )));
+    }
+    Ok(m)
 }
 
 #[cfg(test)]

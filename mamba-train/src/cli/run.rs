@@ -28,7 +28,7 @@ use super::plan::{plan_run, read_state, EnvRun, Plan};
 use super::progress::stderr_line;
 use super::report::plural;
 use super::run_dir::{check_run_dir, run_dir_of, RunLock};
-use crate::checkpoint::{self, Checkpoint, CheckpointMeta, PRECISION_F32};
+use crate::checkpoint::{self, Checkpoint, CheckpointMeta, InitRecord, PRECISION_F32};
 use crate::data::{Dataset, TaskSpec};
 #[cfg(feature = "fault-injection")]
 use crate::dp::FaultHooks;
@@ -36,7 +36,7 @@ use crate::dp::{self, DataParallel, DpOptions};
 use crate::error::{Result, TrainError};
 use crate::model::cpu::CpuModel;
 use crate::model::cuda::CudaModel;
-use crate::train::Trainer;
+use crate::train::{Backend, RunConfig, Trainer};
 
 pub use super::report::{TrainOutcome, TrainSummary};
 pub use super::run_dir::{METRICS_FILE, PLOT_FILE};
@@ -203,6 +203,24 @@ struct RankSetup {
     timeout: Duration,
     out: PathBuf,
     meta: CheckpointMeta,
+    /// The pretrained weights of `--init-from` (a fresh run only).
+    init: Option<Vec<f32>>,
+}
+
+/// The engine for a rank: resumed from `ck`, else started from `init`'s
+/// weights, else from the seed law.
+fn start_trainer<B: Backend>(
+    model: B,
+    run: &RunConfig,
+    data: Dataset,
+    ck: Option<Checkpoint>,
+    init: Option<Vec<f32>>,
+) -> Result<Trainer<B>> {
+    match (ck, init) {
+        (Some(c), _) => Trainer::resume(model, run.clone(), data, c),
+        (None, Some(w)) => Trainer::from_weights(model, run.clone(), data, &w),
+        (None, None) => Trainer::with_dataset(model, run.clone(), data),
+    }
 }
 
 fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
@@ -220,6 +238,7 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
         device: device.into(),
         precision: PRECISION_F32.into(),
         schedule_changes: Vec::new(),
+        init_from: None,
     };
     if let Some(c) = &ck {
         if let Some(note) = checkpoint::check_resume(c, device, PRECISION_F32)? {
@@ -228,6 +247,7 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
             }
         }
         meta.schedule_changes = c.meta.schedule_changes.clone();
+        meta.init_from = c.meta.init_from.clone();
     }
     let recorded = ck.as_ref().map(|c| (c.dir.clone(), c.state.clone()));
     let env_run = EnvRun {
@@ -249,6 +269,23 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
         }
     }
     let run = &plan.run;
+    let init = match &args.init_from {
+        Some(dir) => {
+            let (model, weights) = checkpoint::load_hf(dir)?;
+            if model != run.model {
+                return Err(TrainError::Config(format!(
+                    "--init-from {}: the model changed while the run started",
+                    dir.display()
+                )));
+            }
+            meta.init_from = Some(InitRecord {
+                source: dir.display().to_string(),
+                weights_sha256: checkpoint::arena_digest(&weights),
+            });
+            Some(weights)
+        }
+        None => None,
+    };
     let data = match (&run.task, plan.corpus.clone()) {
         (TaskSpec::Text(t), Some(bytes)) => Dataset::with_corpus(t.clone(), bytes, run.batch)?,
         _ => Dataset::new(run.task.clone(), run.batch)?,
@@ -276,6 +313,7 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
         timeout: Duration::from_secs(args.comm_timeout),
         out: run_dir_of(args)?,
         meta,
+        init,
     })
 }
 
@@ -291,13 +329,11 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
         timeout,
         out: run_dir,
         meta,
+        init,
     } = prepare_rank(args, &place)?;
     let run = plan.run.clone();
     let model = CpuModel::new(run.model.clone())?;
-    let trainer = match ck {
-        Some(c) => Trainer::resume(model, run.clone(), data, c)?,
-        None => Trainer::with_dataset(model, run.clone(), data)?,
-    };
+    let trainer = start_trainer(model, &run, data, ck, init)?;
     let link = dp::host::connect(&place, timeout, trainer.arena_len())?;
     let reducer = dp::host::reducer(link.transport, &run);
     let mut world = DataParallel::new(trainer, reducer, opts)?;
@@ -342,14 +378,12 @@ fn run_cuda_rank(
         timeout,
         out: run_dir,
         meta,
+        init,
     } = prepare_rank(args, &place)?;
     let run = plan.run.clone();
     let link = dp::cuda::connect(&place, device, timeout)?;
     let model = CudaModel::with_stream(run.model.clone(), link.comm.stream().clone())?;
-    let trainer = match ck {
-        Some(c) => Trainer::resume(model, run.clone(), data, c)?,
-        None => Trainer::with_dataset(model, run.clone(), data)?,
-    };
+    let trainer = start_trainer(model, &run, data, ck, init)?;
     let reducer = dp::cuda::reducer(link.comm, &run)?;
     let mut world = DataParallel::new(trainer, reducer, opts)?;
     let ctx = RankContext {

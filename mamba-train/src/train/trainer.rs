@@ -91,6 +91,21 @@ impl<B: Backend> Trainer<B> {
         Ok(Self::assemble(backend, cfg, data, params, opt, 0, 0))
     }
 
+    /// A fresh run (step 0, zero moments) that starts from `weights`, e.g. a
+    /// pretrained model's (`--init-from`), instead of the seed law's
+    /// initialisation; the data stream still follows `cfg.seed`.
+    pub fn from_weights(
+        mut backend: B,
+        cfg: RunConfig,
+        data: Dataset,
+        weights: &[f32],
+    ) -> Result<Self> {
+        check_run_parts(backend.config(), &cfg, &data)?;
+        let params = upload_weights(&mut backend, weights, "the initial weights")?;
+        let opt = fresh_optimizer(&mut backend, &cfg)?;
+        Ok(Self::assemble(backend, cfg, data, params, opt, 0, 0))
+    }
+
     /// Continue the run recorded in `ck` (weights and moments moved to the
     /// backend's memory). `cfg` is the requested run; it must equal the
     /// recorded one (the error names every differing setting). A
