@@ -62,6 +62,17 @@ pub enum CommError {
         detail: String,
     },
 
+    /// The world stopped on a stop request (SIGTERM or SIGINT, to the
+    /// supervisor or to any rank): every rank ended the current step in
+    /// agreement and exited with `128 + signal`. Not a failure of any rank;
+    /// the program that ran decides what was saved (`mamba-train` writes a
+    /// checkpoint and says how to resume).
+    #[error("the world stopped on {}: every rank ended the step in agreement and exited", crate::stop_signal::signal_name(*signal))]
+    Stopped {
+        /// The signal (15 = SIGTERM, 2 = SIGINT).
+        signal: i32,
+    },
+
     /// Ranks that must hold identical replicas do not.
     #[error("replica divergence: {detail}")]
     ReplicaDivergence {

@@ -14,6 +14,7 @@ pub mod host;
 pub mod nccl;
 mod poll;
 pub mod rendezvous;
+pub mod stop_signal;
 pub mod supervisor;
 pub mod transport;
 

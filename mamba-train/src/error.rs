@@ -43,6 +43,21 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+    /// The run stopped on a stop request (SIGTERM or SIGINT, to the
+    /// supervisor or to any rank) at a step boundary every rank agreed on;
+    /// rank 0 wrote a checkpoint of that step first. `detail` says where it
+    /// is and how to continue.
+    #[error("stopped by {} (received by rank {rank}) after step {step}: {detail}", mamba_comm::stop_signal::signal_name(*signal))]
+    Stopped {
+        /// The signal (15 = SIGTERM, 2 = SIGINT).
+        signal: i32,
+        /// The lowest rank that received it.
+        rank: usize,
+        /// The last completed step.
+        step: u64,
+        /// The checkpoint and the command that continues the run.
+        detail: String,
+    },
     /// The communicator failed.
     #[error(transparent)]
     Comm(#[from] mamba_comm::CommError),
@@ -62,6 +77,19 @@ pub enum TrainError {
 }
 
 impl TrainError {
+    /// The exit status a program should end with for this error: `128 +
+    /// signal` for a run (or a supervised world) that stopped on request,
+    /// else `None` (the caller's failure status).
+    pub fn stop_status(&self) -> Option<i32> {
+        match self {
+            TrainError::Stopped { signal, .. }
+            | TrainError::Comm(mamba_comm::CommError::Stopped { signal }) => {
+                Some(mamba_comm::stop_signal::stop_status(*signal))
+            }
+            _ => None,
+        }
+    }
+
     /// A [`TrainError::Setting`]: `setting` followed by `detail`.
     pub fn setting(setting: &'static str, detail: impl Into<String>) -> Self {
         TrainError::Setting {

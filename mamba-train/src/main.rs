@@ -16,18 +16,34 @@ fn main() -> ExitCode {
     let cli = Cli::parse_with_config(std::env::args_os().collect());
     match cli.command {
         Command::Train(args) => {
+            // From the start, so that a stop request during start-up is
+            // honoured at the first step boundary instead of killing the
+            // process (see mamba_comm::stop_signal).
+            if let Err(e) = mamba_comm::stop_signal::StopSignal::install() {
+                stderr_line(&format!(
+                    "warning: {e}; SIGTERM and SIGINT will end the run at once"
+                ));
+            }
             let stdout = std::io::stdout();
             let mut lock = stdout.lock();
             match cli::train(&args, &mut lock) {
                 Ok(_) => ExitCode::SUCCESS,
-                Err(e) => {
-                    stderr_line(&format!(
-                        "{}error: {}",
-                        cli::rank_prefix(),
-                        cli::flags::user_message(&e)
-                    ));
-                    ExitCode::FAILURE
-                }
+                Err(e) => match e.stop_status() {
+                    // A requested stop is not an error: its message says
+                    // where the checkpoint is and how to continue.
+                    Some(status) => {
+                        stderr_line(&format!("{}{e}", cli::rank_prefix()));
+                        ExitCode::from(status as u8)
+                    }
+                    None => {
+                        stderr_line(&format!(
+                            "{}error: {}",
+                            cli::rank_prefix(),
+                            cli::flags::user_message(&e)
+                        ));
+                        ExitCode::FAILURE
+                    }
+                },
             }
         }
     }

@@ -18,7 +18,9 @@ use std::process::{Command, Output};
 
 mod common;
 
-use common::{bin, err, last_line_digest, ok, text};
+use common::{
+    bin, err, last_line_digest, ok, send_signal, stopped_after_step, text, wait_for_steps,
+};
 use mamba_comm::nccl;
 
 fn gpu_required() -> bool {
@@ -365,4 +367,44 @@ fn without_a_gpu_the_error_says_what_is_missing() {
         );
         assert!(!e.contains("[rank "), "nothing may be spawned: {e}");
     }
+}
+
+#[test]
+fn on_one_gpu_sigterm_checkpoints_at_a_step_and_the_continuation_is_bit_identical() {
+    if !can_run(1) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let want = world_digest(
+        &train(&dir.path().join("unbroken"), &["--steps", "20"], &[]),
+        1,
+    );
+    let run = dir.path().join("run");
+    let mut child = Command::new(bin())
+        .arg("train")
+        .args(TINY)
+        .args(["--steps", "20", "--out"])
+        .arg(&run)
+        .env("MAMBA_TEST_STEP_DELAY_MS", "100")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_steps(&mut child, &run, 2);
+    send_signal(child.id(), libc::SIGTERM);
+    let o = child.wait_with_output().unwrap();
+    let stderr = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(143), "{stderr}");
+    assert!(
+        stderr.contains("--resume") && stderr.contains("--device cuda"),
+        "{stderr}"
+    );
+    let step = stopped_after_step(&stderr);
+    assert!((2..20).contains(&step), "{stderr}");
+    let resumed = Command::new(bin())
+        .args(["train", "--device", "cuda", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_eq!(world_digest(&resumed, 1), want);
 }

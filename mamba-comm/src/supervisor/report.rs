@@ -19,6 +19,24 @@ impl RankStatus {
     pub fn success(self) -> bool {
         self == RankStatus::Exited(0)
     }
+
+    /// The stop signal this status reports a requested stop for: exit code
+    /// `128 + signal` for SIGTERM or SIGINT (a rank that handled the
+    /// request, see [`crate::stop_signal`]). Being *killed* by a signal is
+    /// not a requested stop.
+    pub fn stop_signal(self) -> Option<i32> {
+        match self {
+            RankStatus::Exited(code) => crate::stop_signal::STOP_SIGNALS
+                .into_iter()
+                .find(|&s| crate::stop_signal::stop_status(s) == code),
+            RankStatus::Signaled(_) => None,
+        }
+    }
+
+    /// Neither success nor a requested stop.
+    pub fn failed(self) -> bool {
+        !self.success() && self.stop_signal().is_none()
+    }
 }
 
 impl fmt::Display for RankStatus {
@@ -51,8 +69,12 @@ pub struct RankExit {
 pub struct WorldReport {
     /// One entry per rank, `ranks[r].rank == r`.
     pub ranks: Vec<RankExit>,
-    /// The rank whose failure (non-zero exit or signal) was seen first.
+    /// The rank whose failure (non-zero exit or signal, other than a
+    /// requested stop) was seen first.
     pub first_failure: Option<usize>,
+    /// The stop signal the supervisor received and forwarded to every
+    /// rank, if any (ranks may also have been signalled directly).
+    pub forwarded_stop: Option<i32>,
     /// True when the world ran past its deadline and was killed.
     pub timed_out: bool,
     /// The launch's nonce (`MAMBA_LAUNCH_ID` of its ranks).
@@ -62,15 +84,28 @@ pub struct WorldReport {
 }
 
 impl WorldReport {
+    /// The signal of a world that stopped on request: no rank failed and at
+    /// least one (normally every one) exited with a requested stop.
+    pub fn stopped_by(&self) -> Option<i32> {
+        if self.first_failure.is_some() || self.timed_out {
+            return None;
+        }
+        self.ranks.iter().find_map(|r| r.status.stop_signal())
+    }
+
     /// Every rank exited with code 0 and the deadline was not hit.
     pub fn success(&self) -> bool {
         !self.timed_out && self.ranks.iter().all(|r| r.status.success())
     }
 
     /// `Ok` on success; otherwise the error a caller should surface:
-    /// [`CommError::PeerFailed`] naming the first failed rank, or a
-    /// transport error for a world that hit its deadline.
+    /// [`CommError::PeerFailed`] naming the first failed rank, a transport
+    /// error for a world that hit its deadline, or [`CommError::Stopped`]
+    /// for a world that stopped on request.
     pub fn check(&self) -> Result<()> {
+        if let Some(signal) = self.stopped_by() {
+            return Err(CommError::Stopped { signal });
+        }
         if let Some(r) = self.first_failure {
             let e = &self.ranks[r];
             return Err(CommError::PeerFailed {

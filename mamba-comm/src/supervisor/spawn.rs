@@ -5,7 +5,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
@@ -14,7 +14,15 @@ use crate::bootstrap::{
     default_rendezvous_root, new_launch_id, validate_id, vars, Launcher, ProcessEnv, WorldPlace,
 };
 use crate::rendezvous::file::{make_owned_launch_dir, prepare_root, purge_stale};
+use crate::stop_signal::StopSignal;
 use crate::{CommError, Result};
+
+/// How often the supervisor looks for a stop request while it waits.
+const STOP_POLL: Duration = Duration::from_millis(50);
+/// How long the other ranks may take to follow a rank that stopped on
+/// request before the supervisor kills them (they end the same step; rank
+/// 0 writes a checkpoint first).
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// A running world of child processes.
 ///
@@ -232,7 +240,19 @@ impl Supervisor {
         let mut kill_at: Option<Instant> = None;
         let mut timed_out = false;
         let mut killed_all = false;
+        // SIGTERM/SIGINT to the supervisor: forwarded once to every rank,
+        // which stop in agreement; a second one ends this process at once
+        // (and its ranks with it: their parent-death signal).
+        let stop = StopSignal::install()?;
+        let mut forwarded = None;
         while self.children.iter().any(Option::is_some) {
+            if forwarded.is_none() {
+                if let Some(sig) = stop.requested() {
+                    self.forward(sig);
+                    forwarded = Some(sig);
+                }
+            }
+            let poll = (forwarded.is_none() && !killed_all).then(|| Instant::now() + STOP_POLL);
             let wake = if killed_all {
                 None
             } else {
@@ -240,6 +260,15 @@ impl Supervisor {
                     (Some(d), Some(k)) => Some(d.min(k)),
                     (d, k) => d.or(k),
                 }
+            };
+            let woken_to_poll = match (wake, poll) {
+                (Some(w), Some(p)) => p < w,
+                (None, Some(_)) => true,
+                _ => false,
+            };
+            let wake = match (wake, poll) {
+                (Some(w), Some(p)) => Some(w.min(p)),
+                (w, p) => w.or(p),
             };
             let notice = match wake {
                 Some(w) => self.exited.recv_deadline(w),
@@ -258,11 +287,23 @@ impl Supervisor {
                         None => continue,
                     };
                     self.record(rank, status, at);
-                    if !status.success() && first_failure.is_none() {
+                    if status.failed() && first_failure.is_none() {
                         first_failure = Some(rank);
-                        kill_at = Some(Instant::now() + self.opts.grace);
+                    }
+                    // A stopped rank also starts the teardown clock: its
+                    // peers stop at the same step and follow within
+                    // STOP_GRACE (they finish the step, rank 0 writes a
+                    // checkpoint), or are stuck and get killed.
+                    if !status.success() && kill_at.is_none() {
+                        let grace = if status.failed() {
+                            self.opts.grace
+                        } else {
+                            self.opts.grace.max(STOP_GRACE)
+                        };
+                        kill_at = Some(Instant::now() + grace);
                     }
                 }
+                Err(RecvTimeoutError::Timeout) if woken_to_poll => {}
                 Err(RecvTimeoutError::Timeout) => {
                     timed_out =
                         first_failure.is_none() && deadline.is_some_and(|d| Instant::now() >= d);
@@ -291,6 +332,7 @@ impl Supervisor {
         Ok(WorldReport {
             ranks,
             first_failure,
+            forwarded_stop: forwarded,
             timed_out,
             launch_id: self.launch_id.clone(),
             elapsed: self.started.elapsed(),
@@ -313,6 +355,16 @@ impl Supervisor {
             self.killed[rank] = true;
             // Fails only if the child already exited; reaping will tell.
             let _ = child.kill();
+        }
+    }
+
+    /// Send `sig` to every rank still running.
+    fn forward(&mut self, sig: i32) {
+        for child in self.children.iter().flatten() {
+            // SAFETY: kill has no memory preconditions; the pid is a child
+            // not yet reaped (its waiter uses WNOWAIT), so it cannot have
+            // been reused.
+            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
         }
     }
 

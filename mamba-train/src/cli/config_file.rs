@@ -152,7 +152,6 @@ pub fn flags_from_file(path: &Path) -> Result<Vec<OsString>> {
 mod tests {
     use super::*;
     use crate::cli::Command;
-    use clap::Parser;
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()

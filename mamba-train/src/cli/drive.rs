@@ -11,6 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use mamba_comm::stop_signal::StopSignal;
 use mamba_reduce::Reducer;
 
 pub use super::context::RankContext;
@@ -19,7 +20,7 @@ use super::report::{contract_note, describe, plural, TrainOutcome, TrainSummary}
 use super::run_dir::{io_err, write_plot, RunDir};
 use crate::checkpoint;
 use crate::dp::DataParallel;
-use crate::error::Result;
+use crate::error::{Result, TrainError};
 use crate::metrics::MetricsRecord;
 use crate::train::Backend;
 
@@ -64,7 +65,16 @@ where
     let mut progress = lead.then(|| Progress::new(first_step, total, args.log_every));
     let started = Instant::now();
     let mut final_loss = f32::NAN;
+    // SIGTERM/SIGINT (to this rank or, forwarded, to the supervisor): the
+    // world stops at the next step boundary, in agreement (one small
+    // collective per step), and rank 0 checkpoints that step below.
+    let stop = StopSignal::install()?;
+    let mut stopped = None;
     while dp.trainer().step() < ctx.end {
+        if let Some(request) = dp.stop_requests(stop.requested())? {
+            stopped = Some(request);
+            break;
+        }
         let t0 = Instant::now();
         let s = dp.step()?;
         let secs = t0.elapsed().as_secs_f64();
@@ -120,6 +130,24 @@ where
     }
     // Rank 0 prints last: after every other rank printed its digest.
     dp.barrier()?;
+    if let Some((by, signal)) = stopped {
+        let detail = if lead {
+            format!(
+                "checkpoint {}; continue with: mamba-train train --resume {}{}",
+                checkpoint.display(),
+                ctx.out.display(),
+                resume_flags(args, world)
+            )
+        } else {
+            "rank 0 wrote the checkpoint".to_string()
+        };
+        return Err(TrainError::Stopped {
+            signal,
+            rank: by,
+            step,
+            detail,
+        });
+    }
     if !lead {
         return Ok(TrainOutcome::Replica {
             rank,
@@ -215,4 +243,17 @@ where
     w(out, format!("weights-digest: {}", summary.weights_digest))?;
     out.flush().map_err(|e| io_err(Path::new("<stdout>"), e))?;
     Ok(TrainOutcome::Summary(summary))
+}
+
+/// The flags, besides `--resume`, that a stopped run's continuation needs
+/// to run where it ran (the run itself comes from the checkpoint).
+fn resume_flags(args: &super::args::TrainArgs, world: usize) -> String {
+    let mut flags = String::new();
+    if args.device == super::args::Device::Cuda {
+        flags.push_str(" --device cuda");
+    }
+    if world > 1 && args.world.is_some() {
+        flags.push_str(&format!(" --world {world}"));
+    }
+    flags
 }

@@ -228,6 +228,22 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
         Ok(agreed)
     }
 
+    /// The world's answer to "stop here?": every rank passes the stop signal
+    /// it received (if any) and gets back the lowest rank that received
+    /// one, with its signal, the same on every rank. Collective: called at
+    /// a step boundary, it is how a world stops at one step in agreement.
+    pub fn stop_requests(&mut self, local: Option<i32>) -> Result<Option<(usize, i32)>> {
+        let all = self
+            .reducer
+            .all_gather_host(&[local.unwrap_or(0) as f32])
+            .map_err(reduce_err)?;
+        Ok(all
+            .iter()
+            .enumerate()
+            .find(|(_, &s)| s != 0.0)
+            .map(|(rank, &s)| (rank, s as i32)))
+    }
+
     /// Return once every rank got here (e.g. so that rank 0 prints its
     /// summary after the others printed theirs). Collective.
     pub fn barrier(&mut self) -> Result<()> {

@@ -99,3 +99,45 @@ where
         t.apply(&mean, loss, finite).expect("update");
     }
 }
+
+/// Wait (up to a minute) until the run in `dir` has logged `steps` steps
+/// in its metrics; panics with the run's stderr if it ended first.
+pub fn wait_for_steps(child: &mut std::process::Child, dir: &std::path::Path, steps: usize) {
+    let started = std::time::Instant::now();
+    loop {
+        let logged = std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        if logged >= steps {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the run ended ({status}) before logging {steps} steps");
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the run logged only {logged} of {steps} steps in a minute"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Send `signal` to process `pid`.
+pub fn send_signal(pid: u32, signal: i32) {
+    // SAFETY: kill has no memory preconditions.
+    let r = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    assert_eq!(r, 0, "kill({pid}, {signal}) failed");
+}
+
+/// The last completed step named by a stopped run's message
+/// (`... after step N: ...`).
+pub fn stopped_after_step(stderr: &str) -> u64 {
+    let at = stderr
+        .find(") after step ")
+        .unwrap_or_else(|| panic!("no stop message in:\n{stderr}"));
+    let rest = &stderr[at + ") after step ".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no step in:\n{stderr}"))
+}
