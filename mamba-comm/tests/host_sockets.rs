@@ -6,8 +6,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use mamba_comm::host::{HostOptions, HostTransport};
-use mamba_comm::rendezvous::{MemoryRendezvous, TcpRendezvous};
+use mamba_comm::rendezvous::{LaunchSecret, MemoryRendezvous, TcpRendezvous};
 use mamba_comm::{CommError, Rendezvous, Transport};
+
+fn secret() -> LaunchSecret {
+    LaunchSecret::of_job("host-socket-tests")
+}
 
 fn socket_world<R: Send + 'static>(
     world: usize,
@@ -109,7 +113,8 @@ fn a_missing_rank_fails_connect_naming_it() {
 
 #[test]
 fn over_a_tcp_rendezvous_with_tags() {
-    let r0 = TcpRendezvous::new("127.0.0.1", 0, 0, 3, Duration::from_secs(10)).expect("store");
+    let r0 =
+        TcpRendezvous::new("127.0.0.1", 0, 0, 3, secret(), Duration::from_secs(10)).expect("store");
     let port = r0.store_port().expect("port");
     let h0 = thread::spawn(move || {
         let rdv: &dyn Rendezvous = &r0;
@@ -126,8 +131,9 @@ fn over_a_tcp_rendezvous_with_tags() {
     let hs: Vec<_> = (1..3)
         .map(|r| {
             thread::spawn(move || {
-                let rdv = TcpRendezvous::new("127.0.0.1", port, r, 3, Duration::from_secs(10))
-                    .expect("join");
+                let rdv =
+                    TcpRendezvous::new("127.0.0.1", port, r, 3, secret(), Duration::from_secs(10))
+                        .expect("join");
                 let mut a = HostTransport::connect(
                     &rdv,
                     HostOptions::with_timeout(Duration::from_secs(10)),

@@ -8,8 +8,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use mamba_comm::bootstrap::{Launcher, WorldPlace};
-use mamba_comm::rendezvous::{self, FileRendezvous, MemoryRendezvous, TcpRendezvous};
+use mamba_comm::rendezvous::{self, FileRendezvous, LaunchSecret, MemoryRendezvous, TcpRendezvous};
 use mamba_comm::{CommError, Rendezvous};
+
+/// The launch secret of these tests' TCP stores.
+fn secret() -> LaunchSecret {
+    LaunchSecret::of_job("rendezvous-tests")
+}
 
 const ID_LEN: usize = 128;
 const SHORT: Duration = Duration::from_millis(300);
@@ -343,7 +348,7 @@ fn handshake_without_rank_zero_times_out_naming_the_directory() {
 }
 
 fn tcp_world(world: usize) -> (TcpRendezvous, u16) {
-    let r0 = TcpRendezvous::new("127.0.0.1", 0, 0, world, LONG).expect("rank 0 serves");
+    let r0 = TcpRendezvous::new("127.0.0.1", 0, 0, world, secret(), LONG).expect("rank 0 serves");
     let port = r0.store_port().expect("rank 0 knows its port");
     (r0, port)
 }
@@ -360,7 +365,7 @@ fn tcp_world_exchanges_and_meets() {
         r0 // keep the store alive until the others are done
     });
     let got = per_rank(3, move |i| {
-        let rdv = TcpRendezvous::new("127.0.0.1", port, i + 1, 4, LONG).expect("join");
+        let rdv = TcpRendezvous::new("127.0.0.1", port, i + 1, 4, secret(), LONG).expect("join");
         let v = rdv.fetch("nccl-unique-id", ID_LEN, LONG).expect("fetch");
         rdv.barrier("b", LONG).expect("barrier");
         rdv.barrier("b", LONG).expect("barrier again");
@@ -374,7 +379,7 @@ fn tcp_world_exchanges_and_meets() {
 fn tcp_store_lives_only_as_long_as_its_launch() {
     // Launch A publishes an id, then ends (rank 0's store goes with it).
     let (a0, port) = tcp_world(2);
-    let a1 = TcpRendezvous::new("127.0.0.1", port, 1, 2, LONG).expect("A rank 1");
+    let a1 = TcpRendezvous::new("127.0.0.1", port, 1, 2, secret(), LONG).expect("A rank 1");
     a0.publish("nccl-unique-id", &[0xAA; ID_LEN])
         .expect("publish");
     assert_eq!(
@@ -384,7 +389,7 @@ fn tcp_store_lives_only_as_long_as_its_launch() {
     );
 
     // While A runs, a process of a newer launch claiming rank 1 is refused.
-    match TcpRendezvous::new("127.0.0.1", port, 1, 2, LONG) {
+    match TcpRendezvous::new("127.0.0.1", port, 1, 2, secret(), LONG) {
         Err(CommError::Rendezvous { detail, .. }) => {
             assert!(detail.contains("already joined"), "{detail}")
         }
@@ -394,8 +399,9 @@ fn tcp_store_lives_only_as_long_as_its_launch() {
     drop(a0);
 
     // Launch B reuses the address: its store starts empty.
-    let b0 = TcpRendezvous::new("127.0.0.1", port, 0, 2, LONG).expect("B rank 0 rebinds the port");
-    let b1 = TcpRendezvous::new("127.0.0.1", port, 1, 2, LONG).expect("B rank 1");
+    let b0 = TcpRendezvous::new("127.0.0.1", port, 0, 2, secret(), LONG)
+        .expect("B rank 0 rebinds the port");
+    let b1 = TcpRendezvous::new("127.0.0.1", port, 1, 2, secret(), LONG).expect("B rank 1");
     assert!(matches!(
         b1.fetch("nccl-unique-id", ID_LEN, SHORT),
         Err(CommError::Rendezvous { .. })
@@ -409,9 +415,24 @@ fn tcp_store_lives_only_as_long_as_its_launch() {
 }
 
 #[test]
+fn tcp_store_refuses_a_peer_of_another_job_without_taking_its_rank() {
+    let (_r0, port) = tcp_world(2);
+    let other = LaunchSecret::of_job("another-job");
+    match TcpRendezvous::new("127.0.0.1", port, 1, 2, other, LONG) {
+        Err(CommError::Rendezvous { detail, .. }) => {
+            assert!(detail.contains("launch secret does not match"), "{detail}")
+        }
+        other => panic!("a peer of another job must be refused: {other:?}"),
+    }
+    // The refused peer did not take rank 1: this job's rank 1 still joins.
+    let r1 = TcpRendezvous::new("127.0.0.1", port, 1, 2, secret(), LONG).expect("join");
+    r1.publish("k", b"v").unwrap();
+}
+
+#[test]
 fn tcp_errors_name_the_rank_and_the_store() {
     let (r0, port) = tcp_world(2);
-    let r1 = TcpRendezvous::new("127.0.0.1", port, 1, 2, LONG).expect("join");
+    let r1 = TcpRendezvous::new("127.0.0.1", port, 1, 2, secret(), LONG).expect("join");
     match r1.fetch("never", 4, SHORT) {
         Err(CommError::Rendezvous {
             rank: 1,
@@ -425,7 +446,7 @@ fn tcp_errors_name_the_rank_and_the_store() {
         other => panic!("{other:?}"),
     }
     // Wrong world size is refused by the store.
-    assert!(TcpRendezvous::new("127.0.0.1", port, 1, 3, LONG).is_err());
+    assert!(TcpRendezvous::new("127.0.0.1", port, 1, 3, secret(), LONG).is_err());
     // Rank 0 gone: requests fail promptly instead of hanging.
     drop(r0);
     let start = Instant::now();
@@ -438,7 +459,7 @@ fn tcp_errors_name_the_rank_and_the_store() {
     // Nobody serving: connecting gives up at the deadline.
     let start = Instant::now();
     assert!(matches!(
-        TcpRendezvous::new("127.0.0.1", port, 1, 2, SHORT),
+        TcpRendezvous::new("127.0.0.1", port, 1, 2, secret(), SHORT),
         Err(CommError::Rendezvous { .. })
     ));
     assert!(start.elapsed() < Duration::from_secs(2));

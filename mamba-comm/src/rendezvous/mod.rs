@@ -20,6 +20,7 @@ pub mod tcp;
 pub use file::FileRendezvous;
 pub use memory::MemoryRendezvous;
 pub use open::open;
+pub use store::{bind_address, LaunchSecret};
 pub use tcp::TcpRendezvous;
 
 /// A rendezvous for the ranks of one launch.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{FileRendezvous, MemoryRendezvous, Rendezvous, TcpRendezvous};
+use super::{FileRendezvous, LaunchSecret, MemoryRendezvous, Rendezvous, TcpRendezvous};
 use crate::bootstrap::WorldPlace;
 use crate::{CommError, Result};
 
@@ -44,6 +44,7 @@ pub fn open(place: &WorldPlace, timeout: Duration) -> Result<Box<dyn Rendezvous>
             *port,
             place.rank,
             place.world,
+            LaunchSecret::of_job(&place.job_id),
             timeout,
         )?));
     }

@@ -24,6 +24,7 @@ pub(super) const MAX_VALUE: u32 = 1 << 20;
 
 struct StoreState {
     world: usize,
+    secret: LaunchSecret,
     joined: Vec<bool>,
     values: HashMap<String, Vec<u8>>,
 }
@@ -40,20 +41,15 @@ pub(super) struct StoreServer {
 }
 
 impl StoreServer {
-    /// Bind where the clients will look: the resolved loopback address when
-    /// the host is local-only, otherwise every interface of that family
-    /// (the store must be reachable from other hosts).
-    pub(super) fn start(addrs: &[SocketAddr], world: usize) -> std::io::Result<StoreServer> {
-        let bind = match addrs.iter().find(|a| a.ip().is_loopback()) {
-            Some(a) if addrs.iter().all(|a| a.ip().is_loopback()) => *a,
-            _ => {
-                let port = addrs[0].port();
-                match addrs[0].ip() {
-                    IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
-                    IpAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
-                }
-            }
-        };
+    /// Serve the store of a world of `world` ranks that present `secret`,
+    /// listening at [`bind_address`]`(host, addrs)`.
+    pub(super) fn start(
+        host: &str,
+        addrs: &[SocketAddr],
+        world: usize,
+        secret: LaunchSecret,
+    ) -> std::io::Result<StoreServer> {
+        let bind = bind_address(host, addrs);
         let listener = TcpListener::bind(bind)?;
         let bound = listener.local_addr()?;
         let port = bound.port();
@@ -62,6 +58,7 @@ impl StoreServer {
         let conns = Arc::new(Mutex::new(Vec::new()));
         let state = Arc::new(Mutex::new(StoreState {
             world,
+            secret,
             joined: vec![false; world],
             values: HashMap::new(),
         }));
@@ -171,11 +168,16 @@ fn serve(mut s: TcpStream, state: Arc<Mutex<StoreState>>) {
     while let Ok((op, key, value)) = read_frame(&mut s) {
         let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
         let res = match op {
-            OP_JOIN if !joined && value.len() == 8 => {
+            OP_JOIN if !joined && value.len() == 8 + SECRET_LEN => {
                 let rank = u32::from_le_bytes([value[0], value[1], value[2], value[3]]) as usize;
                 let world = u32::from_le_bytes([value[4], value[5], value[6], value[7]]) as usize;
                 let mut st = lock();
-                if world != st.world {
+                if !st.secret.matches(&value[8..]) {
+                    let msg = "the launch secret does not match: this store serves another job \
+                               (its MASTER_ADDR/MASTER_PORT were reused by another launch), or the \
+                               peer is not part of this job";
+                    reply(&mut s, ST_REFUSED, msg.as_bytes())
+                } else if world != st.world {
                     let msg = format!("this store serves a world of {}, not {world}", st.world);
                     reply(&mut s, ST_REFUSED, msg.as_bytes())
                 } else if rank >= world {
@@ -230,5 +232,114 @@ fn serve(mut s: TcpStream, state: Arc<Mutex<StoreState>>) {
         if res.is_err() {
             return;
         }
+    }
+}
+
+/// Bytes of a [`LaunchSecret`].
+pub(super) const SECRET_LEN: usize = 32;
+
+/// What a rank presents to join a store: SHA-256 of the launch's job id,
+/// which every rank of one launch knows from its launcher (torchrun's run
+/// id, SLURM's job and step) and a process of another job does not
+/// present. It keeps other launches (and stray connections) out of a store
+/// that listens on every interface; it is not a defence against a user who
+/// can read the job's environment.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct LaunchSecret([u8; SECRET_LEN]);
+
+impl LaunchSecret {
+    /// The secret of the launch whose job id is `job_id`.
+    pub fn of_job(job_id: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"mamba-store-secret-v1\n");
+        h.update(job_id.as_bytes());
+        LaunchSecret(h.finalize().into())
+    }
+
+    /// The bytes sent in a JOIN.
+    pub fn bytes(&self) -> &[u8; SECRET_LEN] {
+        &self.0
+    }
+
+    /// Whether `presented` is this secret (in time independent of where
+    /// they differ).
+    fn matches(&self, presented: &[u8]) -> bool {
+        presented.len() == SECRET_LEN
+            && self
+                .0
+                .iter()
+                .zip(presented)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+}
+
+impl std::fmt::Debug for LaunchSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LaunchSecret(..)")
+    }
+}
+
+/// Where rank 0's store listens for `MASTER_ADDR` = `host` (resolved to
+/// `addrs`): on loopback only when `host` itself says local-only
+/// (`localhost` or a loopback address literal); otherwise on every
+/// interface of the address family, since peers on other nodes connect to
+/// whatever `host` resolves to *there*. (Ubuntu resolves a host's own name
+/// to 127.0.1.1 on that host: binding what it resolves to locally would
+/// shut the other nodes out.)
+pub fn bind_address(host: &str, addrs: &[SocketAddr]) -> SocketAddr {
+    let port = addrs.first().map_or(0, |a| a.port());
+    let literal: Option<IpAddr> = host.trim_matches(['[', ']']).parse().ok();
+    let local_only =
+        host.eq_ignore_ascii_case("localhost") || literal.is_some_and(|ip| ip.is_loopback());
+    if local_only {
+        if let Some(a) = addrs.iter().find(|a| a.ip().is_loopback()) {
+            return *a;
+        }
+    }
+    match addrs.first().map(|a| a.ip()) {
+        Some(IpAddr::V6(_)) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+        _ => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+    }
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::*;
+
+    fn a(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn only_an_explicitly_local_host_binds_loopback() {
+        assert_eq!(
+            bind_address("127.0.0.1", &[a("127.0.0.1:29500")]),
+            a("127.0.0.1:29500")
+        );
+        assert_eq!(
+            bind_address("localhost", &[a("127.0.0.1:7")]),
+            a("127.0.0.1:7")
+        );
+        assert_eq!(bind_address("::1", &[a("[::1]:7")]), a("[::1]:7"));
+        // A host name resolving to Ubuntu's 127.0.1.1 is another node's
+        // MASTER_ADDR too: every interface.
+        assert_eq!(
+            bind_address("node0", &[a("127.0.1.1:29500")]),
+            a("0.0.0.0:29500")
+        );
+        assert_eq!(bind_address("10.0.0.5", &[a("10.0.0.5:9")]), a("0.0.0.0:9"));
+        assert_eq!(bind_address("node0", &[a("[fe80::1]:9")]), a("[::]:9"));
+    }
+
+    #[test]
+    fn secrets_differ_by_job_and_compare_exactly() {
+        let (s1, s2) = (LaunchSecret::of_job("job-1"), LaunchSecret::of_job("job-2"));
+        assert_ne!(s1, s2);
+        assert!(s1.matches(s1.bytes()));
+        assert!(!s1.matches(s2.bytes()));
+        assert!(!s1.matches(&s1.bytes()[..31]));
+        assert_eq!(s1, LaunchSecret::of_job("job-1"));
     }
 }

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use super::barrier::BarrierCounts;
 use super::store::{
-    push_field, read_field, StoreServer, MAX_KEY, MAX_VALUE, OP_ADD, OP_GET, OP_JOIN, OP_SET, ST_OK,
+    push_field, read_field, LaunchSecret, StoreServer, MAX_KEY, MAX_VALUE, OP_ADD, OP_GET, OP_JOIN,
+    OP_SET, SECRET_LEN, ST_OK,
 };
 use crate::poll::Backoff;
 use crate::{CommError, Rendezvous, Result};
@@ -63,6 +64,7 @@ impl TcpRendezvous {
         port: u16,
         rank: usize,
         world: usize,
+        secret: LaunchSecret,
         timeout: Duration,
     ) -> Result<Self> {
         if world == 0 || rank >= world {
@@ -85,7 +87,7 @@ impl TcpRendezvous {
             return Err(fail("the store host resolves to no address".into()));
         }
         let (server, connect_to) = if rank == 0 {
-            let server = StoreServer::start(&addrs, world).map_err(|e| {
+            let server = StoreServer::start(host, &addrs, world, secret).map_err(|e| {
                 fail(format!(
                     "rank 0 cannot serve the store: {e} (is an earlier launch still running at \
                      this address? choose another MASTER_PORT or MAMBA_STORE_PORT)"
@@ -145,9 +147,10 @@ impl TcpRendezvous {
             server,
             barrier_counts: BarrierCounts::default(),
         };
-        let mut join = Vec::with_capacity(8);
+        let mut join = Vec::with_capacity(8 + SECRET_LEN);
         join.extend_from_slice(&(rank as u32).to_le_bytes());
         join.extend_from_slice(&(world as u32).to_le_bytes());
+        join.extend_from_slice(secret.bytes());
         match me.request(OP_JOIN, "", &join, timeout)? {
             (ST_OK, _) => Ok(me),
             (_, msg) => Err(CommError::Rendezvous {
