@@ -96,11 +96,15 @@ pub mod engine;
 pub mod fault_hooks;
 pub mod host;
 pub mod replica_check;
+pub mod zero;
+#[cfg(test)]
+mod zero_tests;
 
 pub use engine::{DataParallel, DpOptions};
 #[cfg(feature = "fault-injection")]
 pub use fault_hooks::FaultHooks;
 pub use replica_check::ReplicaState;
+pub use zero::ZeroShards;
 
 use mamba_comm::CommError;
 use mamba_reduce::ReduceError;
