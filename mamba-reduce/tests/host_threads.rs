@@ -389,7 +389,8 @@ fn owned_ranges_reach_every_rank_bit_for_bit() {
         ReducerOptions::new(ReduceContract::FixedOrder, 2),
         |_, r| {
             let mut buf = vec![0.0f32; 4];
-            let a = r.all_gather_ranges(&mut buf, &[0..2]).unwrap_err();
+            let one_range = std::slice::from_ref(&(0..2usize));
+            let a = r.all_gather_ranges(&mut buf, one_range).unwrap_err();
             let b = r.all_gather_ranges(&mut buf, &[0..2, 2..9]).unwrap_err();
             (a.to_string(), b.to_string())
         },

@@ -114,7 +114,7 @@ proptest! {
     ) {
         cuts.sort_unstable();
         let n = layout().len();
-        let whole = run(&[0..n], true);
+        let whole = run(std::slice::from_ref(&(0..n)), true);
         let sharded = run(&shards_at(&cuts, n), true);
         prop_assert_eq!(bits(&sharded.params), bits(&whole.params));
         prop_assert_eq!(bits(&sharded.m), bits(&whole.m));
@@ -136,7 +136,7 @@ proptest! {
 #[test]
 fn the_naive_per_shard_norm_changes_the_bits() {
     let n = layout().len();
-    let whole = run(&[0..n], true);
+    let whole = run(std::slice::from_ref(&(0..n)), true);
     let naive = run(&shards_at(&[1, 3], n), false);
     assert_ne!(bits(&naive.params), bits(&whole.params));
     assert_ne!(naive.norms, whole.norms);
