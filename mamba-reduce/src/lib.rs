@@ -157,6 +157,7 @@ mod emulated;
 mod error;
 mod exec;
 mod fold;
+mod gather;
 mod host;
 mod identity;
 mod nccl;
@@ -172,6 +173,7 @@ pub use exec::execute;
 pub use fold::{
     host_accumulate, host_fold, host_mean, host_scale, mean_factor, ChainTerm, FoldOps, HostFold,
 };
+pub use gather::all_gather_ranges;
 pub use host::HostReducer;
 pub use identity::{agree, all_gather, RunIdentity};
 pub use nccl::NcclReducer;

@@ -1,10 +1,13 @@
 //! The [`Reducer`] seam and its implementation over any transport.
 
+use std::ops::Range;
+
 use mamba_comm::Transport;
 
 use crate::contract::ReduceContract;
 use crate::exec::execute;
 use crate::fold::{host_fold, mean_factor, ChainTerm, FoldOps, HostFold};
+use crate::gather::all_gather_ranges;
 use crate::identity::{agree, all_gather, RunIdentity};
 use crate::plan::RankPlan;
 use crate::{ReduceError, Result};
@@ -25,6 +28,15 @@ use crate::{ReduceError, Result};
 /// [`Transport`] — [`HostReducer`](crate::HostReducer) (host memory, CPU
 /// worlds) and, with device memory, `NcclReducer` — each with both
 /// contracts.
+///
+/// A sharded optimizer (ZeRO-1) uses two more calls, both with default
+/// implementations so that a reducer written before them keeps working:
+/// [`Reducer::reduce_mean_shard`] (the reduction only has to end at the
+/// shard owners; by default the full [`Reducer::reduce_mean`]) and
+/// [`Reducer::all_gather_ranges`] (the owners' updated weights back to
+/// every rank, as bytes; by default only a world of one, where nothing
+/// moves). The contract decides how the reduced values are computed, never
+/// which rank ends up with them, so both work under every contract.
 pub trait Reducer {
     /// Where the gradient arenas live (host `Vec<f32>`, device memory).
     type Buffer;
@@ -49,6 +61,44 @@ pub trait Reducer {
     /// unchanged. The first call runs the agreement check if
     /// [`Reducer::check_agreement`] was not called (with fingerprint 0).
     fn reduce_mean(&mut self, local: &mut [Self::Buffer]) -> Result<()>;
+
+    /// [`Reducer::reduce_mean`] that only has to end at the shard owners
+    /// (a reduce-scatter): `owned[k]` is rank `k`'s element range (one per
+    /// rank, in rank order, disjoint; the same on every rank). Afterwards
+    /// `local[0][owned[rank]]` holds exactly the bits `reduce_mean` would
+    /// put there; the rest of `local[0]` is unspecified (it may hold the
+    /// mean too, or this rank's own gradient).
+    ///
+    /// The default runs the full `reduce_mean` (every rank gets every
+    /// element: correct under every contract, at an all-reduce's traffic).
+    fn reduce_mean_shard(
+        &mut self,
+        local: &mut [Self::Buffer],
+        owned: &[Range<usize>],
+    ) -> Result<()> {
+        let _ = owned;
+        self.reduce_mean(local)
+    }
+
+    /// Every rank's own range of `buf` to every rank, as bytes: `owned[k]`
+    /// is rank `k`'s element range (one per rank, in rank order, disjoint;
+    /// the same on every rank). Afterwards `buf[owned[k]]` holds rank `k`'s
+    /// values on every rank, bit for bit; elements outside every range are
+    /// untouched. This is how ZeRO-1's updated weight shards travel back.
+    ///
+    /// The default supports a world of one (nothing moves) and refuses a
+    /// larger world with a [`ReduceError::Config`] naming the missing call.
+    fn all_gather_ranges(&mut self, buf: &mut Self::Buffer, owned: &[Range<usize>]) -> Result<()> {
+        let _ = (buf, owned);
+        if self.world() <= 1 {
+            return Ok(());
+        }
+        Err(ReduceError::config(format!(
+            "this reducer does not implement all_gather_ranges, which a sharded optimizer \
+             (ZeRO-1) needs in a world of {} processes; train unsharded, or implement it",
+            self.world()
+        )))
+    }
 
     /// Whether `flag` is true on any rank (exact: an integer max).
     fn any(&mut self, flag: bool) -> Result<bool>;
@@ -166,6 +216,12 @@ impl ReducerOptions {
 
 /// A [`Reducer`] over any [`Transport`], with the fold arithmetic supplied
 /// by a [`FoldOps`] for the transport's memory.
+///
+/// For ZeRO-1 it keeps the default [`Reducer::reduce_mean_shard`] (the
+/// plain reduction: the sharded plan's shards are element-granular and the
+/// optimizer's whole norm chunks, so ending the fold at the owners needs a
+/// plan over the optimizer's partition, not built yet) and all-gathers
+/// owned ranges in one group ([`all_gather_ranges`](crate::all_gather_ranges)).
 ///
 /// Owns the transport (get it back with [`TransportReducer::into_parts`]),
 /// a scratch buffer sized for the last arena length (kept between calls;
@@ -357,6 +413,11 @@ impl<T: Transport, F: PlanRunner<T>> Reducer for TransportReducer<T, F> {
             ReduceContract::FixedOrder => self.run_fixed_order(local, len),
             ReduceContract::NcclSum => self.run_library_sum(local, len),
         }
+    }
+
+    /// One group over the transport ([`crate::gather::all_gather_ranges`]).
+    fn all_gather_ranges(&mut self, buf: &mut T::Buffer, owned: &[Range<usize>]) -> Result<()> {
+        all_gather_ranges(&mut self.transport, buf, owned)
     }
 
     fn any(&mut self, flag: bool) -> Result<bool> {

@@ -348,3 +348,75 @@ fn a_logical_world_the_physical_world_does_not_divide_fails_everywhere() {
         );
     }
 }
+
+#[test]
+fn owned_ranges_reach_every_rank_bit_for_bit() {
+    // Uneven and empty ranges, and an element nobody owns (left alone).
+    let owned = [0..5, 5..5, 5..12, 12..13];
+    let got = run_world(
+        4,
+        ReducerOptions::new(ReduceContract::FixedOrder, 4),
+        |rank, r| {
+            // This rank's values (NaN payloads included) in its range, its rank
+            // number elsewhere.
+            let mut buf: Vec<f32> = (0..14)
+                .map(|i| {
+                    if owned[rank].contains(&i) {
+                        f32::from_bits(0x7fc0_0000 | (100 * rank + i) as u32)
+                    } else {
+                        rank as f32
+                    }
+                })
+                .collect();
+            r.all_gather_ranges(&mut buf, &owned).unwrap();
+            buf
+        },
+    );
+    for (rank, buf) in got.iter().enumerate() {
+        for (k, range) in owned.iter().enumerate() {
+            for i in range.clone() {
+                assert_eq!(buf[i].to_bits(), 0x7fc0_0000 | (100 * k + i) as u32);
+            }
+        }
+        assert_eq!(
+            buf[13], rank as f32,
+            "an element outside every range is untouched"
+        );
+    }
+    // Ranges that do not fit, or not one per rank, are errors.
+    let errs = run_world(
+        2,
+        ReducerOptions::new(ReduceContract::FixedOrder, 2),
+        |_, r| {
+            let mut buf = vec![0.0f32; 4];
+            let one_range = std::slice::from_ref(&(0..2usize));
+            let a = r.all_gather_ranges(&mut buf, one_range).unwrap_err();
+            let b = r.all_gather_ranges(&mut buf, &[0..2, 2..9]).unwrap_err();
+            (a.to_string(), b.to_string())
+        },
+    );
+    for (a, b) in errs {
+        assert!(a.contains("one per rank"), "{a}");
+        assert!(b.contains("outside"), "{b}");
+    }
+}
+
+#[test]
+fn the_default_reduce_scatter_is_the_full_mean_on_the_owned_range() {
+    let a = arenas(3, 4, 1000);
+    let want = oracle(&a, 2);
+    let owned = [0..400, 400..1000];
+    let got = run_world(
+        2,
+        ReducerOptions::new(ReduceContract::FixedOrder, 4),
+        |rank, r| {
+            let mut local = a[2 * rank..2 * rank + 2].to_vec();
+            r.reduce_mean_shard(&mut local, &owned).unwrap();
+            local.swap_remove(0)
+        },
+    );
+    for (rank, g) in got.iter().enumerate() {
+        let r = owned[rank].clone();
+        assert_bits_eq(&g[r.clone()], &want[r], "owned range");
+    }
+}

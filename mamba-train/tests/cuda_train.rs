@@ -408,3 +408,53 @@ fn on_one_gpu_sigterm_checkpoints_at_a_step_and_the_continuation_is_bit_identica
         .unwrap();
     assert_eq!(world_digest(&resumed, 1), want);
 }
+
+/// `--shard-optimizer` on one GPU is the unsharded path exactly (P = 1:
+/// nothing to shard, and the run says so); on two GPUs (ZeRO-1 over NCCL:
+/// the fixed-order reduction, the chunk sums and the weight shards
+/// all-gathered) it is the one-GPU bits at the same L, and its checkpoint
+/// resumes unsharded on one GPU onto the unbroken bits.
+#[test]
+fn the_sharded_optimizer_keeps_the_bits_on_one_and_two_gpus() {
+    if !can_run(1) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let base = ["--steps", "6", "--logical-world", "2"];
+    let one = world_digest(&train(&dir.path().join("one"), &base, &[]), 1);
+    let o = train(
+        &dir.path().join("one-zero"),
+        &[&base[..], &["--shard-optimizer"]].concat(),
+        &[],
+    );
+    assert_eq!(world_digest(&o, 1), one, "P = 1: the unsharded path");
+    assert!(text(&o.stderr).contains("stays whole"));
+    if !can_run(2) {
+        return;
+    }
+    let run = dir.path().join("two-zero");
+    let o = train(
+        &run,
+        &[&base[..], &["--world", "2", "--shard-optimizer"]].concat(),
+        &[],
+    );
+    assert_eq!(world_digest(&o, 2), one, "P = 2 sharded vs P = 1 unsharded");
+    assert!(text(&o.stderr).contains("keeps and updates its shard"));
+    let run = dir.path().join("two-zero-stopped");
+    let o = train(
+        &run,
+        &[
+            &base[..],
+            &["--world", "2", "--shard-optimizer", "--stop-at", "3"],
+        ]
+        .concat(),
+        &[],
+    );
+    assert!(ok(&o).contains("stopped at step 3"));
+    let o = train(
+        &run,
+        &["--resume", run.to_str().unwrap(), "--world", "1"],
+        &[],
+    );
+    assert_eq!(world_digest(&o, 1), one, "resumed unsharded on one GPU");
+}

@@ -190,6 +190,12 @@ pub struct TrainArgs {
     /// bits may change with P or the machine) [default: fixed-order].
     #[arg(long, value_name = "CONTRACT", value_parser = parse_contract)]
     pub contract: Option<ReduceContract>,
+    /// ZeRO-1: each of the P processes keeps and updates only its 1/P of
+    /// the optimizer state (the AdamW moments); the updated weights are
+    /// all-gathered. The same bits as without it, for every P and contract,
+    /// and the same checkpoints (so a run resumes with or without it).
+    #[arg(long)]
+    pub shard_optimizer: bool,
     /// Compare every rank's weights digest every N steps (0: only at the
     /// start, before each checkpoint and at the end, which always happen).
     #[arg(long, value_name = "N", default_value_t = super::defaults::REPLICA_CHECK_EVERY)]

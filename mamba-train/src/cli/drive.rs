@@ -18,7 +18,6 @@ pub use super::context::RankContext;
 use super::progress::{human, stderr_line, Progress};
 use super::report::{contract_note, describe, plural, TrainOutcome, TrainSummary};
 use super::run_dir::{io_err, write_plot, RunDir};
-use crate::checkpoint;
 use crate::dp::DataParallel;
 use crate::error::{Result, TrainError};
 use crate::metrics::MetricsRecord;
@@ -60,6 +59,19 @@ where
         if let Some(note) = contract_note(run.contract, world, run.logical_world) {
             stderr_line(&note);
         }
+        if args.shard_optimizer {
+            stderr_line(&match dp.optimizer_shards() {
+                Some(z) => format!(
+                    "note: --shard-optimizer: each of the {world} processes keeps and updates its \
+                     shard of the optimizer state (rank 0: elements {:?} of {})",
+                    z.range(0),
+                    dp.trainer().arena_len()
+                ),
+                None => "note: --shard-optimizer with one process: the optimizer state stays \
+                         whole (there is nothing to shard)"
+                    .to_string(),
+            });
+        }
     }
     let total = run.schedule.total_steps;
     let mut progress = lead.then(|| Progress::new(first_step, total, args.log_every));
@@ -70,6 +82,9 @@ where
     // collective per step), and rank 0 checkpoints that step below.
     let stop = StopSignal::install()?;
     let mut stopped = None;
+    // The step of the last checkpoint, known to every rank (saving may be
+    // collective, so every rank decides alike whether the end needs one).
+    let mut saved_at: Option<u64> = None;
     while dp.trainer().step() < ctx.end {
         if let Some(request) = dp.stop_requests(stop.requested())? {
             stopped = Some(request);
@@ -94,12 +109,15 @@ where
         if args.checkpoint_every > 0 && s.step % args.checkpoint_every == 0 && s.step < ctx.end {
             // Every rank: a checkpoint holds weights every rank agreed on.
             dp.replica_check(&format!("before the checkpoint of step {}", s.step))?;
+            // Every rank: a sharded optimizer's moments are gathered first.
+            let saved = dp.save_checkpoint(
+                dir.as_ref().map(|d| d.path.as_path()),
+                args.keep_checkpoints,
+                &ctx.meta,
+            )?;
+            saved_at = Some(s.step);
             if let Some(d) = dir.as_mut() {
-                d.last_ck = Some(dp.trainer_mut().save_checkpoint_with_meta(
-                    &d.path,
-                    args.keep_checkpoints,
-                    &ctx.meta,
-                )?);
+                d.last_ck = saved;
                 write_plot(&d.path, &run)?;
             }
         }
@@ -111,15 +129,18 @@ where
     let step = dp.trainer().step();
     let agreed = dp.replica_check(&format!("at the end (step {step})"))?;
     let mut checkpoint = PathBuf::new();
+    let last_ck = dir.as_mut().and_then(|d| d.last_ck.take());
+    let saved = if saved_at == Some(step) {
+        last_ck
+    } else {
+        dp.save_checkpoint(
+            dir.as_ref().map(|d| d.path.as_path()),
+            args.keep_checkpoints,
+            &ctx.meta,
+        )?
+    };
     if let Some(d) = dir.as_mut() {
-        checkpoint = match d.last_ck.take() {
-            Some(p) if p.ends_with(checkpoint::step_dir_name(step)) => p,
-            _ => dp.trainer_mut().save_checkpoint_with_meta(
-                &d.path,
-                args.keep_checkpoints,
-                &ctx.meta,
-            )?,
-        };
+        checkpoint = saved.unwrap_or_default();
         write_plot(&d.path, &run)?;
     }
     if !lead {

@@ -303,6 +303,7 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
         #[cfg(feature = "fault-injection")]
         hooks,
         schedule_fingerprint: schedule_fingerprint(args, plan.end),
+        shard_optimizer: args.shard_optimizer,
     };
     Ok(RankSetup {
         resumed_from: ck.as_ref().map(|c| c.dir.clone()),

@@ -1,12 +1,16 @@
 //! [`DataParallel`]: one rank's training loop over the engine
 //! ([`Trainer`]) and a reducer.
 
+use std::path::{Path, PathBuf};
+
 use mamba_reduce::{mean_factor, Reducer, RunIdentity};
 
 #[cfg(feature = "fault-injection")]
 use super::fault_hooks::FaultHooks;
 use super::reduce_err;
 use super::replica_check::{self, ReplicaState};
+use super::zero::{gather_moments, ZeroShards};
+use crate::checkpoint::CheckpointMeta;
 use crate::error::{Result, TrainError};
 use crate::train::{Backend, StepStats, Trainer};
 
@@ -29,6 +33,12 @@ pub struct DpOptions {
     ///
     /// [`RunConfig`]: crate::train::RunConfig
     pub schedule_fingerprint: u64,
+    /// ZeRO-1 (`--shard-optimizer`): each rank keeps and updates only its
+    /// shard of the optimizer state ([`super::zero`]). Never changes bits,
+    /// so it is not part of the run's identity (a checkpoint resumes
+    /// sharded or not, at any P); it joins the agreement check, since the
+    /// ranks of one world must all make its collective calls.
+    pub shard_optimizer: bool,
 }
 
 /// One rank of a data-parallel world: a model replica (the [`Trainer`]
@@ -47,11 +57,17 @@ pub struct DpOptions {
 /// 5. the backend clips and steps (or skips, on every rank alike);
 /// 6. every `replica_check_every` steps, the replica check.
 ///
+/// With [`DpOptions::shard_optimizer`] at `P > 1`, steps 4 and 5 are
+/// ZeRO-1's ([`super::zero`]): the reduction ends at the shard owners,
+/// each owner updates its shard, the shards are all-gathered; the same
+/// bits as unsharded.
+///
 /// Invariant: after every step every rank holds the same weights, moments
 /// and step; the replica check verifies it and fails every rank with
 /// [`mamba_comm::CommError::ReplicaDivergence`] when it does not hold.
 ///
-/// Memory: the `L/P` local gradient arenas (in the backend's memory), plus
+/// Memory: the `L/P` local gradient arenas (in the backend's memory), the
+/// optimizer's moments (`2N`, or this rank's shard under ZeRO-1), plus
 /// what the reducer keeps.
 pub struct DataParallel<B: Backend, R: Reducer<Buffer = B::Arena>> {
     trainer: Trainer<B>,
@@ -60,6 +76,9 @@ pub struct DataParallel<B: Backend, R: Reducer<Buffer = B::Arena>> {
     opts: DpOptions,
     checked_at: Option<u64>,
     replica_checks: u64,
+    /// The optimizer partition when sharded over more than one rank (at
+    /// `P = 1` ZeRO-1 is the unsharded path exactly).
+    zero: Option<ZeroShards>,
 }
 
 impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
@@ -75,16 +94,18 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
             opts,
             checked_at: None,
             replica_checks: 0,
+            zero: None,
         };
         let run = dp.trainer.run_config();
-        let fingerprint = RunIdentity::fingerprint_of(
-            format!(
-                "{:016x}/{:016x}",
-                run.fingerprint(),
-                opts.schedule_fingerprint
-            )
-            .as_bytes(),
+        let mut agreed = format!(
+            "{:016x}/{:016x}",
+            run.fingerprint(),
+            opts.schedule_fingerprint
         );
+        if opts.shard_optimizer {
+            agreed.push_str("/shard-optimizer");
+        }
+        let fingerprint = RunIdentity::fingerprint_of(agreed.as_bytes());
         let id = RunIdentity::new(
             dp.trainer.arena_len(),
             run.contract,
@@ -94,6 +115,11 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
         // A reducer built for another contract or L is reported by the
         // check on every rank (as this rank's local problem).
         dp.reducer.check_agreement(&id).map_err(reduce_err)?;
+        if opts.shard_optimizer && dp.world() > 1 {
+            let zero = ZeroShards::new(dp.trainer.arena_len(), dp.world())?;
+            dp.trainer.shard_optimizer(zero.range(dp.rank()))?;
+            dp.zero = Some(zero);
+        }
         let blocks = dp.blocks();
         for _ in 0..blocks {
             let arena = dp.trainer.backend_mut().zeros()?;
@@ -184,17 +210,37 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
         } else {
             total
         };
-        if !skip {
-            self.reducer
+        match (&self.zero, skip) {
+            (_, true) => {}
+            (None, false) => self
+                .reducer
                 .reduce_mean(&mut self.locals)
-                .map_err(reduce_err)?;
+                .map_err(reduce_err)?,
+            (Some(z), false) => self
+                .reducer
+                .reduce_mean_shard(&mut self.locals, z.ranges())
+                .map_err(reduce_err)?,
         }
         let Some(mean) = self.locals.first() else {
             return Err(TrainError::Config(
                 "a data-parallel rank holds no gradient arena (L / P = 0)".to_string(),
             ));
         };
-        let mut stats = self.trainer.apply(mean, loss, !skip)?;
+        let mut stats = match &self.zero {
+            None => self.trainer.apply(mean, loss, !skip)?,
+            Some(z) => {
+                let reducer = &mut self.reducer;
+                let stats = self.trainer.apply_gathered(mean, loss, !skip, &mut |own| {
+                    z.gather_chunk_sums(reducer, &own)
+                })?;
+                if !stats.skipped {
+                    self.reducer
+                        .all_gather_ranges(self.trainer.params_mut(), z.ranges())
+                        .map_err(reduce_err)?;
+                }
+                stats
+            }
+        };
         if skip {
             // Nothing was reduced: no rank has the world's gradient norm.
             stats.grad_norm = f64::NAN;
@@ -242,6 +288,38 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
             .enumerate()
             .find(|(_, &s)| s != 0.0)
             .map(|(rank, &s)| (rank, s as i32)))
+    }
+
+    /// Save a checkpoint of the current step: rank 0 passes its run
+    /// directory (`Some`), every other rank `None`, and only the rank with
+    /// a directory writes (keeping the newest `keep`). The files are the
+    /// unsharded run's: under ZeRO-1 the moments of every shard are
+    /// gathered first, so this is collective then (every rank calls it at
+    /// the same step); unsharded it communicates nothing.
+    pub fn save_checkpoint(
+        &mut self,
+        run_dir: Option<&Path>,
+        keep: usize,
+        meta: &CheckpointMeta,
+    ) -> Result<Option<PathBuf>> {
+        let Some(zero) = &self.zero else {
+            return run_dir
+                .map(|d| self.trainer.save_checkpoint_with_meta(d, keep, meta))
+                .transpose();
+        };
+        let (m, v) = gather_moments(zero, &mut self.trainer, &mut self.reducer)?;
+        run_dir
+            .map(|d| {
+                self.trainer
+                    .save_checkpoint_with_moments(d, keep, meta, &m, &v)
+            })
+            .transpose()
+    }
+
+    /// The optimizer partition when the optimizer is sharded over more
+    /// than one rank.
+    pub fn optimizer_shards(&self) -> Option<&ZeroShards> {
+        self.zero.as_ref()
     }
 
     /// Return once every rank got here (e.g. so that rank 0 prints its

@@ -24,6 +24,7 @@
 //! | physical world `P` at a fixed `L` (1, 2, 4, ... processes) | same bits | may differ (P < L: block sums are added by the library) |
 //! | launcher (self-spawn, torchrun, srun, mpirun) | same bits | same bits at the same P |
 //! | stop and resume, also at another `P` | same bits | same bits at the same P, on a frozen machine |
+//! | `--shard-optimizer` (ZeRO-1) on or off, at any `P` | same bits | same bits at the same P (each owner updates from the same library sum) |
 //! | logical world `L` | differs (part of the run's identity) | differs |
 //! | device (CPU vs CUDA) | differs (different kernels) | differs |
 //! | GPU model or build (CUDA) | may differ (per-rank kernels, cuBLAS) | may differ |
@@ -60,6 +61,7 @@
 //! mamba-train train --world 4                        # 4 CPU processes (self-spawned), L = 4
 //! mamba-train train --world 2 --resume runs/latest   # continue that run on 2 processes, same bits
 //! mamba-train train --world 2 --logical-world 8 --contract nccl-sum
+//! mamba-train train --world 4 --shard-optimizer      # ZeRO-1 (see [`zero`]): same bits
 //! mamba-train train --device cuda                    # one GPU (a 1-rank NCCL world), L = 1
 //! mamba-train train --device cuda --world 2          # two GPUs, one process each, L = 2
 //! mamba-train train --device cuda --logical-world 2  # one GPU, the same bits as --world 2
@@ -96,11 +98,15 @@ pub mod engine;
 pub mod fault_hooks;
 pub mod host;
 pub mod replica_check;
+pub mod zero;
+#[cfg(test)]
+mod zero_tests;
 
 pub use engine::{DataParallel, DpOptions};
 #[cfg(feature = "fault-injection")]
 pub use fault_hooks::FaultHooks;
 pub use replica_check::ReplicaState;
+pub use zero::ZeroShards;
 
 use mamba_comm::CommError;
 use mamba_reduce::ReduceError;

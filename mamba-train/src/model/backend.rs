@@ -48,6 +48,15 @@ pub trait Backend: ArenaMath {
     /// is host memory, downloaded (synchronizing the device) otherwise.
     fn to_host<'a>(&mut self, arena: &'a Self::Arena) -> Result<Cow<'a, [f32]>>;
 
+    /// An arena of `host.len()` elements, any length: the moments of one
+    /// ZeRO-1 shard (an empty shard is a valid, empty one). The only
+    /// arenas not of the layout's length.
+    fn upload_shard(&mut self, host: &[f32]) -> Result<Self::Arena>;
+
+    /// The first `len` elements of a shard arena (from
+    /// [`Self::upload_shard`]) on the host; an error when it holds fewer.
+    fn shard_to_host<'a>(&mut self, arena: &'a Self::Arena, len: usize) -> Result<Cow<'a, [f32]>>;
+
     /// Initial weights from the seed law.
     fn init_params(&mut self, seed: u64) -> Result<Self::Arena>;
 
@@ -89,20 +98,25 @@ pub trait HostModel {
 impl<M: HostModel> ArenaMath for M {
     type Arena = Vec<f32>;
 
-    fn global_norm(&mut self, grads: &Vec<f32>) -> Result<f64> {
-        HostMath.global_norm(grads)
+    fn norm_partials(
+        &mut self,
+        grads: &Vec<f32>,
+        shard: std::ops::Range<usize>,
+    ) -> Result<Vec<f64>> {
+        HostMath.norm_partials(grads, shard)
     }
 
     fn adamw(
         &mut self,
         k: &kernels::mamba::AdamWStep,
         decayed: &[std::ops::Range<usize>],
+        shard: std::ops::Range<usize>,
         params: &mut Vec<f32>,
         grads: &Vec<f32>,
         m: &mut Vec<f32>,
         v: &mut Vec<f32>,
     ) -> Result<()> {
-        HostMath.adamw(k, decayed, params, grads, m, v)
+        HostMath.adamw(k, decayed, shard, params, grads, m, v)
     }
 }
 
@@ -126,6 +140,17 @@ impl<M: HostModel> Backend for M {
     }
     fn to_host<'a>(&mut self, arena: &'a Vec<f32>) -> Result<Cow<'a, [f32]>> {
         Ok(Cow::Borrowed(arena))
+    }
+    fn upload_shard(&mut self, host: &[f32]) -> Result<Vec<f32>> {
+        Ok(host.to_vec())
+    }
+    fn shard_to_host<'a>(&mut self, arena: &'a Vec<f32>, len: usize) -> Result<Cow<'a, [f32]>> {
+        arena.get(..len).map(Cow::Borrowed).ok_or_else(|| {
+            crate::error::TrainError::Config(format!(
+                "an optimizer shard arena holds {} elements, expected {len}",
+                arena.len()
+            ))
+        })
     }
     fn init_params(&mut self, seed: u64) -> Result<Vec<f32>> {
         Ok(HostModel::init_params(self, seed))

@@ -84,9 +84,10 @@ impl AdamWConfig {
     }
 }
 
-/// Optimizer state: the two moment arenas (same layout as the parameters,
-/// in whatever memory `A` is: host `Vec<f32>` or device memory) and the
-/// number of updates applied so far (`t`, for bias correction).
+/// Optimizer state: the two moment arenas (in whatever memory `A` is: host
+/// `Vec<f32>` or device memory) over the arena elements [`Self::shard`]
+/// (the whole arena, or one ZeRO-1 owner's part), and the number of
+/// updates applied so far (`t`, for bias correction).
 ///
 /// The arithmetic is not here but in an [`ArenaMath`] (the CPU's
 /// [`HostMath`](super::HostMath), or a device model's kernels), which every backend
@@ -98,6 +99,9 @@ pub struct AdamW<A = Vec<f32>> {
     cfg: AdamWConfig,
     /// Arena ranges that are decayed (`ParamKind::Matrix`), ascending.
     decayed: Vec<Range<usize>>,
+    /// The arena elements the moments cover (`m[i]` is element
+    /// `shard.start + i`); `0..len` unless sharded.
+    shard: Range<usize>,
     m: A,
     v: A,
     t: u64,
@@ -135,10 +139,30 @@ impl<A> AdamW<A> {
     /// memory; length-checked by the arithmetic at every update) after `t`
     /// updates.
     pub fn from_arenas(cfg: AdamWConfig, layout: &ParamLayout, m: A, v: A, t: u64) -> Result<Self> {
+        Self::from_shard(cfg, layout, 0..layout.len(), m, v, t)
+    }
+
+    /// State of one shard (ZeRO-1): moment arenas `m`, `v` over the arena
+    /// elements `shard` (within `layout`), after `t` updates.
+    pub fn from_shard(
+        cfg: AdamWConfig,
+        layout: &ParamLayout,
+        shard: Range<usize>,
+        m: A,
+        v: A,
+        t: u64,
+    ) -> Result<Self> {
         cfg.validate()?;
+        if shard.start > shard.end || shard.end > layout.len() {
+            return Err(TrainError::Config(format!(
+                "an optimizer shard of elements {shard:?} lies outside the {}-element arena",
+                layout.len()
+            )));
+        }
         Ok(AdamW {
             cfg,
             decayed: decayed_ranges(layout),
+            shard,
             m,
             v,
             t,
@@ -157,6 +181,10 @@ impl<A> AdamW<A> {
     pub fn exp_avg_sq(&self) -> &A {
         &self.v
     }
+    /// The arena elements the moments cover.
+    pub fn shard(&self) -> Range<usize> {
+        self.shard.clone()
+    }
     /// Updates applied so far.
     pub fn updates(&self) -> u64 {
         self.t
@@ -167,8 +195,9 @@ impl<A> AdamW<A> {
         &self.decayed
     }
 
-    /// Apply one update with learning rate `lr`, using `grads * clip_scale`,
-    /// through `math`. The update counter advances only when the update
+    /// Apply one update of [`Self::shard`] with learning rate `lr`, using
+    /// `grads * clip_scale`, through `math` (`params` and `grads` are whole
+    /// arenas). The update counter advances only when the update
     /// was applied (a refused one, e.g. of a wrong length, does not count).
     pub fn update<M: ArenaMath<Arena = A> + ?Sized>(
         &mut self,
@@ -188,7 +217,15 @@ impl<A> AdamW<A> {
             self.t + 1,
             clip_scale,
         );
-        math.adamw(&k, &self.decayed, params, grads, &mut self.m, &mut self.v)?;
+        math.adamw(
+            &k,
+            &self.decayed,
+            self.shard.clone(),
+            params,
+            grads,
+            &mut self.m,
+            &mut self.v,
+        )?;
         self.t += 1;
         Ok(())
     }
@@ -199,6 +236,7 @@ impl<A> AdamW<A> {
         Ok(AdamW {
             cfg: self.cfg,
             decayed: self.decayed,
+            shard: self.shard,
             m: f(self.m)?,
             v: f(self.v)?,
             t: self.t,
@@ -210,6 +248,7 @@ impl<A> AdamW<A> {
         Ok(AdamW {
             cfg: self.cfg,
             decayed: self.decayed.clone(),
+            shard: self.shard.clone(),
             m: f(&self.m)?,
             v: f(&self.v)?,
             t: self.t,

@@ -8,13 +8,24 @@
 
 use rayon::prelude::*;
 
+use super::shard::norm_from_chunk_sums;
+
 /// Elements per partial sum of the norm.
 pub const NORM_CHUNK: usize = 1 << 14;
 
 /// Euclidean norm of `grads`, accumulated in f64 in the fixed order above.
 /// Any NaN or infinity in `grads` gives a non-finite result.
 pub fn global_norm(grads: &[f32]) -> f64 {
-    let partials: Vec<f64> = grads
+    norm_from_chunk_sums(&chunk_sums(grads))
+}
+
+/// The sum of squares of each [`NORM_CHUNK`]-element chunk of `grads`
+/// (the last one possibly short), each in f64 sequentially, in chunk order:
+/// the partial sums the norm adds. A slice starting on a chunk boundary of
+/// the arena gives exactly the arena's sums for those chunks, which is what
+/// lets ZeRO owners compute their part ([`super::shard`]).
+pub fn chunk_sums(grads: &[f32]) -> Vec<f64> {
+    grads
         .par_chunks(NORM_CHUNK)
         .map(|c| {
             let mut s = 0.0f64;
@@ -24,12 +35,7 @@ pub fn global_norm(grads: &[f32]) -> f64 {
             }
             s
         })
-        .collect();
-    let mut total = 0.0f64;
-    for p in partials {
-        total += p;
-    }
-    total.sqrt()
+        .collect()
 }
 
 /// The factor gradients are multiplied by, as `torch.nn.utils.clip_grad_norm_`:

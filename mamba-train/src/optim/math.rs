@@ -3,7 +3,8 @@
 //!
 //! The optimizer's state machine (schedule, clipping, skip on a non-finite
 //! norm, the update counter) is written once ([`super::Optimizer`]); a
-//! device supplies only these two operations. Every implementation keeps the
+//! device supplies only these two operations, each over a shard of the
+//! arena (the whole arena, or one ZeRO-1 owner's part). Every implementation keeps the
 //! CPU's numerical contract bit for bit: the norm's association of
 //! [`super::clip::global_norm`] (f64 chunks of
 //! [`NORM_CHUNK`](super::clip::NORM_CHUNK), summed in chunk order) and the
@@ -15,26 +16,40 @@ use std::ops::Range;
 use kernels::mamba::AdamWStep;
 use rayon::prelude::*;
 
-use super::clip::global_norm;
+use super::clip::{chunk_sums, NORM_CHUNK};
 use crate::error::{Result, TrainError};
 
 /// Arithmetic over gradient, weight and moment arenas of type
 /// [`Self::Arena`]. Implementations check arena lengths and report a
 /// mismatch as an error, never by touching memory out of range.
+///
+/// Both operations work on a *shard* of the arena, an element range: the
+/// whole arena for the unsharded optimizer, one rank's part under ZeRO-1
+/// ([`super::shard::OptimizerShards`]). Weights and gradients are always
+/// whole arenas (only the shard is read or written); the moments hold the
+/// shard alone (`m[i]` is arena element `shard.start + i`), which is the
+/// optimizer's `1/P` memory.
 pub trait ArenaMath {
     /// Where the arenas live: host `Vec<f32>`, or device memory.
     type Arena;
 
-    /// The Euclidean norm of `grads` with the fixed association above
-    /// (non-finite when any element is).
-    fn global_norm(&mut self, grads: &Self::Arena) -> Result<f64>;
+    /// The [`NORM_CHUNK`](super::clip::NORM_CHUNK) chunk sums of squares of
+    /// `grads[shard]`, in f64 and in chunk order, exactly as
+    /// [`super::clip::chunk_sums`] (non-finite where an element is).
+    /// `shard` starts on a chunk boundary and ends on one or at the
+    /// arena's end, so the sums are the arena's own chunk sums.
+    fn norm_partials(&mut self, grads: &Self::Arena, shard: Range<usize>) -> Result<Vec<f64>>;
 
-    /// One AdamW update in place on `params`, `m`, `v` with the constants
-    /// `k`, decaying the elements in `decayed` (ascending, disjoint).
+    /// One AdamW update in place on `params[shard]`, `m`, `v` (the shard's
+    /// moments) with the constants `k`, reading `grads[shard]` and decaying
+    /// the arena elements in `decayed` (arena coordinates, ascending,
+    /// disjoint).
+    #[allow(clippy::too_many_arguments)]
     fn adamw(
         &mut self,
         k: &AdamWStep,
         decayed: &[Range<usize>],
+        shard: Range<usize>,
         params: &mut Self::Arena,
         grads: &Self::Arena,
         m: &mut Self::Arena,
@@ -50,28 +65,81 @@ pub struct HostMath;
 impl ArenaMath for HostMath {
     type Arena = Vec<f32>;
 
-    fn global_norm(&mut self, grads: &Vec<f32>) -> Result<f64> {
-        Ok(global_norm(grads))
+    fn norm_partials(&mut self, grads: &Vec<f32>, shard: Range<usize>) -> Result<Vec<f64>> {
+        check_norm_shard(&shard, grads.len())?;
+        Ok(chunk_sums(&grads[shard]))
     }
 
     fn adamw(
         &mut self,
         k: &AdamWStep,
         decayed: &[Range<usize>],
+        shard: Range<usize>,
         params: &mut Vec<f32>,
         grads: &Vec<f32>,
         m: &mut Vec<f32>,
         v: &mut Vec<f32>,
     ) -> Result<()> {
-        host_adamw(k, decayed, params, grads, m, v)
+        check_update_shard(&shard, params.len(), grads.len(), m.len(), v.len())?;
+        let local = decayed_within(decayed, &shard);
+        host_adamw(k, &local, &mut params[shard.clone()], &grads[shard], m, v)
     }
+}
+
+/// Refuse a norm shard that is not made of whole chunks of an arena of
+/// `len` elements (its sums would not be the arena's).
+pub fn check_norm_shard(shard: &Range<usize>, len: usize) -> Result<()> {
+    let aligned = |x: usize| x % NORM_CHUNK == 0 || x == len;
+    if shard.start > shard.end || shard.end > len || !aligned(shard.start) || !aligned(shard.end) {
+        return Err(TrainError::Config(format!(
+            "gradient norm over elements {shard:?} of a {len}-element arena: a shard must lie              within the arena and start and end on {NORM_CHUNK}-element chunk boundaries (or at              the arena's end)"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuse an update whose shard lies outside the weights or gradients, or
+/// whose moments do not hold the shard.
+pub fn check_update_shard(
+    shard: &Range<usize>,
+    params: usize,
+    grads: usize,
+    m: usize,
+    v: usize,
+) -> Result<()> {
+    if shard.start > shard.end
+        || shard.end > params
+        || params != grads
+        || m != shard.len()
+        || v != shard.len()
+    {
+        return Err(TrainError::Config(format!(
+            "AdamW update of elements {shard:?}: params {params} and grads {grads} elements,              optimizer state {m} and {v} (it must hold the shard's {} elements)",
+            shard.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The decayed ranges (arena coordinates) that meet `shard`, clipped to it
+/// and shifted to the shard's coordinates (element 0 = `shard.start`):
+/// what makes a shard's update decay exactly where the whole update does.
+pub fn decayed_within(decayed: &[Range<usize>], shard: &Range<usize>) -> Vec<Range<usize>> {
+    decayed
+        .iter()
+        .filter_map(|r| {
+            let (s, e) = (r.start.max(shard.start), r.end.min(shard.end));
+            (s < e).then(|| s - shard.start..e - shard.start)
+        })
+        .collect()
 }
 
 /// Elements per parallel work item of the update.
 pub const UPDATE_CHUNK: usize = 1 << 14;
 
-/// One AdamW update over host slices, in fixed chunks (any thread count,
-/// the same bits): the CPU's [`ArenaMath::adamw`].
+/// One AdamW update over host slices (one shard: `decayed` in the slices'
+/// coordinates), in fixed chunks (any thread count, the same bits): the
+/// CPU's [`ArenaMath::adamw`].
 fn host_adamw(
     k: &AdamWStep,
     decayed: &[Range<usize>],

@@ -9,16 +9,26 @@
 //! arenas' memory and takes the arithmetic from an [`ArenaMath`]
 //! ([`HostMath`] on the CPU, the CUDA model's kernels on a GPU), which keep
 //! the same bits.
+//!
+//! ZeRO-1 is the same state machine over one shard: the [`AdamW`] state
+//! holds the moments of its [`AdamW::shard`] only, and
+//! [`Optimizer::step_gathered`] takes the norm's chunk sums of every shard
+//! from the caller (an all-gather), so the clipping norm, and with it every
+//! bit, is the unsharded one ([`shard`] says why).
 
 pub mod adamw;
 pub mod clip;
 pub mod math;
 pub mod schedule;
+pub mod shard;
+#[cfg(test)]
+mod sharded_tests;
 
 pub use adamw::{decayed_ranges, AdamW, AdamWConfig};
-pub use clip::{clip_scale, global_norm};
+pub use clip::{chunk_sums, clip_scale, global_norm};
 pub use math::{ArenaMath, HostMath};
 pub use schedule::Schedule;
+pub use shard::OptimizerShards;
 
 use crate::error::Result;
 use crate::params::ParamLayout;
@@ -89,7 +99,8 @@ impl<A> Optimizer<A> {
     /// Step `step` (0-based, selects the learning rate): clip by the global
     /// norm, then AdamW, with `math`'s arithmetic. `loss_finite == false` or
     /// a non-finite gradient norm skips the step, leaving parameters and
-    /// moments untouched.
+    /// moments untouched. The unsharded step: [`Self::step_gathered`] with
+    /// nothing to gather.
     pub fn step<M: ArenaMath<Arena = A> + ?Sized>(
         &mut self,
         math: &mut M,
@@ -98,8 +109,28 @@ impl<A> Optimizer<A> {
         grads: &A,
         loss_finite: bool,
     ) -> Result<StepOutcome> {
+        self.step_gathered(math, step, params, grads, loss_finite, &mut |own| Ok(own))
+    }
+
+    /// [`Self::step`] over this state's shard: the chunk sums of squares of
+    /// `grads[shard]` go to `gather`, which returns the chunk sums of the
+    /// whole arena in chunk order (every shard's, e.g. by an all-gather;
+    /// the identity when the shard is the whole arena); their sum in chunk
+    /// order is the global norm, bit for bit the unsharded one. Only
+    /// `params[shard]` is updated. `gather` is called on every step (a
+    /// skipped one too), so that every rank makes the same collective calls.
+    pub fn step_gathered<M: ArenaMath<Arena = A> + ?Sized>(
+        &mut self,
+        math: &mut M,
+        step: u64,
+        params: &mut A,
+        grads: &A,
+        loss_finite: bool,
+        gather: &mut dyn FnMut(Vec<f64>) -> Result<Vec<f64>>,
+    ) -> Result<StepOutcome> {
         let lr = self.schedule.lr(step);
-        let grad_norm = math.global_norm(grads)?;
+        let own = math.norm_partials(grads, self.adamw.shard())?;
+        let grad_norm = shard::norm_from_chunk_sums(&gather(own)?);
         if !loss_finite || !grad_norm.is_finite() {
             return Ok(StepOutcome {
                 lr,

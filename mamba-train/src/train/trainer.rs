@@ -18,9 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{
-    self, arena_digest, Checkpoint, CheckpointMeta, CheckpointRef, DataPosition, RunState,
-};
+use crate::checkpoint::{self, arena_digest, Checkpoint, CheckpointMeta, DataPosition, RunState};
 use crate::config::ModelConfig;
 use crate::data::{accuracy, Accuracy, Dataset};
 use crate::error::{Result, TrainError};
@@ -28,6 +26,8 @@ use crate::model::Backend;
 use crate::model::{Batch, IGNORE};
 use crate::optim::{AdamW, Optimizer};
 use crate::run_config::RunConfig;
+
+mod zero;
 
 /// What one step did (for metrics).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -203,13 +203,14 @@ impl<B: Backend> Trainer<B> {
         &self.opt
     }
     /// The optimizer with its moments on the host (for checkpoints and
-    /// comparisons across devices).
+    /// comparisons across devices; a ZeRO-1 shard's moments only).
     pub fn optimizer_host(&mut self) -> Result<Optimizer> {
         let backend = &mut self.backend;
+        let len = self.opt.adamw().shard().len();
         let adamw = self
             .opt
             .adamw()
-            .try_map_ref(|a| Ok(backend.to_host(a)?.into_owned()))?;
+            .try_map_ref(|a| Ok(backend.shard_to_host(a, len)?.into_owned()))?;
         Optimizer::from_parts(adamw, *self.opt.schedule())
     }
     /// Elements of the parameter (and every gradient) arena.
@@ -249,26 +250,7 @@ impl<B: Backend> Trainer<B> {
     /// a non-finite gradient norm skips as well. The step advances either
     /// way. `loss` is the world's logged loss.
     pub fn apply(&mut self, mean: &B::Arena, loss: f32, proceed: bool) -> Result<StepStats> {
-        let out = self.opt.step(
-            &mut self.backend,
-            self.step,
-            &mut self.params,
-            mean,
-            proceed,
-        )?;
-        self.step += 1;
-        if out.skipped {
-            self.skipped += 1;
-        }
-        Ok(StepStats {
-            step: self.step,
-            loss,
-            lr: out.lr,
-            grad_norm: out.grad_norm,
-            skipped: out.skipped,
-            skipped_total: self.skipped,
-            tokens: self.cfg.tokens_per_step(),
-        })
+        self.apply_gathered(mean, loss, proceed, &mut |own| Ok(own))
     }
 
     /// Loss and accuracy on `batches` held-out batches of `rows` rows each
@@ -312,19 +294,15 @@ impl<B: Backend> Trainer<B> {
         keep: usize,
         meta: &CheckpointMeta,
     ) -> Result<PathBuf> {
-        let state = self.run_state()?;
-        let backend = &mut self.backend;
-        let adamw = self.opt.adamw();
-        let params = backend.to_host(&self.params)?;
-        let exp_avg = backend.to_host(adamw.exp_avg())?;
-        let exp_avg_sq = backend.to_host(adamw.exp_avg_sq())?;
-        let ck = CheckpointRef {
-            state: &state,
-            params: &params,
-            exp_avg: &exp_avg,
-            exp_avg_sq: &exp_avg_sq,
-        };
-        checkpoint::save_with_meta(run_dir, &ck, meta, keep, &mut |_| Ok(()))
+        if self.optimizer_is_sharded() {
+            return Err(TrainError::Config(
+                "the optimizer state is sharded (ZeRO-1): save through \
+                 DataParallel::save_checkpoint, which gathers the moments of every shard"
+                    .into(),
+            ));
+        }
+        let (exp_avg, exp_avg_sq) = self.shard_moments_host()?;
+        self.save_checkpoint_with_moments(run_dir, keep, meta, &exp_avg, &exp_avg_sq)
     }
 
     /// Replace the weights with `host` (same length). For fault-injection

@@ -33,6 +33,38 @@ impl Backend for CudaModel {
     fn to_host<'a>(&mut self, arena: &'a CudaSlice<f32>) -> Result<Cow<'a, [f32]>> {
         Ok(Cow::Owned(self.download(arena)?))
     }
+    /// Device memory holds no empty buffer: an empty shard is one element
+    /// nobody reads (its updates and downloads use the shard's length).
+    fn upload_shard(&mut self, host: &[f32]) -> Result<CudaSlice<f32>> {
+        let stream = &self.engine.stream;
+        let made = if host.is_empty() {
+            stream.alloc_zeros::<f32>(1)
+        } else {
+            stream.clone_htod(host)
+        };
+        made.map_err(|e| super::cuda("uploading an optimizer shard", e))
+    }
+    /// A download of the first `len` elements (synchronizes the stream).
+    fn shard_to_host<'a>(
+        &mut self,
+        arena: &'a CudaSlice<f32>,
+        len: usize,
+    ) -> Result<Cow<'a, [f32]>> {
+        if arena.len() < len {
+            return Err(crate::error::TrainError::Config(format!(
+                "an optimizer shard arena holds {} elements, expected {len}",
+                arena.len()
+            )));
+        }
+        if len == 0 {
+            return Ok(Cow::Owned(Vec::new()));
+        }
+        self.engine
+            .stream
+            .clone_dtoh(&arena.slice(0..len))
+            .map(Cow::Owned)
+            .map_err(|e| super::cuda("downloading an optimizer shard", e))
+    }
     /// The CPU's reference initialisation, uploaded.
     fn init_params(&mut self, seed: u64) -> Result<CudaSlice<f32>> {
         CudaModel::init_params(self, seed)
