@@ -1,5 +1,6 @@
 //! The `mamba-train` command. `mamba-train train` with no flags trains a
 //! small Mamba on the CPU; its last stdout line is `weights-digest: <hex>`.
+//! `generate` continues a prompt with a checkpoint, `eval` scores one.
 //!
 //! With `--world P` (and no launcher) this process starts `P` copies of
 //! itself as ranks and waits; rank 0 prints the summary, the other ranks
@@ -15,17 +16,18 @@ use mamba_train::cli::{self, Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Train(args) => {
-            let stdout = std::io::stdout();
-            let mut lock = stdout.lock();
-            match cli::train(&args, &mut lock) {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => {
-                    stderr_line(&format!("{}error: {e}", cli::rank_prefix()));
-                    ExitCode::FAILURE
-                }
-            }
+    let stdout = std::io::stdout();
+    let mut lock = stdout.lock();
+    let result = match cli.command {
+        Command::Train(args) => cli::train(&args, &mut lock).map(|_| ()),
+        Command::Generate(args) => cli::generate(&args, &mut lock).map(|_| ()),
+        Command::Eval(args) => cli::eval(&args, &mut lock).map(|_| ()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            stderr_line(&format!("{}error: {e}", cli::rank_prefix()));
+            ExitCode::FAILURE
         }
     }
 }
