@@ -27,6 +27,8 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once per process, so the size of `TrainArgs` does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Train a model (CPU by default); prints `weights-digest: <hex>` last.

@@ -207,8 +207,9 @@ fn nucleus_len(c: &[Candidate], p: f64) -> usize {
 /// times `2^k` built from its bits. Relative error within a few ulp
 /// (tested against std); 0 below `-745`; NaN for NaN.
 pub fn exp_nonpositive(x: f64) -> f64 {
-    const LN2_HI: f64 = 6.931_471_803_691_238_2e-1;
-    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+    // fdlibm's split of ln 2: the high part has 32 trailing zero bits.
+    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
     // 1 / i! for i = 0..=13.
     const INV_FACT: [f64; 14] = [
         1.0,
