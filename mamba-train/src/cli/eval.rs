@@ -5,7 +5,7 @@
 //! and the numbers from [`evaluate_with`] — what
 //! [`Trainer::evaluate`](crate::train::Trainer::evaluate) and the end of
 //! `train` run — over the same held-out batches (`Domain::Eval`, rows of
-//! [`EVAL_ROWS`]). So `eval --batches N` of a run's last checkpoint gives
+//! `EVAL_ROWS` = 32). So `eval --batches N` of a run's last checkpoint gives
 //! the held-out loss that `train --eval-batches N` printed, bit for bit on
 //! the same device.
 
