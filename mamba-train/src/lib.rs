@@ -1,6 +1,6 @@
 //! `mamba-train`: a Mamba-1 language model (CPU reference, CUDA path), AdamW,
-//! synthetic and byte-level data, checkpoints, and the deterministic
-//! data-parallel trainer.
+//! synthetic and byte-level data, checkpoints, the deterministic
+//! data-parallel trainer, and text generation by recurrent decoding.
 
 pub mod checkpoint;
 pub mod cli;
@@ -8,6 +8,7 @@ pub mod config;
 pub mod data;
 pub mod dp;
 pub mod error;
+pub mod generate;
 pub mod metrics;
 pub mod model;
 pub mod optim;

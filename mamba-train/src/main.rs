@@ -1,5 +1,6 @@
 //! The `mamba-train` command. `mamba-train train` with no flags trains a
 //! small Mamba on the CPU; its last stdout line is `weights-digest: <hex>`.
+//! `generate` continues a prompt with a checkpoint, `eval` scores one.
 //!
 //! With `--world P` (and no launcher) this process starts `P` copies of
 //! itself as ranks and waits; rank 0 prints the summary, the other ranks
@@ -14,7 +15,9 @@ use mamba_train::cli::{self, Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse_with_config(std::env::args_os().collect());
-    match cli.command {
+    let stdout = std::io::stdout();
+    let mut lock = stdout.lock();
+    let result = match cli.command {
         Command::Train(args) => {
             // From the start, so that a stop request during start-up is
             // honoured at the first step boundary instead of killing the
@@ -24,27 +27,28 @@ fn main() -> ExitCode {
                     "warning: {e}; SIGTERM and SIGINT will end the run at once"
                 ));
             }
-            let stdout = std::io::stdout();
-            let mut lock = stdout.lock();
-            match cli::train(&args, &mut lock) {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => match e.stop_status() {
-                    // A requested stop is not an error: its message says
-                    // where the checkpoint is and how to continue.
-                    Some(status) => {
-                        stderr_line(&format!("{}{e}", cli::rank_prefix()));
-                        ExitCode::from(status as u8)
-                    }
-                    None => {
-                        stderr_line(&format!(
-                            "{}error: {}",
-                            cli::rank_prefix(),
-                            cli::flags::user_message(&e)
-                        ));
-                        ExitCode::FAILURE
-                    }
-                },
-            }
+            cli::train(&args, &mut lock).map(|_| ())
         }
+        Command::Generate(args) => cli::generate(&args, &mut lock).map(|_| ()),
+        Command::Eval(args) => cli::eval(&args, &mut lock).map(|_| ()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => match e.stop_status() {
+            // A requested stop is not an error: its message says where the
+            // checkpoint is and how to continue.
+            Some(status) => {
+                stderr_line(&format!("{}{e}", cli::rank_prefix()));
+                ExitCode::from(status as u8)
+            }
+            None => {
+                stderr_line(&format!(
+                    "{}error: {}",
+                    cli::rank_prefix(),
+                    cli::flags::user_message(&e)
+                ));
+                ExitCode::FAILURE
+            }
+        },
     }
 }

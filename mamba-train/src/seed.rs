@@ -17,6 +17,8 @@ pub enum Domain {
     Data = 0x1a17_0000_0000_0002,
     /// Held-out evaluation samples.
     Eval = 0x1a17_0000_0000_0003,
+    /// Token draws of sampled generation (`generate::sample`).
+    Sample = 0x1a17_0000_0000_0004,
 }
 
 /// One splitmix64 output step (Steele, Lea, Flood 2014).

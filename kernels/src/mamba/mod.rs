@@ -2,7 +2,8 @@
 //!
 //! [`MambaKernels::load`] loads the three modules of one context
 //! (`mamba_ops`, `mamba_scan`, `mamba_optim`); its methods enqueue kernels on
-//! a caller's stream (asynchronously, in stream order). Every launcher checks
+//! a caller's stream (asynchronously, in stream order). [`DecodeKernels`]
+//! adds the recurrent decode step's module (`mamba_decode`) beside them. Every launcher checks
 //! on the host that each index its kernel touches lies inside the buffers it
 //! was given, and refuses with [`KernelError::InvalidArgument`] otherwise.
 //!
@@ -21,6 +22,7 @@
 
 mod check;
 pub mod conv;
+pub mod decode;
 mod launcher;
 pub mod ops;
 pub mod optim;
@@ -37,6 +39,7 @@ use crate::device::load_module;
 use crate::error::KernelError;
 
 pub use conv::MAX_CONV_WIDTH;
+pub use decode::{DecodeKernels, ScanStepInputs};
 pub use optim::{check_decay_ranges, AdamWStep, NORM_CHUNK};
 pub use reductions::ColSum;
 pub use scan::{ScanBackward, ScanForward, ScanInputs, ScanShape, MAX_D_STATE, SCAN_CHUNK};

@@ -27,10 +27,17 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once per process, so the size of `TrainArgs` does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Train a model (CPU by default); prints `weights-digest: <hex>` last.
     Train(TrainArgs),
+    /// Continue a prompt with a trained model (greedy or sampled), by
+    /// recurrent decoding; prints the continuation.
+    Generate(super::generate::GenerateArgs),
+    /// Held-out loss, perplexity and accuracy of a checkpoint.
+    Eval(super::eval::EvalArgs),
 }
 
 /// `--task` values.
@@ -304,7 +311,9 @@ mod tests {
             "nccl-sum",
         ])
         .unwrap();
-        let Command::Train(a) = cli.command;
+        let Command::Train(a) = cli.command else {
+            panic!("parsed as another command")
+        };
         assert_eq!((a.world, a.logical_world), (Some(2), Some(4)));
         assert_eq!(a.contract, Some(ReduceContract::NcclSum));
         assert_eq!(a.replica_check_every, d::REPLICA_CHECK_EVERY);

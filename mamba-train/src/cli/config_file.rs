@@ -163,7 +163,9 @@ mod tests {
             .try_get_matches_from(argv)
             .unwrap();
         let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&cli).unwrap();
-        let Command::Train(a) = cli.command;
+        let Command::Train(a) = cli.command else {
+            panic!("not a train command")
+        };
         a
     }
 

@@ -23,8 +23,9 @@ use crate::error::{Result, TrainError};
 use crate::metrics::MetricsRecord;
 use crate::train::Backend;
 
-/// Rows per held-out evaluation batch.
-const EVAL_ROWS: usize = 32;
+/// Rows per held-out evaluation batch (also `eval`'s, so its numbers are
+/// the final evaluation's).
+pub(crate) const EVAL_ROWS: usize = 32;
 
 /// Train this rank to the end (see the module docs) and report.
 pub fn drive<B, R>(

@@ -1,18 +1,24 @@
 //! The `mamba-train` command line: arguments, defaults, resolution against a
-//! checkpoint, progress display, and the `train` command.
+//! checkpoint, progress display, and the `train`, `generate` and `eval`
+//! commands.
 
 pub mod args;
 pub mod config_file;
 pub mod context;
 pub mod defaults;
 pub mod drive;
+pub mod eval;
 pub mod flags;
+pub mod generate;
 pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod resolve;
 pub mod run;
 pub mod run_dir;
+pub mod source;
 
 pub use args::{Cli, Command, Device, TrainArgs};
+pub use eval::{eval, EvalArgs, EvalOutcome};
+pub use generate::{generate, GenerateArgs};
 pub use run::{rank_prefix, train, TrainOutcome, TrainSummary, METRICS_FILE, PLOT_FILE};

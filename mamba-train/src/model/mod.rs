@@ -1,5 +1,6 @@
 //! The Mamba-1 language model: a CPU reference ([`cpu`]) and a CUDA path
-//! ([`cuda`]), both over the flat arenas of [`crate::params`].
+//! ([`cuda`]), both over the flat arenas of [`crate::params`], each with a
+//! recurrent decoder for generation ([`decode`]).
 
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
@@ -8,9 +9,11 @@ use crate::params::ParamLayout;
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
+pub mod decode;
 pub mod init;
 
 pub use backend::{Backend, HostModel};
+pub use decode::{DecodeState, Decoder};
 
 /// Target value that contributes nothing to the loss (Hugging Face's
 /// `ignore_index`).

@@ -26,6 +26,7 @@
 //! ascending; the loss is the f64 sum of per-token f32 losses, ascending.
 
 mod conv;
+mod decode;
 mod float;
 mod gemm;
 mod net;
@@ -34,6 +35,7 @@ mod scan;
 mod simd;
 mod workspace;
 
+pub use decode::CpuDecoder;
 pub use float::{exp_f32, ln_1p_f32, EXP_F32_HI, EXP_F32_LO};
 pub use simd::{set_max_simd, SimdLevel};
 

@@ -25,6 +25,7 @@
 mod backend;
 mod backward;
 pub mod blas;
+mod decode;
 mod forward;
 mod optim;
 mod workspace;
@@ -39,6 +40,7 @@ use crate::error::{Result, TrainError};
 use crate::model::Batch;
 use crate::params::ParamLayout;
 use blas::Blas;
+pub use decode::CudaDecoder;
 use workspace::Workspace;
 
 /// What every pass needs: the stream all work is ordered on, the kernels

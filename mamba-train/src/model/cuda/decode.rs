@@ -1,0 +1,325 @@
+//! Recurrent decoding on a CUDA device: [`CudaDecoder`], the [`Decoder`]
+//! of the CUDA model.
+//!
+//! A step is `forward::forward` for one row (the same kernels and cuBLAS
+//! GEMMs with `m = 1`), except that the conv and the scan read the carried
+//! state through `kernels::mamba::DecodeKernels` instead of earlier rows.
+//! The state stays on the device between steps (`[n_layer, d_conv - 1,
+//! d_inner]` conv inputs and `[n_layer, d_inner, d_state]` SSM states, the
+//! layout of [`DecodeState`]); only the token goes up and the logits come
+//! down, so a step costs the same at every position. All work is on the
+//! model's one stream; a step synchronizes it once, to read the logits.
+//!
+//! Numbers: within f32 rounding of the CPU step (`tests/cuda_decode.rs`
+//! states the tolerance), not bit for bit (cuBLAS's order, `expf`).
+
+use cudarc::driver::CudaSlice;
+use kernels::mamba::{DecodeKernels, ScanStepInputs};
+
+use super::forward::{op, op_t};
+use super::{cuda, CudaModel};
+use crate::config::{ModelConfig, RMS_EPS};
+use crate::error::Result;
+use crate::model::decode::{check_token, DecodeState, Decoder};
+
+/// The CUDA model decoding one sequence, token by token.
+///
+/// Owns the model (its stream, kernels and cuBLAS handle), the weights on
+/// the device, the recurrent state and one token's activations.
+pub struct CudaDecoder {
+    model: CudaModel,
+    kernels: DecodeKernels,
+    params: CudaSlice<f32>,
+    conv: CudaSlice<f32>,
+    ssm: CudaSlice<f32>,
+    buf: StepBuffers,
+    logits: Vec<f32>,
+    pos: u64,
+}
+
+/// One token's device activations (single rows of `forward`'s buffers).
+struct StepBuffers {
+    tok: CudaSlice<u32>,
+    x: CudaSlice<f32>,
+    x_next: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    rstd: CudaSlice<f32>,
+    xz: CudaSlice<f32>,
+    u: CudaSlice<f32>,
+    dbc: CudaSlice<f32>,
+    dt: CudaSlice<f32>,
+    y: CudaSlice<f32>,
+    g: CudaSlice<f32>,
+    xf: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+}
+
+impl CudaDecoder {
+    /// A decoder of `model` with the host weights `params` (uploaded), at
+    /// position 0.
+    pub fn new(model: CudaModel, params: &[f32]) -> Result<Self> {
+        let params = model.upload(params)?;
+        let kernels = DecodeKernels::load(model.kernels())?;
+        let cfg = model.config().clone();
+        let s = model.stream().clone();
+        let zeros = |what: &str, n: usize| {
+            s.alloc_zeros::<f32>(n.max(1))
+                .map_err(|e| cuda(&format!("allocating the decoder's {what}"), e))
+        };
+        let (d, e) = (cfg.d_model, cfg.d_inner());
+        let buf = StepBuffers {
+            tok: s
+                .alloc_zeros::<u32>(1)
+                .map_err(|e| cuda("allocating the decoder's token", e))?,
+            x: zeros("residual", d)?,
+            x_next: zeros("residual", d)?,
+            xn: zeros("norm output", d)?,
+            rstd: zeros("norm scale", 1)?,
+            xz: zeros("in_proj output", 2 * e)?,
+            u: zeros("conv output", e)?,
+            dbc: zeros("x_proj output", cfg.dt_rank + 2 * cfg.d_state)?,
+            dt: zeros("dt", e)?,
+            y: zeros("scan output", e)?,
+            g: zeros("gated output", e)?,
+            xf: zeros("final norm output", d)?,
+            logits: zeros("logits", cfg.vocab_size)?,
+        };
+        Ok(CudaDecoder {
+            conv: zeros("conv state", DecodeState::conv_len(&cfg))?,
+            ssm: zeros("SSM state", DecodeState::ssm_len(&cfg))?,
+            logits: vec![0.0; cfg.vocab_size],
+            model,
+            kernels,
+            params,
+            buf,
+            pos: 0,
+        })
+    }
+
+    /// A decoder of `cfg` on device `ordinal` with the host weights `params`.
+    pub fn on_device(cfg: ModelConfig, params: &[f32], ordinal: usize) -> Result<Self> {
+        Self::new(CudaModel::new(cfg, ordinal)?, params)
+    }
+
+    /// Enqueue one step for `token` (already validated); the logits end in
+    /// `buf.logits`.
+    fn enqueue_step(&mut self, token: u32) -> Result<()> {
+        let CudaDecoder {
+            model,
+            kernels: dk,
+            params: p,
+            conv,
+            ssm,
+            buf: b,
+            pos,
+            ..
+        } = self;
+        let (cfg, lay, eng) = (&model.cfg, &model.layout, &model.engine);
+        let (s, kr) = (&eng.stream, &eng.kernels);
+        let (d, e, n, r, k, v) = (
+            cfg.d_model,
+            cfg.d_inner(),
+            cfg.d_state,
+            cfg.dt_rank,
+            cfg.d_conv,
+            cfg.vocab_size,
+        );
+        let ldbc = r + 2 * n;
+        let kk = k - 1;
+        let filled = (*pos).min(kk as u64) as usize;
+        s.memcpy_htod(&[token], &mut b.tok)
+            .map_err(|err| cuda("uploading the token", err))?;
+        let emb = p.slice(lay.embedding.clone());
+        kr.embed_fwd(s, &b.tok.as_view(), &emb, &mut b.x.as_view_mut(), d, v)?;
+        for (i, lo) in lay.layers.iter().enumerate() {
+            let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
+            kr.rmsnorm_fwd(
+                s,
+                &b.x.as_view(),
+                &w(&lo.norm),
+                &mut b.xn.as_view_mut(),
+                &mut b.rstd.as_view_mut(),
+                1,
+                d,
+                RMS_EPS,
+            )?;
+            let in_proj = w(&lo.in_proj);
+            eng.blas.gemm(
+                "decode in_proj",
+                1,
+                2 * e,
+                d,
+                op(&b.xn.as_view(), d),
+                op_t(&in_proj, d),
+                0.0,
+                &mut b.xz.as_view_mut(),
+                2 * e,
+            )?;
+            dk.conv_step(
+                s,
+                &b.xz.slice(..e),
+                &w(&lo.conv_w),
+                &w(&lo.conv_b),
+                &mut conv.slice_mut(i * kk * e..(i + 1) * kk * e),
+                &mut b.u.as_view_mut(),
+                e,
+                k,
+                filled,
+            )?;
+            let x_proj = w(&lo.x_proj);
+            eng.blas.gemm(
+                "decode x_proj",
+                1,
+                ldbc,
+                e,
+                op(&b.u.as_view(), e),
+                op_t(&x_proj, e),
+                0.0,
+                &mut b.dbc.as_view_mut(),
+                ldbc,
+            )?;
+            let dt_proj = w(&lo.dt_proj_w);
+            eng.blas.gemm(
+                "decode dt_proj",
+                1,
+                e,
+                r,
+                op(&b.dbc.as_view(), ldbc),
+                op_t(&dt_proj, r),
+                0.0,
+                &mut b.dt.as_view_mut(),
+                e,
+            )?;
+            kr.dt_softplus(s, &mut b.dt.as_view_mut(), &w(&lo.dt_proj_b), 1, e)?;
+            let (u, dt, bc, a_log, dpar, z) = (
+                b.u.as_view(),
+                b.dt.as_view(),
+                b.dbc.slice(r..),
+                w(&lo.a_log),
+                w(&lo.d),
+                b.xz.slice(e..),
+            );
+            dk.scan_step(
+                s,
+                ScanStepInputs {
+                    u: &u,
+                    dt: &dt,
+                    bc: &bc,
+                    a_log: &a_log,
+                    d: &dpar,
+                    z: &z,
+                },
+                &mut ssm.slice_mut(i * e * n..(i + 1) * e * n),
+                &mut b.y.as_view_mut(),
+                &mut b.g.as_view_mut(),
+                e,
+                n,
+            )?;
+            s.memcpy_dtod(&b.x, &mut b.x_next)
+                .map_err(|err| cuda(&format!("copying the residual of layer {i}"), err))?;
+            let out_proj = w(&lo.out_proj);
+            eng.blas.gemm(
+                "decode out_proj",
+                1,
+                d,
+                e,
+                op(&b.g.as_view(), e),
+                op_t(&out_proj, e),
+                1.0,
+                &mut b.x_next.as_view_mut(),
+                d,
+            )?;
+            std::mem::swap(&mut b.x, &mut b.x_next);
+        }
+        kr.rmsnorm_fwd(
+            s,
+            &b.x.as_view(),
+            &p.slice(lay.norm_f.clone()),
+            &mut b.xf.as_view_mut(),
+            &mut b.rstd.as_view_mut(),
+            1,
+            d,
+            RMS_EPS,
+        )?;
+        eng.blas.gemm(
+            "decode lm_head",
+            1,
+            v,
+            d,
+            op(&b.xf.as_view(), d),
+            op_t(&emb, d),
+            0.0,
+            &mut b.logits.as_view_mut(),
+            v,
+        )?;
+        Ok(())
+    }
+}
+
+impl Decoder for CudaDecoder {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn device_name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        let s = self.model.stream();
+        s.memset_zeros(&mut self.conv)
+            .map_err(|e| cuda("clearing the conv state", e))?;
+        s.memset_zeros(&mut self.ssm)
+            .map_err(|e| cuda("clearing the SSM state", e))?;
+        self.pos = 0;
+        Ok(())
+    }
+
+    fn step(&mut self, token: u32) -> Result<&[f32]> {
+        check_token(self.model.config(), token, self.pos)?;
+        self.enqueue_step(token)?;
+        let s = self.model.stream();
+        s.memcpy_dtoh(&self.buf.logits, &mut self.logits)
+            .map_err(|e| cuda("downloading the logits", e))?;
+        s.synchronize()
+            .map_err(|e| cuda("waiting for the decode step", e))?;
+        self.pos += 1;
+        Ok(&self.logits)
+    }
+
+    fn position(&self) -> u64 {
+        self.pos
+    }
+
+    fn snapshot(&mut self) -> Result<DecodeState> {
+        let cfg = self.model.config();
+        let (nc, ns) = (DecodeState::conv_len(cfg), DecodeState::ssm_len(cfg));
+        let s = self.model.stream();
+        let mut conv = s
+            .clone_dtoh(&self.conv)
+            .map_err(|e| cuda("downloading the conv state", e))?;
+        let mut ssm = s
+            .clone_dtoh(&self.ssm)
+            .map_err(|e| cuda("downloading the SSM state", e))?;
+        // Buffers hold at least one element (CUDA allocations are never
+        // empty); the state is the first `len` of each.
+        conv.truncate(nc);
+        ssm.truncate(ns);
+        Ok(DecodeState { conv, ssm })
+    }
+
+    fn restore(&mut self, state: &DecodeState, position: u64) -> Result<()> {
+        state.check_shape(self.model.config())?;
+        let s = self.model.stream();
+        if !state.conv.is_empty() {
+            s.memcpy_htod(&state.conv, &mut self.conv.slice_mut(..state.conv.len()))
+                .map_err(|e| cuda("uploading the conv state", e))?;
+        }
+        s.memcpy_htod(&state.ssm, &mut self.ssm.slice_mut(..state.ssm.len()))
+            .map_err(|e| cuda("uploading the SSM state", e))?;
+        s.synchronize()
+            .map_err(|e| cuda("waiting for the state upload", e))?;
+        self.pos = position;
+        Ok(())
+    }
+}
