@@ -103,6 +103,7 @@ fn loopback_worlds_on_one_gpu_equal_the_host_oracle() {
                         chunk_elems: chunk,
                         delivery,
                         lanes: None,
+                        ..Default::default()
                     };
                     let per_rank = world.reduce_mean_per_rank_on(p, &opts, &mut fold).unwrap();
                     for (r, got) in per_rank.iter().enumerate() {

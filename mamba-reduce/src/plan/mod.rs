@@ -76,10 +76,12 @@ pub(crate) mod lanes;
 mod ops;
 mod pipeline;
 mod sharded;
+mod tree;
 mod validate;
 
 use std::ops::Range;
 
+use crate::contract::ReduceContract;
 use crate::fold::{mean_factor, ChainTerm};
 use crate::{ReduceError, Result};
 use lanes::{lane_deps, LaneDeps};
@@ -94,13 +96,18 @@ pub(crate) use ops::{overlaps, BufId, CommOp, ComputeOp, Step};
 /// slot first.
 pub(crate) const CHAIN_DST_LIMIT: usize = kernels::MAX_CHAIN_ADDENDS;
 
-/// Which of the two dataflows a plan uses.
+/// Which dataflow a plan uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dataflow {
-    /// `P = L`: shards, slots, fold, reduced shards back.
+    /// Fixed order, `P = L`: shards, slots, fold, reduced shards back.
     Sharded,
-    /// `L > P`: running prefix carried rank to rank, result relayed.
+    /// Fixed order, `L > P`: running prefix carried rank to rank, result
+    /// relayed.
     Pipeline,
+    /// Fixed tree (any power-of-two `P` dividing `L`): one block-sum arena
+    /// per rank, the upper `log2 P` tree levels by recursive halving, the
+    /// root's shards gathered (`plan::tree`).
+    Tree,
 }
 
 /// What one rank's reduction moves and launches.
@@ -145,8 +152,53 @@ pub struct RankPlan {
 }
 
 impl RankPlan {
-    /// The plan of `rank` in a world of `world` processes reducing
-    /// `logical_world` arenas of `len` elements (`world` must divide
+    /// The plan of `rank` under `contract` ([`RankPlan::new`] for
+    /// [`ReduceContract::FixedOrder`], [`RankPlan::tree`] for
+    /// [`ReduceContract::FixedTree`]; [`ReduceContract::NcclSum`] has no
+    /// plan: the library sums).
+    pub fn for_contract(
+        contract: ReduceContract,
+        rank: usize,
+        world: usize,
+        logical_world: usize,
+        len: usize,
+        chunk_elems: Option<usize>,
+    ) -> Result<Self> {
+        match contract {
+            ReduceContract::FixedOrder => Self::new(rank, world, logical_world, len, chunk_elems),
+            ReduceContract::FixedTree => Self::tree(rank, world, logical_world, len, chunk_elems),
+            ReduceContract::NcclSum => Err(ReduceError::config(
+                "the nccl-sum contract has no plan: the library's all-reduce sums",
+            )),
+        }
+    }
+
+    /// The fixed-tree plan of `rank` in a world of `world` processes
+    /// reducing `logical_world` (a power of two that `world` divides)
+    /// logical ranks whose block sums are `len`-element arenas: every rank
+    /// passes one arena, its block's subtree sum. `chunk_elems` overrides
+    /// the chunk length (`None`: one chunk, as sharded fixed-order plans).
+    pub fn tree(
+        rank: usize,
+        world: usize,
+        logical_world: usize,
+        len: usize,
+        chunk_elems: Option<usize>,
+    ) -> Result<Self> {
+        ReduceContract::FixedTree.check_logical_world(logical_world)?;
+        Self::build(
+            rank,
+            world,
+            logical_world,
+            len,
+            chunk_elems,
+            Dataflow::Tree,
+            CHAIN_DST_LIMIT,
+        )
+    }
+
+    /// The fixed-order plan of `rank` in a world of `world` processes
+    /// reducing `logical_world` arenas of `len` elements (`world` must divide
     /// `logical_world`). `chunk_elems` overrides the chunk length (`None`:
     /// [`RankPlan::default_chunk`]).
     pub fn new(
@@ -176,6 +228,31 @@ impl RankPlan {
         chunk_elems: Option<usize>,
         dst_limit: usize,
     ) -> Result<Self> {
+        let dataflow = if logical_world == world {
+            Dataflow::Sharded
+        } else {
+            Dataflow::Pipeline
+        };
+        Self::build(
+            rank,
+            world,
+            logical_world,
+            len,
+            chunk_elems,
+            dataflow,
+            dst_limit,
+        )
+    }
+
+    fn build(
+        rank: usize,
+        world: usize,
+        logical_world: usize,
+        len: usize,
+        chunk_elems: Option<usize>,
+        dataflow: Dataflow,
+        dst_limit: usize,
+    ) -> Result<Self> {
         check_world(world, logical_world)?;
         if rank >= world {
             return Err(ReduceError::config(format!(
@@ -187,13 +264,13 @@ impl RankPlan {
                 "chunk_elems must be at least 1 element",
             ));
         }
-        let dataflow = if logical_world == world {
-            Dataflow::Sharded
-        } else {
-            Dataflow::Pipeline
+        // A tree plan is chunked like a sharded one (one chunk by default).
+        let default_logical = match dataflow {
+            Dataflow::Tree => world,
+            _ => logical_world,
         };
         let chunk = chunk_elems
-            .unwrap_or_else(|| Self::default_chunk(len, world, logical_world))
+            .unwrap_or_else(|| Self::default_chunk(len, world, default_logical))
             .max(1);
         let mut plan = RankPlan {
             rank,
@@ -209,6 +286,7 @@ impl RankPlan {
         match dataflow {
             Dataflow::Sharded => plan.build_sharded(dst_limit.max(1)),
             Dataflow::Pipeline => plan.build_pipeline(),
+            Dataflow::Tree => plan.build_tree(),
         }
         plan.validate()?;
         plan.lanes = lane_deps(&plan.steps);
@@ -234,9 +312,17 @@ impl RankPlan {
     pub fn logical_world(&self) -> usize {
         self.logical_world
     }
-    /// Local arenas per process, `L / P`.
+    /// Logical ranks per process, `L / P`.
     pub fn blocks(&self) -> usize {
         self.logical_world / self.world
+    }
+    /// Arenas the caller passes: `L / P` for fixed-order plans (one per
+    /// local logical rank), 1 for a tree plan (the block's subtree sum).
+    pub fn local_arenas(&self) -> usize {
+        match self.dataflow {
+            Dataflow::Tree => 1,
+            _ => self.blocks(),
+        }
     }
     /// Arena length in elements.
     pub fn len(&self) -> usize {
