@@ -57,8 +57,9 @@ pub struct EmulateOptions {
 ///
 /// It is the oracle every live world is asserted against: its result is
 /// checked to be identical on every emulated rank, and the tests check it
-/// equals [`host_mean`](crate::host_mean) of the arenas for every `P`,
-/// chunking and delivery order.
+/// equals [`host_mean`](crate::host_mean) (fixed order) or
+/// [`host_tree_mean`](crate::host_tree_mean) (fixed tree) of the arenas for
+/// every `P`, chunking and delivery order.
 #[derive(Clone, Debug)]
 pub struct EmulatedWorld {
     arenas: Vec<Vec<f32>>,

@@ -27,7 +27,11 @@
 //! does. The emulated world checks it by running random two-lane schedules
 //! ([`EmulateOptions::lanes`](crate::EmulateOptions)).
 //!
-//! # Two dataflows
+//! # Three dataflows
+//!
+//! Two fixed-order ones, and the fixed tree's (**Tree**, `plan::tree`):
+//! one block-sum arena per rank, the upper `log2 P` tree levels by
+//! recursive halving, the root's shards gathered.
 //!
 //! **Sharded (`P = L`, one logical rank per process).** The arena is cut
 //! into `C` chunks, each chunk into `P` contiguous shards in rank order
