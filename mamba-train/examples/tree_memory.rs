@@ -25,7 +25,11 @@
 //!   high-water as well, up to the allocator's caching);
 //! - `step ms`: the median wall time of the timed steps (after `--warmup`
 //!   untimed ones); a step is `L/P` forward/backward passes, the reduction
-//!   and AdamW.
+//!   and AdamW;
+//! - `cpu ms` (CPU only): the median process CPU time of those steps (all
+//!   threads, `CLOCK_PROCESS_CPUTIME_ID`): on a shared machine, whose wall
+//!   times move with the other users' load, the steadier measure of the
+//!   work a step does.
 //!
 //! The printed table is what `docs/PERFORMANCE.md` records.
 
@@ -56,6 +60,12 @@ struct Args {
     /// Untimed leading steps per point.
     #[arg(long, default_value_t = 1)]
     warmup: u64,
+    /// Child processes per point, chain and tree alternating, each first in
+    /// every other round (so a change in the machine's load or an order
+    /// effect hits both alike); the table shows the median
+    /// over rounds of each round's median step time.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Residual width.
     #[arg(long, default_value_t = 256)]
     d_model: usize,
@@ -79,6 +89,7 @@ struct Point {
     arena_bytes: u64,
     footprint_bytes: u64,
     step_ms: f64,
+    cpu_ms: f64,
 }
 
 fn main() {
@@ -102,38 +113,47 @@ fn parent(args: &Args) -> Res<()> {
         args.device, args.d_model, args.layers, args.batch, args.seq_len, args.steps, args.warmup
     );
     println!();
-    println!("| L/P | chain arenas | chain grad MiB | chain footprint MiB | chain step ms | tree arenas | tree grad MiB | tree footprint MiB | tree step ms | tree/chain time |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| L/P | chain arenas | chain grad MiB | chain footprint MiB | chain step ms | chain cpu ms | tree arenas | tree grad MiB | tree footprint MiB | tree step ms | tree cpu ms | tree/chain wall | tree/chain cpu |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &b in &args.blocks {
-        let mut row = Vec::new();
-        for contract in ["fixed-order", "fixed-tree"] {
-            let out = Command::new(&exe)
-                .args(std::env::args().skip(1))
-                .arg("--child")
-                .arg(format!("{contract}:{b}"))
-                .output()?;
-            if !out.status.success() {
-                return Err(format!(
-                    "{contract} at L/P = {b} failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-                .into());
+        let mut rounds: [Vec<Point>; 2] = [Vec::new(), Vec::new()];
+        for round in 0..args.rounds.max(1) {
+            // Each contract goes first in every other round.
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for k in order {
+                let contract = ["fixed-order", "fixed-tree"][k];
+                let out = Command::new(&exe)
+                    .args(std::env::args().skip(1))
+                    .arg("--child")
+                    .arg(format!("{contract}:{b}"))
+                    .output()?;
+                if !out.status.success() {
+                    return Err(format!(
+                        "{contract} at L/P = {b} failed: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    )
+                    .into());
+                }
+                rounds[k].push(parse_point(&String::from_utf8_lossy(&out.stdout))?);
             }
-            row.push(parse_point(&String::from_utf8_lossy(&out.stdout))?);
         }
+        let row = rounds.map(median_point);
         let mib = |x: u64| x as f64 / (1 << 20) as f64;
         let (c, t) = (&row[0], &row[1]);
         println!(
-            "| {b} | {} | {:.1} | {:.1} | {:.2} | {} | {:.1} | {:.1} | {:.2} | {:.3} |",
+            "| {b} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.3} | {:.3} |",
             c.arenas,
             mib(c.arenas as u64 * c.arena_bytes),
             mib(c.footprint_bytes),
             c.step_ms,
+            c.cpu_ms,
             t.arenas,
             mib(t.arenas as u64 * t.arena_bytes),
             mib(t.footprint_bytes),
             t.step_ms,
-            t.step_ms / c.step_ms
+            t.cpu_ms,
+            t.step_ms / c.step_ms,
+            t.cpu_ms / c.cpu_ms
         );
     }
     Ok(())
@@ -145,7 +165,7 @@ fn parse_point(stdout: &str) -> Res<Point> {
         .find_map(|l| l.strip_prefix("POINT "))
         .ok_or_else(|| format!("the child printed no POINT line: {stdout}"))?;
     let v: Vec<&str> = line.split_whitespace().collect();
-    if v.len() != 4 {
+    if v.len() != 5 {
         return Err(format!("malformed POINT line {line:?}").into());
     }
     Ok(Point {
@@ -153,7 +173,23 @@ fn parse_point(stdout: &str) -> Res<Point> {
         arena_bytes: v[1].parse()?,
         footprint_bytes: v[2].parse()?,
         step_ms: v[3].parse()?,
+        cpu_ms: v[4].parse()?,
     })
+}
+
+/// The point with the median wall time of `points`, its CPU time replaced by
+/// the median CPU time and its footprint by the largest (memory is the
+/// same every round up to the allocator; time is what varies).
+fn median_point(mut points: Vec<Point>) -> Point {
+    let mid = points.len() / 2;
+    let mut cpu: Vec<f64> = points.iter().map(|p| p.cpu_ms).collect();
+    cpu.sort_by(f64::total_cmp);
+    let footprint = points.iter().map(|p| p.footprint_bytes).max().unwrap_or(0);
+    points.sort_by(|a, b| a.step_ms.total_cmp(&b.step_ms));
+    let mut p = points.swap_remove(mid);
+    p.cpu_ms = cpu[mid];
+    p.footprint_bytes = footprint;
+    p
 }
 
 fn run_config(args: &Args, contract: ReduceContract, blocks: usize) -> RunConfig {
@@ -190,15 +226,18 @@ fn child(args: &Args, point: &str) -> Res<()> {
         "cuda" => cuda_point(&run, args)?,
         other => return Err(format!("--device {other:?}: expected cpu or cuda").into()),
     };
+    let (wall, cpu): (Vec<Duration>, Vec<Duration>) = times.into_iter().unzip();
     println!(
-        "POINT {arenas} {arena_bytes} {footprint} {:.4}",
-        median_ms(times)
+        "POINT {arenas} {arena_bytes} {footprint} {:.4} {:.4}",
+        median_ms(wall),
+        median_ms(cpu)
     );
     Ok(())
 }
 
-/// Step `world` through the warm-up and the timed steps.
-fn time_steps<B, R>(world: &mut DataParallel<B, R>, args: &Args) -> Res<Vec<Duration>>
+/// Step `world` through the warm-up and the timed steps: (wall, process
+/// CPU) time of each timed step.
+fn time_steps<B, R>(world: &mut DataParallel<B, R>, args: &Args) -> Res<Vec<(Duration, Duration)>>
 where
     B: Backend,
     R: Reducer<Buffer = B::Arena>,
@@ -208,14 +247,30 @@ where
     }
     let mut times = Vec::new();
     for _ in 0..args.steps {
-        let t = Instant::now();
+        let (t, cpu) = (Instant::now(), process_cpu_time());
         world.step()?;
-        times.push(t.elapsed());
+        times.push((t.elapsed(), process_cpu_time().saturating_sub(cpu)));
     }
     Ok(times)
 }
 
-type Measured = (usize, u64, u64, Vec<Duration>);
+/// CPU time of this process so far, all threads.
+fn process_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration;
+    // CLOCK_PROCESS_CPUTIME_ID exists on every Linux this runs on (on an
+    // error `ts` stays zero, which only zeroes the measurement).
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
+type Measured = (usize, u64, u64, Vec<(Duration, Duration)>);
 
 fn cpu_point(run: &RunConfig, args: &Args) -> Res<Measured> {
     let before = proc_status_kib("VmRSS")?;
