@@ -2,7 +2,7 @@
 //! of the fixed-order or fixed-tree dataflow, delivering messages in an
 //! order of its choosing.
 //!
-//! (One file, ~460 lines before its tests: the world, its delivery orders
+//! (One file, ~480 lines before its tests: the world, its delivery orders
 //! and its lane schedules are one interpreter loop over shared state.)
 
 use std::collections::VecDeque;

@@ -169,10 +169,13 @@
 //!   chose `C = 30`, whose 33 enqueues put ~3.3 ms on the host (an
 //!   estimate from the model, not a new measurement).
 //!
-//! Memory with `L > P`: the caller holds its `L/P` arenas (that is what a
-//! process running `L/P` logical ranks needs anyway); the reducer adds only
-//! the prefix buffer (two chunks), and `local[0]` is overwritten with the
-//! mean while the other arenas are left as they were.
+//! Memory with `L > P`: under `FixedOrder` the caller holds its `L/P` arenas
+//! (the chain cannot fold a rank's addends before the lower ranks' prefix
+//! arrives); the reducer adds only the prefix buffer (two chunks), and
+//! `local[0]` is overwritten with the mean while the other arenas are left
+//! as they were. Under `FixedTree` the caller holds at most `log2(L/P) + 1`
+//! ([`TreeAccumulator`]) and passes one; the reducer adds half an arena of
+//! scratch (one chunk).
 //!
 //! Under `NcclSum`: one library all-reduce plus one scale launch (and
 //! `B - 1` block folds for `L > P`). `any` is one `i32` max all-reduce.

@@ -39,7 +39,7 @@ pub struct DpOptions {
 /// 1. this rank computes the loss and gradient of each of its logical
 ///    micro-batches `rank*L/P .. (rank+1)*L/P`, in logical order, each into
 ///    its own arena (under fixed-tree, each finished gradient is folded
-///    into the block's binary counter right away, see [`Gradients`]);
+///    into the block's [`TreeAccumulator`] right away);
 /// 2. [`Reducer::any`]: did any rank see a non-finite loss or gradient?
 /// 3. [`Reducer::all_reduce_host_logical`] of the `L` micro losses: the
 ///    logged loss, `sum * fl(1/L)`, identical on every rank and for every P;
@@ -53,7 +53,7 @@ pub struct DpOptions {
 /// and step; the replica check verifies it and fails every rank with
 /// [`mamba_comm::CommError::ReplicaDivergence`] when it does not hold.
 ///
-/// Memory: the gradient arenas of [`Gradients`] (in the backend's
+/// Memory: the gradient arenas (in the backend's
 /// memory: `L/P` under fixed-order and nccl-sum, `log2(L/P) + 1` under
 /// fixed-tree; [`DataParallel::gradient_arenas`]), plus what the reducer
 /// keeps.

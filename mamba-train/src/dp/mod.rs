@@ -13,10 +13,11 @@
 //! whose lower levels each process folds as its micro-batches finish, so it
 //! keeps `log2(L/P) + 1` gradient arenas instead of `L/P`); every rank then
 //! clips and steps AdamW on the same mean, so every rank holds the same
-//! weights after every step. The logged loss is the same fold of the `L`
-//! micro losses. Under the fixed-order contract all of this is the
-//! single-process [`Trainer`](crate::train::Trainer)'s step with
-//! `logical_world = L`, bit for bit, for every `P`.
+//! weights after every step. The logged loss is the ascending fold of the
+//! `L` micro losses (under every contract: one value per micro-batch, no
+//! memory to save). Under the fixed-order and fixed-tree contracts all of
+//! this is the single-process [`Trainer`](crate::train::Trainer)'s step
+//! with `logical_world = L`, bit for bit, for every `P`.
 //!
 //! # What the trainer guarantees
 //!
