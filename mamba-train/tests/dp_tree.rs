@@ -234,4 +234,13 @@ fn a_logical_world_that_is_not_a_power_of_two_is_refused_by_flag() {
             "refused before any rank starts: {e}"
         );
     }
+    // A library user who builds the run by hand meets the reducer's own
+    // check when the world forms.
+    let mut run = resolve(&["--logical-world", "6"]);
+    run.contract = mamba_reduce::ReduceContract::FixedTree;
+    let e = dp::host::local(trainer(&run), DpOptions::default())
+        .err()
+        .expect("L = 6 under fixed-tree is refused")
+        .to_string();
+    assert!(e.contains("got L = 6") && e.contains("power of two"), "{e}");
 }
