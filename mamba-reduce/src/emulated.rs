@@ -1,16 +1,18 @@
 //! The oracle: one process holds all `L` arenas and runs every rank's plan
-//! of the fixed-order dataflow, delivering messages in an order of its
-//! choosing.
+//! of the fixed-order or fixed-tree dataflow, delivering messages in an
+//! order of its choosing.
 //!
-//! (One file, ~460 lines before its tests: the world, its delivery orders
+//! (One file, ~480 lines before its tests: the world, its delivery orders
 //! and its lane schedules are one interpreter loop over shared state.)
 
 use std::collections::VecDeque;
 use std::ops::Range;
 
+use crate::contract::ReduceContract;
 use crate::exec::apply;
 use crate::fold::{FoldOps, HostFold};
 use crate::plan::{BufId, CommOp, RankPlan};
+use crate::tree::TreeAccumulator;
 use crate::{ReduceError, Result};
 
 /// In which order the emulated world delivers the messages of one group.
@@ -42,6 +44,11 @@ pub struct EmulateOptions {
     /// NCCL executor's two streams may do. Every seed must give the bits
     /// of the sequential run.
     pub lanes: Option<u64>,
+    /// Which dataflow to run: [`ReduceContract::FixedOrder`] (default) or
+    /// [`ReduceContract::FixedTree`] (each emulated process first folds its
+    /// block with a [`TreeAccumulator`], as a live process does, then runs
+    /// the tree plan). `NcclSum` has no plan and is refused.
+    pub contract: ReduceContract,
 }
 
 /// One process playing a whole world: `L` logical arenas, spread over any
@@ -50,8 +57,9 @@ pub struct EmulateOptions {
 ///
 /// It is the oracle every live world is asserted against: its result is
 /// checked to be identical on every emulated rank, and the tests check it
-/// equals [`host_mean`](crate::host_mean) of the arenas for every `P`,
-/// chunking and delivery order.
+/// equals [`host_mean`](crate::host_mean) (fixed order) or
+/// [`host_tree_mean`](crate::host_tree_mean) (fixed tree) of the arenas for
+/// every `P`, chunking and delivery order.
 #[derive(Clone, Debug)]
 pub struct EmulatedWorld {
     arenas: Vec<Vec<f32>>,
@@ -96,9 +104,10 @@ impl EmulatedWorld {
         &self.arenas
     }
 
-    /// Run the fixed-order reduction on `world` emulated processes (each
-    /// holding its contiguous block of `L / world` arenas) and return the
-    /// mean, after checking every emulated rank ended with the same bits.
+    /// Run the reduction of `opts.contract` on `world` emulated processes
+    /// (each holding its contiguous block of `L / world` arenas) and return
+    /// the mean, after checking every emulated rank ended with the same
+    /// bits.
     pub fn reduce_mean(&self, world: usize, opts: &EmulateOptions) -> Result<Vec<f32>> {
         let per_rank = self.reduce_mean_per_rank(world, opts)?;
         let first = &per_rank[0];
@@ -137,15 +146,27 @@ impl EmulatedWorld {
         let logical = self.logical_world();
         let len = self.len();
         let plans = (0..world)
-            .map(|r| RankPlan::new(r, world, logical, len, opts.chunk_elems))
+            .map(|r| {
+                RankPlan::for_contract(opts.contract, r, world, logical, len, opts.chunk_elems)
+            })
             .collect::<Result<Vec<_>>>()?;
         let blocks = logical / world;
         let mut ranks: Vec<RankState<B>> = Vec::with_capacity(world);
         for (r, p) in plans.iter().enumerate() {
-            let locals = self.arenas[r * blocks..(r + 1) * blocks]
-                .iter()
-                .map(|a| mem.load(a))
-                .collect::<Result<Vec<B>>>()?;
+            let block = &self.arenas[r * blocks..(r + 1) * blocks];
+            let locals = if opts.contract == ReduceContract::FixedTree {
+                let mut acc = TreeAccumulator::new(blocks, len)?;
+                for a in block {
+                    let leaf = mem.load(a)?;
+                    acc.push(mem, leaf)?;
+                }
+                vec![acc.finish()?]
+            } else {
+                block
+                    .iter()
+                    .map(|a| mem.load(a))
+                    .collect::<Result<Vec<B>>>()?
+            };
             // At least one element: some memories cannot hold empty buffers.
             let scratch = mem.load(&vec![f32::NAN; p.scratch_len().max(1)])?;
             ranks.push(RankState { locals, scratch });

@@ -11,12 +11,14 @@
 use mamba_comm::{CommError, Transport};
 
 use crate::fold::{ChainTerm, FoldOps};
-use crate::plan::{BufId, CommOp, ComputeOp, RankPlan, Step};
+use crate::plan::{BufId, CommOp, ComputeOp, Dataflow, RankPlan, Step};
 use crate::{ReduceError, Result};
 
 /// Run `plan` on this rank, step by step (the plan's sequential meaning):
-/// `locals` are the caller's `L/P` arenas (logical ranks `rank*B .. rank*B +
-/// B`, ascending), `scratch` holds at least `plan.scratch_len()` elements.
+/// `locals` are the caller's [`RankPlan::local_arenas`] arenas (fixed
+/// order: the `L/P` arenas of logical ranks `rank*B .. rank*B + B`,
+/// ascending; fixed tree: the block's subtree sum), `scratch` holds at
+/// least `plan.scratch_len()` elements.
 /// Afterwards `locals[0]` holds the mean on every rank; the other locals are
 /// unchanged; scratch holds garbage. Every group is waited for before the
 /// step's fold operations (host transports, and the device path's serial
@@ -84,15 +86,23 @@ pub(crate) fn check_buffers<T: Transport>(
     locals: &[T::Buffer],
     scratch: &T::Buffer,
 ) -> Result<()> {
-    if locals.len() != plan.blocks() {
+    if locals.len() != plan.local_arenas() {
+        let what = if plan.dataflow() == Dataflow::Tree {
+            "under the fixed-tree contract every process passes 1 (its block's subtree sum)"
+                .to_string()
+        } else {
+            format!(
+                "with logical world {} over {} processes each process passes {} (its \
+                 contiguous block of logical ranks, ascending)",
+                plan.logical_world(),
+                plan.world(),
+                plan.blocks()
+            )
+        };
         return Err(ReduceError::config(format!(
-            "rank {} passed {} local arenas; with logical world {} over {} processes each \
-             process passes {} (its contiguous block of logical ranks, ascending)",
+            "rank {} passed {} local arenas; {what}",
             plan.rank(),
             locals.len(),
-            plan.logical_world(),
-            plan.world(),
-            plan.blocks()
         )));
     }
     if let Some((j, b)) = locals

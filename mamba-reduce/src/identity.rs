@@ -199,6 +199,7 @@ pub(crate) fn verdict(gathered: &[f32], world: usize) -> Result<RunIdentity> {
     }
     let id = records[0].id;
     crate::plan::check_world(world, id.logical_world as usize)?;
+    id.contract.check_logical_world(id.logical_world as usize)?;
     Ok(id)
 }
 
@@ -212,8 +213,9 @@ pub(crate) fn verdict(gathered: &[f32], world: usize) -> Result<RunIdentity> {
 /// `local_problem` is a mistake this rank found on its own (e.g. its
 /// reducer was built for another contract than `id` names): this rank
 /// fails with that message and every other rank fails naming this rank, so
-/// no rank fails alone while the others wait. `L % P != 0` fails on every
-/// rank. `cache` keeps a transport buffer between calls (the one
+/// no rank fails alone while the others wait. `L % P != 0`, and under
+/// [`ReduceContract::FixedTree`] an `L` that is not a power of two, fail
+/// on every rank. `cache` keeps a transport buffer between calls (the one
 /// [`all_gather`] uses).
 ///
 /// [`Reducer`]: crate::Reducer

@@ -8,10 +8,16 @@
 //! addends are summed in strictly ascending logical-rank order
 //! `((g0 + g1) + g2) + ...` in f32, round-to-nearest, no contraction; the
 //! mean is that sum times `fl(1/L)` (never pre-scaled addends).
+//! [`ReduceContract::FixedTree`] (`L` a power of two): per element, the
+//! complete binary tree over the `L` addends in logical order (`(g0 + g1)`,
+//! `(g2 + g3)`, then pairs of pairs, ...), times `fl(1/L)`; the same
+//! guarantees as `FixedOrder` with other bits, and a process folds its
+//! block of `L/P` micro-batch gradients as they finish in `log2(L/P) + 1`
+//! arenas ([`TreeAccumulator`]) instead of `L/P`.
 //! [`ReduceContract::NcclSum`]: the library's all-reduce, then times
 //! `fl(1/L)`; fastest, stable only on a frozen machine and configuration.
 //!
-//! | change between two runs | FixedOrder | NcclSum |
+//! | change between two runs | FixedOrder, FixedTree | NcclSum |
 //! |---|---|---|
 //! | re-run, same machine | same bits | same bits |
 //! | delivery order, timing, transport (host vs NCCL) | same bits | may differ |
@@ -31,7 +37,12 @@
 //!   ranks, empty shards allowed.
 //! - [`host_fold`], [`host_accumulate`], [`host_mean`]: the reference
 //!   arithmetic; `kernels::FoldKernel` reproduces it bit for bit on GPUs.
-//! - [`RankPlan`]: one rank's fixed-order dataflow as data (messages and
+//!   [`host_tree_fold`], [`host_tree_mean`]: the fixed tree's scalar
+//!   reference.
+//! - [`TreeAccumulator`]: the binary counter that folds a process's block
+//!   of the fixed tree as its micro-batches finish, over any [`FoldOps`]
+//!   (the one [`Reducer::local_fold`] offers).
+//! - [`RankPlan`]: one rank's fixed-order or fixed-tree dataflow as data (messages and
 //!   fold operations per step, and the waits between a comm lane and a
 //!   compute lane), with its [`PlanCost`].
 //! - [`EmulatedWorld`]: one process running every rank's plan, with chosen
@@ -97,6 +108,24 @@
 //! the `L > P` pipeline (where it is the dataflow) and for explicit chunk
 //! lengths.
 //!
+//! # The fixed-tree dataflow
+//!
+//! Each process passes one arena, its block's subtree sum (the lower
+//! `log2(L/P)` levels, folded as the micro-batches finished). The upper
+//! `log2 P` levels run across processes by recursive halving: at level
+//! `k` rank `p` and its partner `p ^ 2^k` hold the two children of the
+//! same tree node over the same element range; each keeps half the range,
+//! sends the other half to its partner, receives the partner's copy of
+//! its half and adds it in place (one two-term `det_chain`, the last level
+//! with the scale fused). Two-term sums commute exactly, so who adds does
+//! not matter, and because every aligned block of ranks is a subtree the
+//! result is bit-identical for every power-of-two `P`. The root's shards
+//! (rank `p` ends with shard `bitrev(p)`, which keeps every level's range
+//! contiguous) then travel to every peer. Bytes per rank are a ring
+//! all-reduce's (`2 (P-1)/P N` x 4), in `log2(P) + 1` groups (one chunk,
+//! the default); scratch is half an arena. The trainer's gradient memory
+//! is `log2(L/P) + 1` arenas instead of `L/P`.
+//!
 //! # Bytes, launches, memory (`N` elements of 4 bytes, `C` chunks, `B = L/P`)
 //!
 //! | | `P = L` | `L > P` |
@@ -140,10 +169,13 @@
 //!   chose `C = 30`, whose 33 enqueues put ~3.3 ms on the host (an
 //!   estimate from the model, not a new measurement).
 //!
-//! Memory with `L > P`: the caller holds its `L/P` arenas (that is what a
-//! process running `L/P` logical ranks needs anyway); the reducer adds only
-//! the prefix buffer (two chunks), and `local[0]` is overwritten with the
-//! mean while the other arenas are left as they were.
+//! Memory with `L > P`: under `FixedOrder` the caller holds its `L/P` arenas
+//! (the chain cannot fold a rank's addends before the lower ranks' prefix
+//! arrives); the reducer adds only the prefix buffer (two chunks), and
+//! `local[0]` is overwritten with the mean while the other arenas are left
+//! as they were. Under `FixedTree` the caller holds at most `log2(L/P) + 1`
+//! ([`TreeAccumulator`]) and passes one; the reducer adds half an arena of
+//! scratch (one chunk).
 //!
 //! Under `NcclSum`: one library all-reduce plus one scale launch (and
 //! `B - 1` block folds for `L > P`). `any` is one `i32` max all-reduce.
@@ -164,6 +196,7 @@ mod nccl;
 mod plan;
 mod reducer;
 mod shard;
+mod tree;
 
 pub use contract::ReduceContract;
 pub use device::{DeviceFold, FoldGrid};
@@ -180,3 +213,4 @@ pub use nccl::NcclReducer;
 pub use plan::{Dataflow, PlanCost, RankPlan, GROUP_OVERHEAD_SEC, LINK_BYTES_PER_SEC};
 pub use reducer::{PlanRunner, Reducer, ReducerOptions, TransportReducer};
 pub use shard::ShardPlan;
+pub use tree::{host_tree_fold, host_tree_mean, TreeAccumulator};

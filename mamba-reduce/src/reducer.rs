@@ -26,8 +26,8 @@ use crate::{ReduceError, Result};
 ///
 /// Implementations here: [`TransportReducer`] over any
 /// [`Transport`] — [`HostReducer`](crate::HostReducer) (host memory, CPU
-/// worlds) and, with device memory, `NcclReducer` — each with both
-/// contracts.
+/// worlds) and, with device memory, `NcclReducer` — each with every
+/// contract.
 ///
 /// A sharded optimizer (ZeRO-1) uses two more calls, both with default
 /// implementations so that a reducer written before them keeps working:
@@ -55,11 +55,20 @@ pub trait Reducer {
 
     /// Average the `L` logical gradient arenas of the world.
     ///
-    /// `local` holds this process's `L/P` logical arenas in ascending
-    /// logical order (logical ranks `rank * L/P ..`). Afterwards `local[0]`
-    /// holds the mean over all `L` on every rank; the other arenas are
-    /// unchanged. The first call runs the agreement check if
-    /// [`Reducer::check_agreement`] was not called (with fingerprint 0).
+    /// What `local` holds depends on the contract:
+    /// - [`ReduceContract::FixedOrder`] and [`ReduceContract::NcclSum`]:
+    ///   this process's `L/P` logical arenas in ascending logical order
+    ///   (logical ranks `rank * L/P ..`);
+    /// - [`ReduceContract::FixedTree`]: exactly one arena, this process's
+    ///   block sum — the complete binary tree over its `L/P` logical
+    ///   arenas, unscaled, as a [`TreeAccumulator`](crate::TreeAccumulator)
+    ///   fed in logical order yields it (so no process needs all `L/P`
+    ///   arenas at once).
+    ///
+    /// Another count is a [`ReduceError::Config`] naming the expected one.
+    /// Afterwards `local[0]` holds the mean over all `L` on every rank; the
+    /// other arenas are unchanged. The first call runs the agreement check
+    /// if [`Reducer::check_agreement`] was not called (with fingerprint 0).
     fn reduce_mean(&mut self, local: &mut [Self::Buffer]) -> Result<()>;
 
     /// [`Reducer::reduce_mean`] that only has to end at the shard owners
@@ -98,6 +107,16 @@ pub trait Reducer {
              (ZeRO-1) needs in a world of {} processes; train unsharded, or implement it",
             self.world()
         )))
+    }
+
+    /// The arithmetic a caller folds its block with before
+    /// [`Reducer::reduce_mean`] under [`ReduceContract::FixedTree`] (drive a
+    /// [`TreeAccumulator`](crate::TreeAccumulator) with it): the same
+    /// additions, on the same memory and stream, as the reducer's own
+    /// folds. `None` (the default) when the reducer offers none; a trainer
+    /// then cannot run the fixed-tree contract with it. Not collective.
+    fn local_fold(&mut self) -> Option<&mut dyn FoldOps<Self::Buffer>> {
+        None
     }
 
     /// Whether `flag` is true on any rank (exact: an integer max).
@@ -165,8 +184,10 @@ pub trait Reducer {
 /// does not use plans at all runs the agreement check with
 /// [`agree`](crate::agree) (see `tests/src/tree.rs` for one).
 pub trait PlanRunner<T: Transport>: FoldOps<T::Buffer> {
-    /// Run `plan` on this rank: `locals` are the caller's `L/P` arenas
-    /// (ascending logical ranks), `scratch` holds at least
+    /// Run `plan` on this rank: `locals` are the caller's
+    /// [`RankPlan::local_arenas`] arenas (fixed order: the `L/P` arenas of
+    /// its logical ranks, ascending; fixed tree: the block sum), `scratch`
+    /// holds at least
     /// `plan.scratch_len()` elements. Afterwards `locals[0]` holds the mean
     /// on every rank and every operation has completed.
     fn run_plan(
@@ -284,9 +305,11 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
         (self.transport, self.fold)
     }
 
-    /// The fixed-order plan this rank runs for `len`-element arenas.
+    /// The plan this rank runs for `len`-element arenas under the
+    /// contract (fixed order or fixed tree; `NcclSum` has none).
     pub fn plan_for(&self, len: usize) -> Result<RankPlan> {
-        RankPlan::new(
+        RankPlan::for_contract(
+            self.opts.contract,
             self.transport.rank(),
             self.transport.world(),
             self.opts.logical_world,
@@ -323,7 +346,7 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
 }
 
 impl<T: Transport, F: PlanRunner<T>> TransportReducer<T, F> {
-    fn run_fixed_order(&mut self, local: &mut [T::Buffer], len: usize) -> Result<()> {
+    fn run_planned(&mut self, local: &mut [T::Buffer], len: usize) -> Result<()> {
         if self.plan.as_ref().is_none_or(|p| p.len() != len) {
             self.plan = Some(self.plan_for(len)?);
         }
@@ -368,16 +391,29 @@ impl<T: Transport, F: PlanRunner<T>> Reducer for TransportReducer<T, F> {
         } else {
             0
         };
-        // With L % P != 0 every rank fails the agreement check identically;
-        // only a rank-local mistake is reported as a local problem.
-        let local_problem = if blocks > 0 && local.len() != blocks {
-            Some(format!(
-                "rank {} passed {} local arenas to reduce_mean; with logical world {logical} over \
-                 {world} processes each process passes {blocks} (its contiguous block of logical \
-                 ranks, ascending)",
-                self.transport.rank(),
-                local.len()
-            ))
+        let tree = self.opts.contract == ReduceContract::FixedTree;
+        let expected = if tree { 1 } else { blocks };
+        // With L % P != 0 (or, for the tree, L not a power of two) every
+        // rank fails the agreement check identically; only a rank-local
+        // mistake is reported as a local problem.
+        let local_problem = if blocks > 0 && local.len() != expected {
+            Some(if tree {
+                format!(
+                    "rank {} passed {} local arenas to reduce_mean; under the fixed-tree \
+                     contract each process passes 1, the tree sum of its block of {blocks} \
+                     logical ranks (fold them with a TreeAccumulator)",
+                    self.transport.rank(),
+                    local.len()
+                )
+            } else {
+                format!(
+                    "rank {} passed {} local arenas to reduce_mean; with logical world {logical} \
+                     over {world} processes each process passes {blocks} (its contiguous block \
+                     of logical ranks, ascending)",
+                    self.transport.rank(),
+                    local.len()
+                )
+            })
         } else if blocks == 0 {
             None
         } else {
@@ -410,7 +446,7 @@ impl<T: Transport, F: PlanRunner<T>> Reducer for TransportReducer<T, F> {
             }
         }
         match self.opts.contract {
-            ReduceContract::FixedOrder => self.run_fixed_order(local, len),
+            ReduceContract::FixedOrder | ReduceContract::FixedTree => self.run_planned(local, len),
             ReduceContract::NcclSum => self.run_library_sum(local, len),
         }
     }
@@ -418,6 +454,10 @@ impl<T: Transport, F: PlanRunner<T>> Reducer for TransportReducer<T, F> {
     /// One group over the transport ([`crate::gather::all_gather_ranges`]).
     fn all_gather_ranges(&mut self, buf: &mut T::Buffer, owned: &[Range<usize>]) -> Result<()> {
         all_gather_ranges(&mut self.transport, buf, owned)
+    }
+
+    fn local_fold(&mut self) -> Option<&mut dyn FoldOps<T::Buffer>> {
+        Some(&mut self.fold)
     }
 
     fn any(&mut self, flag: bool) -> Result<bool> {

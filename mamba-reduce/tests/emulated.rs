@@ -48,7 +48,7 @@ proptest! {
         let want = host_mean(&refs(&a)).unwrap();
         let world = EmulatedWorld::new(a).unwrap();
         for p in divisors(logical) {
-            let opts = EmulateOptions { chunk_elems: chunk, delivery, lanes };
+            let opts = EmulateOptions { chunk_elems: chunk, delivery, lanes, ..Default::default() };
             let got = world.reduce_mean(p, &opts).unwrap();
             assert_bits_eq(&got, &want, &format!("L={logical} P={p} len={len} {opts:?}"));
         }
@@ -168,6 +168,7 @@ fn small_lengths_and_tiny_chunks() {
                                     chunk_elems: chunk,
                                     delivery,
                                     lanes,
+                                    ..Default::default()
                                 },
                             )
                             .unwrap();

@@ -7,8 +7,8 @@ mod common;
 
 use common::{arenas, assert_bits_eq, divisors, gpu_stream, Rng};
 use mamba_reduce::{
-    host_mean, host_scale, mean_factor, ChainTerm, Delivery, DeviceFold, EmulateOptions,
-    EmulatedWorld, EmulatorMemory, FoldOps, HostFold,
+    host_mean, host_scale, host_tree_mean, mean_factor, ChainTerm, Delivery, DeviceFold,
+    EmulateOptions, EmulatedWorld, EmulatorMemory, FoldOps, HostFold, ReduceContract,
 };
 
 #[test]
@@ -103,6 +103,7 @@ fn loopback_worlds_on_one_gpu_equal_the_host_oracle() {
                         chunk_elems: chunk,
                         delivery,
                         lanes: None,
+                        ..Default::default()
                     };
                     let per_rank = world.reduce_mean_per_rank_on(p, &opts, &mut fold).unwrap();
                     for (r, got) in per_rank.iter().enumerate() {
@@ -110,6 +111,45 @@ fn loopback_worlds_on_one_gpu_equal_the_host_oracle() {
                             got,
                             &want,
                             &format!("device L={logical} P={p} len={len} {opts:?} rank {r}"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The fixed tree on one GPU: every emulated process folds its block with
+/// a `TreeAccumulator` over the device fold and runs the tree plan with
+/// device copies as messages; every power-of-two P gives the host tree's
+/// bits.
+#[test]
+fn fixed_tree_loopback_worlds_on_one_gpu_equal_the_host_tree() {
+    let Some(stream) = gpu_stream() else { return };
+    let mut fold = DeviceFold::load(&stream).expect("load fold and scale kernels");
+    for k in 0..=5u32 {
+        let logical = 1usize << k;
+        for len in [1usize, 7, 1009, 100_003] {
+            let a = arenas(u64::from(k) * 31 + len as u64, logical, len);
+            let want = host_tree_mean(&a.iter().map(|v| v.as_slice()).collect::<Vec<_>>()).unwrap();
+            let world = EmulatedWorld::new(a).unwrap();
+            for p in (0..=k).map(|j| 1usize << j) {
+                for (chunk, delivery) in [
+                    (None, Delivery::InOrder),
+                    (Some(997), Delivery::Shuffled(p as u64)),
+                ] {
+                    let opts = EmulateOptions {
+                        chunk_elems: chunk,
+                        delivery,
+                        lanes: None,
+                        contract: ReduceContract::FixedTree,
+                    };
+                    let per_rank = world.reduce_mean_per_rank_on(p, &opts, &mut fold).unwrap();
+                    for (r, got) in per_rank.iter().enumerate() {
+                        assert_bits_eq(
+                            got,
+                            &want,
+                            &format!("device tree L={logical} P={p} len={len} {opts:?} rank {r}"),
                         );
                     }
                 }

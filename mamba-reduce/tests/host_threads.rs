@@ -6,38 +6,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{arenas, assert_bits_eq, bits, divisors};
+use common::{arenas, assert_bits_eq, bits, divisors, run_world};
 use mamba_comm::host::{HostOptions, HostTransport};
 use mamba_reduce::{
     host_fold, EmulateOptions, EmulatedWorld, HostReducer, ReduceContract, ReduceError, Reducer,
     ReducerOptions, RunIdentity,
 };
 use proptest::prelude::*;
-
-/// Run `f(rank, reducer)` on `world` threads; results in rank order.
-fn run_world<R: Send>(
-    world: usize,
-    opts: ReducerOptions,
-    f: impl Fn(usize, &mut HostReducer) -> R + Sync,
-) -> Vec<R> {
-    let transports =
-        HostTransport::thread_world(world, HostOptions::with_timeout(Duration::from_secs(30)))
-            .unwrap();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = transports
-            .into_iter()
-            .enumerate()
-            .map(|(rank, t)| {
-                let f = &f;
-                s.spawn(move || {
-                    let mut r = HostReducer::new(t, opts);
-                    f(rank, &mut r)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
 
 /// Reduce `a` (L arenas) on a live world of `world` threads; every rank's
 /// `local[0]` afterwards.

@@ -1,6 +1,7 @@
 //! A live 2-rank NCCL world (two processes, one GPU each) reducing random
-//! arenas under both contracts: FixedOrder equals the host oracle bit for
-//! bit, and L = 4 on P = 2 equals L = 4 on P = 1 (run on one GPU). Skips
+//! arenas under every contract: FixedOrder and FixedTree equal the host
+//! oracle bit for bit, and L = 4 on P = 2 equals L = 4 on P = 1 (run on
+//! one GPU). Skips
 //! without two GPUs, NCCL or kernels unless MAMBA_REQUIRE_GPU=1.
 
 mod common;
@@ -15,7 +16,7 @@ use mamba_comm::supervisor::test_world;
 use mamba_comm::{rendezvous, Transport};
 use mamba_reduce::{
     DeviceFold, EmulateOptions, EmulatedWorld, FoldGrid, NcclReducer, ReduceContract, ReduceError,
-    Reducer, ReducerOptions, RunIdentity,
+    Reducer, ReducerOptions, RunIdentity, TreeAccumulator,
 };
 
 const NAME: &str = "two_gpu_world_matches_the_oracle";
@@ -131,6 +132,49 @@ fn reduce(
     (r.into_parts().0, got)
 }
 
+/// The fixed tree on this world: the rank folds its block on the device
+/// with a `TreeAccumulator` over the reducer's own fold, then reduces the
+/// one block sum; this rank's mean after.
+fn reduce_tree(
+    comm: NcclComm,
+    a: &[Vec<f32>],
+    chunk: Option<usize>,
+    overlap: bool,
+) -> (NcclComm, Vec<f32>) {
+    let logical = a.len();
+    let opts = ReducerOptions {
+        chunk_elems: chunk,
+        ..ReducerOptions::new(ReduceContract::FixedTree, logical)
+    };
+    let mut r = NcclReducer::new(comm, opts).expect("load kernels");
+    r.fold_mut().set_overlap(overlap);
+    let (rank, world) = (r.rank(), r.world());
+    let blocks = logical / world;
+    let len = a[0].len();
+    let mut acc = TreeAccumulator::new(blocks, len).expect("power-of-two block");
+    for g in &a[rank * blocks..(rank + 1) * blocks] {
+        let leaf = match acc.take_spare() {
+            Some(mut b) => {
+                r.transport_mut().upload(g, &mut b, 0).expect("upload");
+                b
+            }
+            None => upload(r.transport_mut(), g),
+        };
+        acc.push(r.local_fold().expect("device fold"), leaf)
+            .expect("tree push");
+    }
+    let mut local = [acc.finish().expect("block sum")];
+    r.reduce_mean(&mut local).expect("reduce_mean");
+    let got = download(r.transport_mut(), &local[0]);
+    let all = r.all_gather_host(&digest(&got)).expect("gather digests");
+    assert_eq!(
+        all[..4],
+        all[4..],
+        "fixed-tree replicas differ (L={logical})"
+    );
+    (r.into_parts().0, got)
+}
+
 fn rank_side() {
     let place = detect(&ProcessEnv)
         .expect("launcher environment")
@@ -212,6 +256,19 @@ fn rank_side() {
             &one.unwrap()[0],
             &got,
             &format!("L={logical} on P=1 (one GPU) vs P={world}, {what}"),
+        );
+
+        let tree_opts = EmulateOptions {
+            contract: ReduceContract::FixedTree,
+            ..Default::default()
+        };
+        let want_tree = em.reduce_mean(world, &tree_opts).unwrap();
+        let (c, tree) = reduce_tree(comm, &a, chunk, overlap);
+        comm = c;
+        assert_bits_eq(
+            &tree,
+            &want_tree,
+            &format!("FixedTree vs host oracle, {what}"),
         );
 
         let (c, lib) = reduce(comm, &a, ReduceContract::NcclSum, None, true, d);

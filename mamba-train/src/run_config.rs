@@ -10,7 +10,11 @@ use crate::optim::{AdamWConfig, Schedule};
 
 /// The reduction contracts a run may record (spelled by
 /// [`ReduceContract::name`] in checkpoints and on the command line).
-pub const CONTRACTS: [ReduceContract; 2] = [ReduceContract::FixedOrder, ReduceContract::NcclSum];
+pub const CONTRACTS: [ReduceContract; 3] = [
+    ReduceContract::FixedOrder,
+    ReduceContract::NcclSum,
+    ReduceContract::FixedTree,
+];
 /// The default contract: the fixed-order fold, whose bits do not depend on
 /// the number of processes.
 pub const DEFAULT_CONTRACT: ReduceContract = ReduceContract::FixedOrder;

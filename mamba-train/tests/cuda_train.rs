@@ -237,6 +237,59 @@ fn on_one_gpu_a_nan_skips_its_step_and_another_logical_world_differs() {
     assert_ne!(l4, clean, "L = 4 must differ from L = 2");
 }
 
+/// `--contract fixed-tree` through the logical world on one GPU (the tree
+/// accumulator on the device, the tree plan over a 1-rank communicator):
+/// the same bits run to run and after stop + resume, other bits than
+/// fixed-order (negative control), and, where two GPUs are present, the
+/// same bits on two.
+#[test]
+fn fixed_tree_on_one_gpu_repeats_resumes_and_differs_from_the_chain() {
+    if !can_run(1) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for l in ["2", "4"] {
+        let base = [
+            "--steps",
+            "6",
+            "--logical-world",
+            l,
+            "--contract",
+            "fixed-tree",
+        ];
+        let first = world_digest(&train(&dir.path().join(format!("a{l}")), &base, &[]), 1);
+        let again = world_digest(&train(&dir.path().join(format!("b{l}")), &base, &[]), 1);
+        assert_eq!(again, first, "L = {l}: two fixed-tree GPU runs must agree");
+        let chain = world_digest(
+            &train(
+                &dir.path().join(format!("chain{l}")),
+                &["--steps", "6", "--logical-world", l],
+                &[],
+            ),
+            1,
+        );
+        assert_ne!(
+            chain, first,
+            "L = {l}: fixed-order must differ from fixed-tree"
+        );
+        let c = dir.path().join(format!("c{l}"));
+        let o = train(&c, &[&base[..], &["--stop-at", "3"]].concat(), &[]);
+        assert!(ok(&o).contains("stopped at step 3"));
+        let resumed = train(&c, &["--resume", c.to_str().unwrap()], &[]);
+        assert_eq!(world_digest(&resumed, 1), first, "L = {l}: stop + resume");
+        if missing(2).is_none() {
+            let o = train(
+                &dir.path().join(format!("two{l}")),
+                &[&base[..], &["--world", "2"]].concat(),
+                &[],
+            );
+            assert_eq!(world_digest(&o, 2), first, "L = {l}: two GPUs vs one");
+        } else {
+            eprintln!("skipping the two-GPU half: fewer than 2 GPUs");
+        }
+    }
+}
+
 #[test]
 fn two_gpus_give_the_bits_of_one_at_the_same_logical_world() {
     if !can_run(2) {

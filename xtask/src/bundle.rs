@@ -39,6 +39,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("mamba-train", "bench_cuda_step"),
     ("mamba-train", "dp_scaling"),
     ("mamba-train", "hf_logits"),
+    ("mamba-train", "tree_memory"),
 ];
 
 /// Python references shipped in `scripts/` (run there with the host's

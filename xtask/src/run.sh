@@ -5,6 +5,7 @@
 #   ./run.sh tests [FILTER]     every test binary, GPU tests required (logs in $MAMBA_LOG_DIR or ./logs)
 #   ./run.sh bench reduce|train the benchmarks, printed as tables
 #   ./run.sh bench scaling      P = 2 vs P = 1 step time of the CLI at the 130m shape (dp_scaling)
+#   ./run.sh bench tree         gradient memory and step time, fixed-order vs fixed-tree, L/P = 1..64 on one GPU (tree_memory)
 #   ./run.sh hf-crosscheck [DIR] our checkpoints in transformers and back (needs torch + transformers)
 #
 # Exit status: 0 only when every test binary passed.
@@ -65,7 +66,8 @@ bench)
         exec python3 "$here/scripts/bench_torch_step.py" --report "$out/cuda_step.jsonl" "$out/torch_step.jsonl"
         ;;
     scaling) exec "$here/bin/dp_scaling" "${@:3}" ;;
-    *) echo "usage: run.sh bench reduce|train|scaling [ARGS]" >&2; exit 2 ;;
+    tree) exec "$here/bin/tree_memory" --device cuda "${@:3}" ;;
+    *) echo "usage: run.sh bench reduce|train|scaling|tree [ARGS]" >&2; exit 2 ;;
     esac
     ;;
 hf-crosscheck)

@@ -27,7 +27,11 @@
 //! does. The emulated world checks it by running random two-lane schedules
 //! ([`EmulateOptions::lanes`](crate::EmulateOptions)).
 //!
-//! # Two dataflows
+//! # Three dataflows
+//!
+//! Two fixed-order ones, and the fixed tree's (**Tree**, `plan::tree`):
+//! one block-sum arena per rank, the upper `log2 P` tree levels by
+//! recursive halving, the root's shards gathered.
 //!
 //! **Sharded (`P = L`, one logical rank per process).** The arena is cut
 //! into `C` chunks, each chunk into `P` contiguous shards in rank order
@@ -76,10 +80,12 @@ pub(crate) mod lanes;
 mod ops;
 mod pipeline;
 mod sharded;
+mod tree;
 mod validate;
 
 use std::ops::Range;
 
+use crate::contract::ReduceContract;
 use crate::fold::{mean_factor, ChainTerm};
 use crate::{ReduceError, Result};
 use lanes::{lane_deps, LaneDeps};
@@ -94,13 +100,18 @@ pub(crate) use ops::{overlaps, BufId, CommOp, ComputeOp, Step};
 /// slot first.
 pub(crate) const CHAIN_DST_LIMIT: usize = kernels::MAX_CHAIN_ADDENDS;
 
-/// Which of the two dataflows a plan uses.
+/// Which dataflow a plan uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dataflow {
-    /// `P = L`: shards, slots, fold, reduced shards back.
+    /// Fixed order, `P = L`: shards, slots, fold, reduced shards back.
     Sharded,
-    /// `L > P`: running prefix carried rank to rank, result relayed.
+    /// Fixed order, `L > P`: running prefix carried rank to rank, result
+    /// relayed.
     Pipeline,
+    /// Fixed tree (any power-of-two `P` dividing `L`): one block-sum arena
+    /// per rank, the upper `log2 P` tree levels by recursive halving, the
+    /// root's shards gathered (`plan::tree`).
+    Tree,
 }
 
 /// What one rank's reduction moves and launches.
@@ -145,8 +156,53 @@ pub struct RankPlan {
 }
 
 impl RankPlan {
-    /// The plan of `rank` in a world of `world` processes reducing
-    /// `logical_world` arenas of `len` elements (`world` must divide
+    /// The plan of `rank` under `contract` ([`RankPlan::new`] for
+    /// [`ReduceContract::FixedOrder`], [`RankPlan::tree`] for
+    /// [`ReduceContract::FixedTree`]; [`ReduceContract::NcclSum`] has no
+    /// plan: the library sums).
+    pub fn for_contract(
+        contract: ReduceContract,
+        rank: usize,
+        world: usize,
+        logical_world: usize,
+        len: usize,
+        chunk_elems: Option<usize>,
+    ) -> Result<Self> {
+        match contract {
+            ReduceContract::FixedOrder => Self::new(rank, world, logical_world, len, chunk_elems),
+            ReduceContract::FixedTree => Self::tree(rank, world, logical_world, len, chunk_elems),
+            ReduceContract::NcclSum => Err(ReduceError::config(
+                "the nccl-sum contract has no plan: the library's all-reduce sums",
+            )),
+        }
+    }
+
+    /// The fixed-tree plan of `rank` in a world of `world` processes
+    /// reducing `logical_world` (a power of two that `world` divides)
+    /// logical ranks whose block sums are `len`-element arenas: every rank
+    /// passes one arena, its block's subtree sum. `chunk_elems` overrides
+    /// the chunk length (`None`: one chunk, as sharded fixed-order plans).
+    pub fn tree(
+        rank: usize,
+        world: usize,
+        logical_world: usize,
+        len: usize,
+        chunk_elems: Option<usize>,
+    ) -> Result<Self> {
+        ReduceContract::FixedTree.check_logical_world(logical_world)?;
+        Self::build(
+            rank,
+            world,
+            logical_world,
+            len,
+            chunk_elems,
+            Dataflow::Tree,
+            CHAIN_DST_LIMIT,
+        )
+    }
+
+    /// The fixed-order plan of `rank` in a world of `world` processes
+    /// reducing `logical_world` arenas of `len` elements (`world` must divide
     /// `logical_world`). `chunk_elems` overrides the chunk length (`None`:
     /// [`RankPlan::default_chunk`]).
     pub fn new(
@@ -176,6 +232,31 @@ impl RankPlan {
         chunk_elems: Option<usize>,
         dst_limit: usize,
     ) -> Result<Self> {
+        let dataflow = if logical_world == world {
+            Dataflow::Sharded
+        } else {
+            Dataflow::Pipeline
+        };
+        Self::build(
+            rank,
+            world,
+            logical_world,
+            len,
+            chunk_elems,
+            dataflow,
+            dst_limit,
+        )
+    }
+
+    fn build(
+        rank: usize,
+        world: usize,
+        logical_world: usize,
+        len: usize,
+        chunk_elems: Option<usize>,
+        dataflow: Dataflow,
+        dst_limit: usize,
+    ) -> Result<Self> {
         check_world(world, logical_world)?;
         if rank >= world {
             return Err(ReduceError::config(format!(
@@ -187,13 +268,13 @@ impl RankPlan {
                 "chunk_elems must be at least 1 element",
             ));
         }
-        let dataflow = if logical_world == world {
-            Dataflow::Sharded
-        } else {
-            Dataflow::Pipeline
+        // A tree plan is chunked like a sharded one (one chunk by default).
+        let default_logical = match dataflow {
+            Dataflow::Tree => world,
+            _ => logical_world,
         };
         let chunk = chunk_elems
-            .unwrap_or_else(|| Self::default_chunk(len, world, logical_world))
+            .unwrap_or_else(|| Self::default_chunk(len, world, default_logical))
             .max(1);
         let mut plan = RankPlan {
             rank,
@@ -209,6 +290,7 @@ impl RankPlan {
         match dataflow {
             Dataflow::Sharded => plan.build_sharded(dst_limit.max(1)),
             Dataflow::Pipeline => plan.build_pipeline(),
+            Dataflow::Tree => plan.build_tree(),
         }
         plan.validate()?;
         plan.lanes = lane_deps(&plan.steps);
@@ -234,9 +316,17 @@ impl RankPlan {
     pub fn logical_world(&self) -> usize {
         self.logical_world
     }
-    /// Local arenas per process, `L / P`.
+    /// Logical ranks per process, `L / P`.
     pub fn blocks(&self) -> usize {
         self.logical_world / self.world
+    }
+    /// Arenas the caller passes: `L / P` for fixed-order plans (one per
+    /// local logical rank), 1 for a tree plan (the block's subtree sum).
+    pub fn local_arenas(&self) -> usize {
+        match self.dataflow {
+            Dataflow::Tree => 1,
+            _ => self.blocks(),
+        }
     }
     /// Arena length in elements.
     pub fn len(&self) -> usize {
@@ -339,176 +429,4 @@ pub(crate) fn check_world(world: usize, logical_world: usize) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn two_ranks_one_chunk_is_two_groups_and_one_fused_fold() {
-        for rank in 0..2 {
-            let p = RankPlan::new(rank, 2, 2, 1 << 20, None).unwrap();
-            let c = p.cost();
-            assert_eq!(p.dataflow(), Dataflow::Sharded);
-            assert_eq!(p.chunks(), 1);
-            assert_eq!(
-                (
-                    c.steps,
-                    c.groups,
-                    c.fold_launches,
-                    c.scale_launches,
-                    c.copies
-                ),
-                (2, 2, 1, 0, 0)
-            );
-            // Half the arena out in each phase: one all-reduce's bytes.
-            assert_eq!(c.bytes_sent, 4 << 20);
-            assert_eq!(c.bytes_received, 4 << 20);
-            assert_eq!(c.scratch_bytes, 2 << 20);
-            // Fold: own shard + one slot read, own shard written.
-            assert_eq!(c.fold_bytes, 3 * (2 << 20));
-        }
-    }
-
-    #[test]
-    fn two_chunk_sharded_plans_double_buffer_their_slots() {
-        let len = 32 << 20;
-        let p = RankPlan::new(1, 2, 2, len, Some(len / 2)).unwrap();
-        assert_eq!(p.chunks(), 2);
-        let c = p.cost();
-        assert_eq!((c.steps, c.groups, c.fold_launches), (4, 4, 2));
-        assert_eq!(c.bytes_sent, 4 * len as u64);
-        // Two slot sets of half a chunk's shard: still half the arena.
-        assert_eq!(c.scratch_bytes, 2 * len as u64);
-        let default = RankPlan::new(1, 2, 2, len, None).unwrap();
-        assert_eq!(default.chunks(), 1, "sharded plans default to one chunk");
-    }
-
-    #[test]
-    fn sharded_bytes_match_ring_all_reduce() {
-        let (world, len) = (8, 8 * 1000);
-        for rank in 0..world {
-            let c = RankPlan::new(rank, world, world, len, Some(1000))
-                .unwrap()
-                .cost();
-            assert_eq!(c.bytes_sent, 4 * 2 * 7 * 1000);
-            assert_eq!(c.copies, 0);
-        }
-    }
-
-    #[test]
-    fn ranks_past_the_chain_limit_copy_their_shard() {
-        let (world, len) = (5, 1000);
-        for rank in 0..world {
-            let p = RankPlan::with_dst_limit(rank, world, world, len, None, 3).unwrap();
-            assert_eq!(p.cost().copies, usize::from(rank >= 3), "rank {rank}");
-        }
-    }
-
-    #[test]
-    fn pipeline_bytes_are_near_one_all_reduce() {
-        let len = 1 << 20;
-        for rank in 0..2 {
-            let p = RankPlan::new(rank, 2, 4, len, Some(len / 16)).unwrap();
-            assert_eq!(p.dataflow(), Dataflow::Pipeline);
-            let c = p.cost();
-            assert_eq!(c.bytes_sent, 4 * len as u64);
-            assert_eq!(c.steps, 16 + 3);
-            assert_eq!(c.groups, 16 + 2);
-            assert_eq!(c.fold_launches, 16);
-            assert_eq!(c.scale_launches, 0);
-            assert_eq!(
-                c.scratch_bytes,
-                if rank == 0 {
-                    0
-                } else {
-                    2 * 4 * len as u64 / 16
-                }
-            );
-        }
-    }
-
-    #[test]
-    fn default_chunks_follow_the_documented_counts() {
-        let chunks = |mib: usize, p: usize, l: usize| {
-            let len = mib * (1 << 20) / 4;
-            len.div_ceil(RankPlan::default_chunk(len, p, l))
-        };
-        assert_eq!(chunks(1024, 2, 4), 9);
-        assert_eq!(chunks(256, 2, 4), 5);
-        assert_eq!(chunks(64, 2, 4), 2);
-        assert_eq!(chunks(16, 2, 4), 1);
-        assert_eq!(chunks(4, 2, 4), 1);
-        assert_eq!(chunks(1024, 2, 2), 1);
-        assert_eq!(chunks(256, 2, 2), 1);
-        assert_eq!(chunks(128, 2, 2), 1);
-        assert_eq!(chunks(64, 2, 2), 1);
-        assert_eq!(chunks(32, 2, 2), 1);
-        assert_eq!(chunks(1024, 1, 4), 1);
-        assert_eq!(RankPlan::default_chunk(0, 2, 4), 1);
-        assert_eq!(RankPlan::default_chunk(5000, 2, 4) % chunk::CHUNK_ALIGN, 0);
-    }
-
-    #[test]
-    fn pipeline_sends_at_most_twice_the_arena() {
-        let len = 1000;
-        let cost = |r| RankPlan::new(r, 4, 8, len, Some(64)).unwrap().cost();
-        let sent: Vec<u64> = (0..4).map(|r| cost(r).bytes_sent).collect();
-        let l = 4 * len as u64;
-        assert_eq!(sent, vec![2 * l, 2 * l, l, l]);
-        let got: Vec<u64> = (0..4).map(|r| cost(r).bytes_received).collect();
-        assert_eq!(got, vec![l, 2 * l, 2 * l, l]);
-    }
-
-    #[test]
-    fn chain_launch_counts() {
-        let max = kernels::MAX_CHAIN_ADDENDS;
-        assert_eq!(chain_launches(1), 1);
-        assert_eq!(chain_launches(max), 1);
-        assert_eq!(chain_launches(max + 1), 2);
-        assert_eq!(chain_launches(2 * max - 1), 2);
-        assert_eq!(chain_launches(2 * max), 3);
-    }
-
-    #[test]
-    fn bad_worlds_are_config_errors() {
-        assert!(RankPlan::new(0, 3, 4, 10, None)
-            .unwrap_err()
-            .to_string()
-            .contains("not a multiple"));
-        assert!(RankPlan::new(2, 2, 2, 10, None).is_err());
-        assert!(RankPlan::new(0, 2, 2, 10, Some(0)).is_err());
-        assert!(RankPlan::new(0, 0, 2, 10, None).is_err());
-    }
-
-    proptest! {
-        #[test]
-        fn every_plan_validates_and_messages_pair_up(
-            world in 1usize..=8,
-            blocks in 1usize..=3,
-            len in 0usize..300,
-            chunk in proptest::option::of(1usize..64),
-            dst_limit in 1usize..=9,
-        ) {
-            let l = world * blocks;
-            let plans: Vec<RankPlan> = (0..world)
-                .map(|r| RankPlan::with_dst_limit(r, world, l, len, chunk, dst_limit).unwrap())
-                .collect();
-            let steps = plans.iter().map(|p| p.steps.len()).max().unwrap_or(0);
-            for t in 0..steps {
-                for a in 0..world {
-                    for b in 0..world {
-                        let sent: Vec<usize> = plans[a].steps.get(t).map_or(vec![], |s| s.comm.iter().filter_map(|op| match op {
-                            CommOp::Send { range, peer, .. } if *peer == b => Some(range.len()),
-                            _ => None,
-                        }).collect());
-                        let got: Vec<usize> = plans[b].steps.get(t).map_or(vec![], |s| s.comm.iter().filter_map(|op| match op {
-                            CommOp::Recv { range, peer, .. } if *peer == a => Some(range.len()),
-                            _ => None,
-                        }).collect());
-                        prop_assert_eq!(sent, got, "step {} {} -> {}", t, a, b);
-                    }
-                }
-            }
-        }
-    }
-}
+mod tests;

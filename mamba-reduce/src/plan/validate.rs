@@ -20,7 +20,7 @@ impl RankPlan {
             )))
         };
         let size = |b: BufId| match b {
-            BufId::Local(j) if j < self.blocks() => Some(self.len),
+            BufId::Local(j) if j < self.local_arenas() => Some(self.len),
             BufId::Local(_) => None,
             BufId::Scratch => Some(self.scratch_len),
         };

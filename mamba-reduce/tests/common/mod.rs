@@ -72,6 +72,36 @@ pub fn differing(a: &[f32], b: &[f32]) -> usize {
         .count()
 }
 
+/// Run `f(rank, reducer)` on a live host world of `world` threads (one
+/// [`HostReducer`](mamba_reduce::HostReducer) each, over channels);
+/// results in rank order.
+pub fn run_world<R: Send>(
+    world: usize,
+    opts: mamba_reduce::ReducerOptions,
+    f: impl Fn(usize, &mut mamba_reduce::HostReducer) -> R + Sync,
+) -> Vec<R> {
+    use mamba_comm::host::{HostOptions, HostTransport};
+    let transports = HostTransport::thread_world(
+        world,
+        HostOptions::with_timeout(std::time::Duration::from_secs(30)),
+    )
+    .unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = transports
+            .into_iter()
+            .enumerate()
+            .map(|(rank, t)| {
+                let f = &f;
+                s.spawn(move || {
+                    let mut r = mamba_reduce::HostReducer::new(t, opts);
+                    f(rank, &mut r)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// Divisors of `n`, ascending.
 pub fn divisors(n: usize) -> Vec<usize> {
     (1..=n).filter(|d| n % d == 0).collect()

@@ -193,8 +193,11 @@ pub struct TrainArgs {
     #[arg(long, value_name = "L")]
     pub logical_world: Option<usize>,
     /// Gradient reduction contract: fixed-order (bits independent of P,
-    /// transport and topology) or nccl-sum (the library's sum: fastest,
-    /// bits may change with P or the machine) [default: fixed-order].
+    /// transport and topology), fixed-tree (the same guarantees with a
+    /// pairwise tree, other bits; a power-of-two logical world; gradient
+    /// memory log2(L/P)+1 arenas instead of L/P) or nccl-sum (the
+    /// library's sum: fastest, bits may change with P or the machine)
+    /// [default: fixed-order].
     #[arg(long, value_name = "CONTRACT", value_parser = parse_contract)]
     pub contract: Option<ReduceContract>,
     /// ZeRO-1: each of the P processes keeps and updates only its 1/P of
@@ -241,8 +244,9 @@ fn parse_contract(s: &str) -> Result<ReduceContract, String> {
     match s {
         "fixed-order" => Ok(ReduceContract::FixedOrder),
         "nccl-sum" => Ok(ReduceContract::NcclSum),
+        "fixed-tree" => Ok(ReduceContract::FixedTree),
         other => Err(format!(
-            "unknown contract {other:?}; expected fixed-order (default) or nccl-sum"
+            "unknown contract {other:?}; expected fixed-order (default), fixed-tree or nccl-sum"
         )),
     }
 }
@@ -321,5 +325,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("fast") && e.contains("fixed-order"), "{e}");
+        assert!(e.contains("fixed-tree"), "{e}");
+        let cli =
+            Cli::try_parse_from(["mamba-train", "train", "--contract", "fixed-tree"]).unwrap();
+        let Command::Train(a) = cli.command else {
+            panic!("not a train command")
+        };
+        assert_eq!(a.contract, Some(ReduceContract::FixedTree));
     }
 }

@@ -17,6 +17,7 @@ use crate::data::{InductionConfig, SelectiveCopyConfig, TaskKind, TaskSpec, Text
 use crate::error::{Result, TrainError};
 use crate::optim::{AdamWConfig, Schedule};
 use crate::train::{RunConfig, DEFAULT_CONTRACT};
+use mamba_reduce::ReduceContract;
 
 /// A resolved run, plus the corpus when a text file was read to build it.
 pub struct Resolved {
@@ -75,6 +76,23 @@ pub fn logical_world(
         )));
     }
     Ok(l)
+}
+
+/// `--contract fixed-tree` needs a power-of-two logical world (the complete
+/// binary tree over the L micro-batches); refuse another L naming both
+/// flags and the nearest values that work.
+fn check_tree_world(contract: ReduceContract, logical: usize) -> Result<()> {
+    if contract != ReduceContract::FixedTree || logical.is_power_of_two() {
+        return Ok(());
+    }
+    let below = 1usize << logical.max(1).ilog2();
+    Err(TrainError::Config(format!(
+        "--contract fixed-tree needs a logical world that is a power of two (the complete \
+         binary tree over the step's L micro-batches), but the logical world is {logical} \
+         (--logical-world, or the world size when it is not given); use --logical-world \
+         {below} or {}, or --contract fixed-order, which takes any logical world",
+        2 * below
+    )))
 }
 
 /// Resolve the run of `args` in a world of `world` processes (`env_logical`:
@@ -196,17 +214,19 @@ pub fn resolve_run_in(
         clip_norm: args.clip.unwrap_or(ro.clip_norm),
         ..ro
     };
+    let contract = pick(
+        args.contract,
+        recorded.map(|r| r.contract),
+        DEFAULT_CONTRACT,
+    );
+    check_tree_world(contract, logical)?;
     let run = RunConfig {
         seed: pick(args.seed, recorded.map(|r| r.seed), d::SEED),
         model,
         task,
         batch: pick(args.batch, recorded.map(|r| r.batch), d::BATCH),
         logical_world: logical,
-        contract: pick(
-            args.contract,
-            recorded.map(|r| r.contract),
-            DEFAULT_CONTRACT,
-        ),
+        contract,
         optimizer,
         schedule,
     };
@@ -358,6 +378,26 @@ mod tests {
         assert_eq!(
             resolve_run(&none, None).unwrap().run.contract,
             DEFAULT_CONTRACT
+        );
+        // The tree takes power-of-two logical worlds only, named by flag.
+        let tree = |l: usize| TrainArgs {
+            contract: Some(ReduceContract::FixedTree),
+            logical_world: Some(l),
+            ..TrainArgs::default()
+        };
+        assert_eq!(
+            resolve_run(&tree(8), None).unwrap().run.contract,
+            ReduceContract::FixedTree
+        );
+        let e = resolve_run_in(&tree(6), None, 3, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("--contract fixed-tree")
+                && e.contains("logical world is 6")
+                && e.contains("--logical-world 4 or 8"),
+            "{e}"
         );
     }
 

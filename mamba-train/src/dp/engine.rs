@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mamba_reduce::{mean_factor, Reducer, RunIdentity};
+use mamba_reduce::{mean_factor, ReduceContract, Reducer, RunIdentity, TreeAccumulator};
 
 #[cfg(feature = "fault-injection")]
 use super::fault_hooks::FaultHooks;
@@ -47,13 +47,15 @@ pub struct DpOptions {
 /// A step (every call is collective: all ranks make the same calls in the
 /// same order):
 /// 1. this rank computes the loss and gradient of each of its logical
-///    micro-batches `rank*L/P .. (rank+1)*L/P`, each into its own arena;
+///    micro-batches `rank*L/P .. (rank+1)*L/P`, in logical order, each into
+///    its own arena (under fixed-tree, each finished gradient is folded
+///    into the block's [`TreeAccumulator`] right away);
 /// 2. [`Reducer::any`]: did any rank see a non-finite loss or gradient?
 /// 3. [`Reducer::all_reduce_host_logical`] of the `L` micro losses: the
 ///    logged loss, `sum * fl(1/L)`, identical on every rank and for every P;
 /// 4. unless some rank was non-finite, [`Reducer::reduce_mean`] of the
-///    local arenas: the mean over all `L`, folded in ascending logical
-///    order (under the fixed-order contract);
+///    local arenas (under fixed-tree: of the one block sum): the mean over
+///    all `L`, in the contract's association;
 /// 5. the backend clips and steps (or skips, on every rank alike);
 /// 6. every `replica_check_every` steps, the replica check.
 ///
@@ -66,13 +68,16 @@ pub struct DpOptions {
 /// and step; the replica check verifies it and fails every rank with
 /// [`mamba_comm::CommError::ReplicaDivergence`] when it does not hold.
 ///
-/// Memory: the `L/P` local gradient arenas (in the backend's memory), the
-/// optimizer's moments (`2N`, or this rank's shard under ZeRO-1), plus
-/// what the reducer keeps.
+/// Memory: the gradient arenas (in the backend's memory: `L/P` under
+/// fixed-order and nccl-sum, `log2(L/P) + 1` under fixed-tree;
+/// [`DataParallel::gradient_arenas`]), the optimizer's moments (`2N`, or
+/// this rank's shard under ZeRO-1), plus what the reducer keeps.
 pub struct DataParallel<B: Backend, R: Reducer<Buffer = B::Arena>> {
     trainer: Trainer<B>,
     reducer: R,
-    locals: Vec<B::Arena>,
+    grads: Gradients<B::Arena>,
+    /// Gradient arenas allocated so far (they persist across steps).
+    arenas: usize,
     opts: DpOptions,
     checked_at: Option<u64>,
     replica_checks: u64,
@@ -90,13 +95,14 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
         let mut dp = DataParallel {
             trainer,
             reducer,
-            locals: Vec::new(),
+            grads: Gradients::PerRank(Vec::new()),
+            arenas: 0,
             opts,
             checked_at: None,
             replica_checks: 0,
             zero: None,
         };
-        let run = dp.trainer.run_config();
+        let run = dp.trainer.run_config().clone();
         let mut agreed = format!(
             "{:016x}/{:016x}",
             run.fingerprint(),
@@ -121,10 +127,33 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
             dp.zero = Some(zero);
         }
         let blocks = dp.blocks();
-        for _ in 0..blocks {
-            let arena = dp.trainer.backend_mut().zeros()?;
-            dp.locals.push(arena);
-        }
+        let (grads, arenas) = if run.contract == ReduceContract::FixedTree {
+            if dp.reducer.local_fold().is_none() {
+                return Err(TrainError::Config(
+                    "--contract fixed-tree needs a reducer that offers its fold arithmetic \
+                     (Reducer::local_fold) to fold each process's block; this reducer offers \
+                     none: use --contract fixed-order"
+                        .to_string(),
+                ));
+            }
+            let mut acc =
+                TreeAccumulator::new(blocks, dp.trainer.arena_len()).map_err(reduce_err)?;
+            // Allocated up front, like the per-rank arenas: the counter never
+            // needs more, and a device that cannot hold them fails here.
+            let most = TreeAccumulator::<B::Arena>::max_buffers(blocks);
+            for _ in 0..most {
+                acc.recycle(dp.trainer.backend_mut().zeros()?);
+            }
+            (Gradients::Tree(acc), most)
+        } else {
+            let mut locals = Vec::with_capacity(blocks);
+            for _ in 0..blocks {
+                locals.push(dp.trainer.backend_mut().zeros()?);
+            }
+            (Gradients::PerRank(locals), blocks)
+        };
+        dp.grads = grads;
+        dp.arenas = arenas;
         let step = dp.trainer.step();
         dp.replica_check(&format!("at the start (step {step})"))?;
         Ok(dp)
@@ -170,6 +199,14 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
         self.trainer.finished()
     }
 
+    /// Gradient arenas this rank holds (allocated once, reused every step):
+    /// `L/P` under fixed-order and nccl-sum, `log2(L/P) + 1` under
+    /// fixed-tree (more only if a step ever needed one more, which the
+    /// counter's invariant excludes).
+    pub fn gradient_arenas(&self) -> usize {
+        self.arenas
+    }
+
     /// The trainer and the reducer back.
     pub fn into_parts(self) -> (Trainer<B>, R) {
         (self.trainer, self.reducer)
@@ -183,17 +220,50 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
         hooks.before_step();
         let rank = self.rank();
         let logical = self.logical_world();
-        let first = rank * self.blocks();
-        let mut losses = Vec::with_capacity(self.locals.len());
+        let blocks = self.blocks();
+        let first = rank * blocks;
+        let mut losses = Vec::with_capacity(blocks);
         let mut finite = true;
-        for (j, arena) in self.locals.iter_mut().enumerate() {
-            let loss = self.trainer.micro_gradient((first + j) as u64, arena)?;
-            #[cfg(feature = "fault-injection")]
-            if j == 0 {
-                hooks.after_gradient(rank, &mut self.trainer, arena)?;
+        // Under the tree: the block's sum, once its last leaf is folded.
+        let mut block = Vec::new();
+        match &mut self.grads {
+            Gradients::PerRank(locals) => {
+                for (j, arena) in locals.iter_mut().enumerate() {
+                    let loss = self.trainer.micro_gradient((first + j) as u64, arena)?;
+                    #[cfg(feature = "fault-injection")]
+                    if j == 0 {
+                        hooks.after_gradient(rank, &mut self.trainer, arena)?;
+                    }
+                    finite &= loss.is_finite() && self.trainer.backend_mut().all_finite(arena)?;
+                    losses.push([loss]);
+                }
             }
-            finite &= loss.is_finite() && self.trainer.backend_mut().all_finite(arena)?;
-            losses.push([loss]);
+            Gradients::Tree(acc) => {
+                for j in 0..blocks {
+                    let mut arena = match acc.take_spare() {
+                        Some(a) => a,
+                        None => {
+                            self.arenas += 1;
+                            self.trainer.backend_mut().zeros()?
+                        }
+                    };
+                    let loss = self
+                        .trainer
+                        .micro_gradient((first + j) as u64, &mut arena)?;
+                    #[cfg(feature = "fault-injection")]
+                    if j == 0 {
+                        hooks.after_gradient(rank, &mut self.trainer, &mut arena)?;
+                    }
+                    // Checked before it is folded, as each per-rank arena.
+                    finite &= loss.is_finite() && self.trainer.backend_mut().all_finite(&arena)?;
+                    losses.push([loss]);
+                    let fold = self.reducer.local_fold().ok_or_else(|| {
+                        TrainError::Config("the reducer stopped offering its fold".to_string())
+                    })?;
+                    acc.push(fold, arena).map_err(reduce_err)?;
+                }
+                block.push(acc.finish().map_err(reduce_err)?);
+            }
         }
         let skip = self.reducer.any(!finite).map_err(reduce_err)?;
         let rows: Vec<&[f32]> = losses.iter().map(|l| &l[..]).collect();
@@ -210,18 +280,19 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
         } else {
             total
         };
+        let locals: &mut [B::Arena] = match &mut self.grads {
+            Gradients::PerRank(locals) => locals,
+            Gradients::Tree(_) => &mut block,
+        };
         match (&self.zero, skip) {
             (_, true) => {}
-            (None, false) => self
-                .reducer
-                .reduce_mean(&mut self.locals)
-                .map_err(reduce_err)?,
+            (None, false) => self.reducer.reduce_mean(locals).map_err(reduce_err)?,
             (Some(z), false) => self
                 .reducer
-                .reduce_mean_shard(&mut self.locals, z.ranges())
+                .reduce_mean_shard(locals, z.ranges())
                 .map_err(reduce_err)?,
         }
-        let Some(mean) = self.locals.first() else {
+        let Some(mean) = locals.first() else {
             return Err(TrainError::Config(
                 "a data-parallel rank holds no gradient arena (L / P = 0)".to_string(),
             ));
@@ -241,6 +312,9 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
                 stats
             }
         };
+        if let Gradients::Tree(acc) = &mut self.grads {
+            block.drain(..).for_each(|b| acc.recycle(b));
+        }
         if skip {
             // Nothing was reduced: no rank has the world's gradient norm.
             stats.grad_norm = f64::NAN;
@@ -328,4 +402,18 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
         self.reducer.any(false).map_err(reduce_err)?;
         Ok(())
     }
+}
+
+/// Where a rank's micro-batch gradients live until the reduction.
+///
+/// Invariant: the arenas are allocated in [`DataParallel::new`] and reused
+/// every step, so the gradient memory of a run is fixed at the start.
+enum Gradients<A> {
+    /// One arena per local logical rank, all held until the reduction
+    /// (fixed-order: the chain `((g0 + g1) + g2) + ...` cannot fold a
+    /// rank's addends before the lower ranks' prefix arrives; nccl-sum).
+    PerRank(Vec<A>),
+    /// Fixed-tree: the binary counter of the block's subtree, fed each
+    /// micro-batch gradient as it finishes (`log2(L/P) + 1` arenas).
+    Tree(TreeAccumulator<A>),
 }

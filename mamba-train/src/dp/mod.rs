@@ -8,16 +8,20 @@
 //! function of `(seed, s, j)`. Process `p` of `P` (P divides L) computes
 //! micro-batches `p*L/P .. (p+1)*L/P`, each gradient in its own arena; the
 //! [`Reducer`](mamba_reduce::Reducer) folds all `L` in ascending logical
-//! order (`((g0 + g1) + g2) + ...`, then times `fl(1/L)`); every rank then
+//! order (`((g0 + g1) + g2) + ...`, then times `fl(1/L)`; under
+//! `fixed-tree` the complete binary tree over the `L` in logical order,
+//! whose lower levels each process folds as its micro-batches finish, so it
+//! keeps `log2(L/P) + 1` gradient arenas instead of `L/P`); every rank then
 //! clips and steps AdamW on the same mean, so every rank holds the same
-//! weights after every step. The logged loss is the same fold of the `L`
-//! micro losses. Under the fixed-order contract all of this is the
-//! single-process [`Trainer`](crate::train::Trainer)'s step with
-//! `logical_world = L`, bit for bit, for every `P`.
+//! weights after every step. The logged loss is the ascending fold of the
+//! `L` micro losses (under every contract: one value per micro-batch, no
+//! memory to save). Under the fixed-order and fixed-tree contracts all of
+//! this is the single-process [`Trainer`](crate::train::Trainer)'s step
+//! with `logical_world = L`, bit for bit, for every `P`.
 //!
 //! # What the trainer guarantees
 //!
-//! | change between two runs | `fixed-order` | `nccl-sum` |
+//! | change between two runs | `fixed-order`, `fixed-tree` | `nccl-sum` |
 //! |---|---|---|
 //! | re-run, same machine and build | same bits | same bits |
 //! | CPU thread count (`--threads`) | same bits | same bits |
@@ -26,6 +30,7 @@
 //! | stop and resume, also at another `P` | same bits | same bits at the same P, on a frozen machine |
 //! | `--shard-optimizer` (ZeRO-1) on or off, at any `P` | same bits | same bits at the same P (each owner updates from the same library sum) |
 //! | logical world `L` | differs (part of the run's identity) | differs |
+//! | contract (`fixed-order` vs `fixed-tree`) | differs (part of the run's identity) | — |
 //! | device (CPU vs CUDA) | differs (different kernels) | differs |
 //! | GPU model or build (CUDA) | may differ (per-rank kernels, cuBLAS) | may differ |
 //!
@@ -62,6 +67,7 @@
 //! mamba-train train --world 2 --resume runs/latest   # continue that run on 2 processes, same bits
 //! mamba-train train --world 2 --logical-world 8 --contract nccl-sum
 //! mamba-train train --world 4 --shard-optimizer      # ZeRO-1 (see [`zero`]): same bits
+//! mamba-train train --world 2 --logical-world 64 --contract fixed-tree  # 6 gradient arenas, not 32
 //! mamba-train train --device cuda                    # one GPU (a 1-rank NCCL world), L = 1
 //! mamba-train train --device cuda --world 2          # two GPUs, one process each, L = 2
 //! mamba-train train --device cuda --logical-world 2  # one GPU, the same bits as --world 2

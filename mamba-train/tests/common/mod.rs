@@ -82,6 +82,19 @@ pub fn train_by_definition<B>(t: &mut mamba_train::train::Trainer<B>)
 where
     B: mamba_train::train::Backend<Arena = Vec<f32>>,
 {
+    train_by_definition_with(t, mamba_reduce::host_mean)
+}
+
+/// [`train_by_definition`] with another definition of the gradient mean
+/// over the `L` micro-batch gradients in logical order (e.g.
+/// `mamba_reduce::host_tree_mean` for the fixed-tree contract); the loss is
+/// the ascending fold under every contract.
+pub fn train_by_definition_with<B>(
+    t: &mut mamba_train::train::Trainer<B>,
+    gradient_mean: fn(&[&[f32]]) -> mamba_reduce::Result<Vec<f32>>,
+) where
+    B: mamba_train::train::Backend<Arena = Vec<f32>>,
+{
     let l = t.run_config().logical_world;
     let n = t.arena_len();
     while !t.finished() {
@@ -93,7 +106,7 @@ where
         let finite = losses.iter().all(|x| x[0].is_finite())
             && grads.iter().all(|g| g.iter().all(|x| x.is_finite()));
         let rows: Vec<&[f32]> = grads.iter().map(|g| &g[..]).collect();
-        let mean = mamba_reduce::host_mean(&rows).expect("gradient mean");
+        let mean = gradient_mean(&rows).expect("gradient mean");
         let rows: Vec<&[f32]> = losses.iter().map(|x| &x[..]).collect();
         let loss = mamba_reduce::host_mean(&rows).expect("loss mean")[0];
         t.apply(&mean, loss, finite).expect("update");
