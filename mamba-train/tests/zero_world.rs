@@ -204,3 +204,27 @@ fn nccl_sum_sharded_is_the_unsharded_library_sum_at_the_same_p() {
     );
     assert_eq!(world_digest(&o, 2), plain);
 }
+
+#[test]
+fn under_the_fixed_tree_sharded_runs_are_the_unsharded_bits_for_every_p() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = ["--logical-world", "4", "--contract", "fixed-tree"];
+    let base = world_digest(&train(&dir.path().join("p1"), &tree), 1);
+    for p in ["2", "4"] {
+        let o = train(
+            &dir.path().join(format!("z{p}")),
+            &[&tree[..], &["--world", p, "--shard-optimizer"]].concat(),
+        );
+        assert_eq!(
+            world_digest(&o, p.parse().unwrap()),
+            base,
+            "P = {p} sharded"
+        );
+    }
+    // Negative control: the chain at the same L is another run.
+    let chain = world_digest(
+        &train(&dir.path().join("chain"), &["--logical-world", "4"]),
+        1,
+    );
+    assert_ne!(chain, base);
+}
