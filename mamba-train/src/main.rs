@@ -27,5 +27,15 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Tokenize(args) => {
+            let stdout = std::io::stdout();
+            match cli::run_tokenize(&args, &mut stdout.lock()) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    stderr_line(&format!("error: {e}"));
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }

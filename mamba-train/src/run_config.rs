@@ -59,15 +59,7 @@ impl RunConfig {
                 "logical_world must be at least 1, got 0".into(),
             ));
         }
-        let want = self.task.vocab_size();
-        if self.model.vocab_size != want {
-            return Err(TrainError::Config(format!(
-                "model vocab_size is {} but the {} task needs {want}",
-                self.model.vocab_size,
-                self.task.kind()
-            )));
-        }
-        Ok(())
+        self.task.check_model_vocab(self.model.vocab_size)
     }
 
     /// Tokens consumed by one step (all logical micro-batches).
@@ -76,8 +68,9 @@ impl RunConfig {
     }
 
     /// Every setting (by its user-facing name) with its value, for
-    /// comparisons. Text tasks contribute the corpus digest, not its path:
-    /// a moved file is the same data.
+    /// comparisons. Text and token tasks contribute the data's identity
+    /// (digests, fingerprints) and the tokenizer's SHA-256, not their
+    /// paths: a moved file is the same data.
     fn fields(&self) -> Vec<(&'static str, String)> {
         let m = &self.model;
         let o = &self.optimizer;
@@ -93,7 +86,22 @@ impl RunConfig {
                 v.push(("alphabet", c.alphabet.to_string()));
             }
             TaskSpec::Induction(c) => v.push(("alphabet", c.alphabet.to_string())),
-            TaskSpec::Text(c) => v.push(("data (sha256 of the corpus)", c.file_sha256.clone())),
+            TaskSpec::Text(c) => {
+                v.push(("--data (sha256 of the corpus)", c.corpus_sha256.clone()));
+                v.push(("val_fraction", c.val_fraction.to_string()));
+            }
+            TaskSpec::Tokens(c) => {
+                let print = |f: &crate::data::token_file::FileFingerprint| {
+                    format!("{} bytes, sampled sha256 {}", f.bytes, f.sampled_sha256)
+                };
+                v.push(("--data (train.bin)", print(&c.train)));
+                v.push(("--data (val.bin)", print(&c.val)));
+                v.push(("token_dtype", c.dtype.to_string()));
+            }
+        }
+        if matches!(self.task, TaskSpec::Text(_) | TaskSpec::Tokens(_)) {
+            let sha = self.task.tokenizer().map(|t| t.sha256.clone());
+            v.push(("--tokenizer (sha256)", sha.unwrap_or_else(|| "none".into())));
         }
         v.extend([
             ("vocab_size", m.vocab_size.to_string()),

@@ -89,7 +89,9 @@ fn reference_digest(extra: &[&str]) -> String {
     argv.extend_from_slice(TINY);
     argv.extend_from_slice(extra);
     let cli = Cli::try_parse_from(argv).expect("flags parse");
-    let Sub::Train(args) = cli.command;
+    let Sub::Train(args) = cli.command else {
+        panic!("parsed as another command")
+    };
     let run = resolve_run(&args, None).expect("run resolves").run;
     let mut t = Trainer::new(CpuModel::new(run.model.clone()).unwrap(), run).unwrap();
     train_by_definition(&mut t);

@@ -187,7 +187,9 @@ fn train_default_cpu_model(reducer: TreeReducer, logical: usize, steps: u64) -> 
         "--logical-world",
         &logical_s,
     ];
-    let Command::Train(args) = Cli::try_parse_from(argv).expect("flags parse").command;
+    let Command::Train(args) = Cli::try_parse_from(argv).expect("flags parse").command else {
+        panic!("parsed as another command")
+    };
     let mut run = resolve_run(&args, None).expect("default run resolves").run;
     run.contract = ReduceContract::NcclSum;
     let model = CpuModel::new(run.model.clone()).expect("model");

@@ -1,5 +1,5 @@
 //! The `mamba-train` command line: arguments, defaults, resolution against a
-//! checkpoint, progress display, and the `train` command.
+//! checkpoint, progress display, the `train` command, and `tokenize`.
 
 pub mod args;
 pub mod context;
@@ -11,6 +11,8 @@ pub mod report;
 pub mod resolve;
 pub mod run;
 pub mod run_dir;
+pub mod tokenize;
 
-pub use args::{Cli, Command, Device, TrainArgs};
+pub use args::{Cli, Command, Device, TokenizeArgs, TrainArgs};
 pub use run::{rank_prefix, train, TrainOutcome, TrainSummary, METRICS_FILE, PLOT_FILE};
+pub use tokenize::run_tokenize;

@@ -11,17 +11,20 @@ use std::sync::Arc;
 use super::args::TrainArgs;
 use super::defaults as d;
 use crate::config::ModelConfig;
-use crate::data::{InductionConfig, SelectiveCopyConfig, TaskKind, TaskSpec, TextConfig};
+use crate::data::token_file::TokenRequest;
+use crate::data::{
+    Corpus, InductionConfig, SelectiveCopyConfig, TaskKind, TaskSpec, TextConfig, TokenFilesConfig,
+};
 use crate::error::{Result, TrainError};
 use crate::optim::{AdamWConfig, Schedule};
 use crate::train::{RunConfig, DEFAULT_CONTRACT};
 
-/// A resolved run, plus the corpus when a text file was read to build it.
+/// A resolved run, plus the corpus when its files were read to build it.
 pub struct Resolved {
     /// The run.
     pub run: RunConfig,
-    /// The text corpus, when `--data` was read here.
-    pub corpus: Option<Arc<Vec<u8>>>,
+    /// The text or token corpus, when `--data` was read here.
+    pub corpus: Option<Arc<Corpus>>,
 }
 
 fn pick<T>(flag: Option<T>, recorded: Option<T>, default: T) -> T {
@@ -75,6 +78,126 @@ pub fn logical_world(
     Ok(l)
 }
 
+/// Refuse data flags the task does not use, naming them.
+fn check_data_flags(args: &TrainArgs, kind: TaskKind) -> Result<()> {
+    let lm = matches!(kind, TaskKind::Text | TaskKind::Tokens);
+    let given = |set: bool, flag: &'static str| set.then_some(flag);
+    let lm_flags: Vec<&str> = [
+        given(args.data.is_some(), "--data"),
+        given(args.tokenizer.is_some(), "--tokenizer"),
+        given(args.val_fraction.is_some(), "--val-fraction"),
+        given(args.token_dtype.is_some(), "--token-dtype"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !lm && !lm_flags.is_empty() {
+        return Err(TrainError::Config(format!(
+            "{} only used by --task text and --task tokens (the {kind} task generates its own data)",
+            if lm_flags.len() == 1 {
+                format!("{} is", lm_flags[0])
+            } else {
+                format!("{} are", lm_flags.join(", "))
+            }
+        )));
+    }
+    if lm && (args.memorize.is_some() || args.alphabet.is_some()) {
+        return Err(TrainError::Config(
+            "--memorize and --alphabet are for the synthetic tasks; text and tokens take their \
+             vocabulary from the data"
+                .into(),
+        ));
+    }
+    if kind == TaskKind::Text && args.token_dtype.is_some() {
+        return Err(TrainError::Config(
+            "--token-dtype is for --task tokens (the width of its token files)".into(),
+        ));
+    }
+    if kind == TaskKind::Tokens && args.val_fraction.is_some() {
+        return Err(TrainError::Config(
+            "--val-fraction is for --task text; the held-out split of --task tokens is its \
+             val.bin (set its size with `mamba-train tokenize --val-fraction`)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The text task: `--data` read (and tokenized) here, or on resume the
+/// recorded corpus (read again when the run starts).
+fn resolve_text(
+    args: &TrainArgs,
+    rec: Option<&TextConfig>,
+) -> Result<(TaskSpec, Option<Arc<Corpus>>)> {
+    let seq_len = pick(args.seq_len, rec.map(|c| c.seq_len), d::TEXT_SEQ_LEN);
+    let val_fraction = pick(
+        args.val_fraction,
+        rec.map(|c| c.val_fraction),
+        d::VAL_FRACTION,
+    );
+    let recorded_tokenizer = rec
+        .and_then(|c| c.tokenizer.as_ref())
+        .map(|t| t.path.clone());
+    let tokenizer = args.tokenizer.clone().or(recorded_tokenizer);
+    let path = match (&args.data, rec) {
+        (Some(path), _) => path.clone(),
+        (None, Some(c)) if args.tokenizer.is_none() => {
+            let task = TextConfig {
+                seq_len,
+                val_fraction,
+                ..c.clone()
+            };
+            return Ok((TaskSpec::Text(task), None));
+        }
+        (None, Some(c)) => c.path.clone(),
+        (None, None) => {
+            return Err(TrainError::Config(
+                "--task text needs --data PATH (the text file or directory to train on)".into(),
+            ))
+        }
+    };
+    let (cfg, corpus) = TextConfig::from_data(&path, tokenizer.as_deref(), seq_len, val_fraction)?;
+    Ok((TaskSpec::Text(cfg), Some(Arc::new(corpus))))
+}
+
+/// The token-file task: `--data` opened here, or on resume the recorded
+/// files (opened again when the run starts).
+fn resolve_tokens(
+    args: &TrainArgs,
+    rec: Option<&TokenFilesConfig>,
+) -> Result<(TaskSpec, Option<Arc<Corpus>>)> {
+    let seq_len = pick(args.seq_len, rec.map(|c| c.seq_len), d::TEXT_SEQ_LEN);
+    let dir =
+        match (&args.data, rec) {
+            (Some(path), _) => path.clone(),
+            (None, Some(c)) if args.tokenizer.is_none() && args.token_dtype.is_none() => {
+                let task = TokenFilesConfig {
+                    seq_len,
+                    ..c.clone()
+                };
+                return Ok((TaskSpec::Tokens(task), None));
+            }
+            (None, Some(c)) => c.dir.clone(),
+            (None, None) => return Err(TrainError::Config(
+                "--task tokens needs --data DIR (a directory holding train.bin and val.bin, as \
+                 `mamba-train tokenize` writes them)"
+                    .into(),
+            )),
+        };
+    let recorded_tokenizer = rec
+        .and_then(|c| c.tokenizer.as_ref())
+        .map(|t| t.path.clone());
+    let tokenizer = args.tokenizer.clone().or(recorded_tokenizer);
+    let (cfg, corpus) = TokenFilesConfig::open(TokenRequest {
+        data: &dir,
+        seq_len,
+        dtype: args.token_dtype.or(rec.map(|c| c.dtype)),
+        tokenizer: tokenizer.as_deref(),
+        vocab_size: args.vocab_size.or(rec.map(|c| c.vocab_size)),
+    })?;
+    Ok((TaskSpec::Tokens(cfg), Some(Arc::new(corpus))))
+}
+
 /// Resolve the run of `args` in a world of `world` processes (`env_logical`:
 /// `MAMBA_LOGICAL_WORLD`), given the recorded run of a checkpoint when
 /// resuming.
@@ -93,11 +216,7 @@ pub fn resolve_run_in(
     // The recorded task, only when it is the same kind (otherwise its shape
     // does not apply; the kind mismatch is reported by the comparison).
     let same = recorded.map(|r| &r.task).filter(|t| t.kind() == kind);
-    if kind != TaskKind::Text && args.data.is_some() {
-        return Err(TrainError::Config(format!(
-            "--data is only used by --task text (the {kind} task generates its own data)"
-        )));
-    }
+    check_data_flags(args, kind)?;
     let mut corpus = None;
     let task = match kind {
         TaskKind::SelectiveCopy => {
@@ -127,47 +246,53 @@ pub fn resolve_run_in(
             })
         }
         TaskKind::Text => {
-            if args.memorize.is_some() || args.alphabet.is_some() {
-                return Err(TrainError::Config(
-                    "--memorize and --alphabet are for the synthetic tasks; text has 256 byte values".into(),
-                ));
-            }
             let rec = match same {
                 Some(TaskSpec::Text(c)) => Some(c),
                 _ => None,
             };
-            let seq_len = pick(args.seq_len, rec.map(|c| c.seq_len), d::TEXT_SEQ_LEN);
-            match (&args.data, rec) {
-                (Some(path), _) => {
-                    let (cfg, bytes) = TextConfig::from_file(path, seq_len)?;
-                    corpus = Some(bytes);
-                    TaskSpec::Text(cfg)
-                }
-                (None, Some(c)) => TaskSpec::Text(TextConfig {
-                    seq_len,
-                    ..c.clone()
-                }),
-                (None, None) => {
-                    return Err(TrainError::Config(
-                        "--task text needs --data PATH (the file to train on)".into(),
-                    ))
-                }
-            }
+            let (task, loaded) = resolve_text(args, rec)?;
+            corpus = loaded;
+            task
+        }
+        TaskKind::Tokens => {
+            let rec = match same {
+                Some(TaskSpec::Tokens(c)) => Some(c),
+                _ => None,
+            };
+            let (task, loaded) = resolve_tokens(args, rec)?;
+            corpus = loaded;
+            task
         }
     };
 
     let rm = recorded.map(|r| &r.model);
     let d_model = pick(args.d_model, rm.map(|m| m.d_model), d::D_MODEL);
     let layers = pick(args.layers, rm.map(|m| m.n_layer), d::LAYERS);
+    // The vocabulary: fixed by a synthetic or byte-level task; for a
+    // tokenized one the flag, else the checkpoint's, else the tokenizer's
+    // rounded up (`TaskSpec::vocab_size`). `RunConfig::validate` refuses one
+    // smaller than the tokenizer's.
+    let vocab = match (args.vocab_size, task.vocab_is_open()) {
+        (Some(_), false) => {
+            return Err(TrainError::Config(format!(
+                "--vocab-size is for tokenized runs (--tokenizer, or --task tokens); the {kind} \
+                 task's vocabulary is fixed at {}",
+                task.vocab_size()
+            )))
+        }
+        (Some(v), true) => v,
+        (None, true) => rm
+            .filter(|_| same.is_some())
+            .map_or(task.vocab_size(), |m| m.vocab_size),
+        (None, false) => task.vocab_size(),
+    };
     let model = match rm {
         // Keep the recorded shape's other fields when the flags agree, so a
         // checkpoint with non-default d_state etc. resumes.
-        Some(m)
-            if m.d_model == d_model && m.n_layer == layers && m.vocab_size == task.vocab_size() =>
-        {
+        Some(m) if m.d_model == d_model && m.n_layer == layers && m.vocab_size == vocab => {
             m.clone()
         }
-        _ => ModelConfig::new(task.vocab_size(), d_model, layers),
+        _ => ModelConfig::new(vocab, d_model, layers),
     };
 
     let steps = pick(
