@@ -1,5 +1,6 @@
 //! `mamba-train`: a Mamba-1 language model (CPU reference, CUDA path), AdamW,
-//! synthetic and byte-level data, checkpoints, and the deterministic
+//! data (synthetic tasks, byte-level or tokenized text, memory-mapped token
+//! files, with held-out splits), checkpoints, and the deterministic
 //! data-parallel trainer.
 
 pub mod checkpoint;

@@ -27,6 +27,8 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once per process: the size of the train variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Train a model (CPU by default); prints `weights-digest: <hex>` last.
@@ -300,6 +302,7 @@ mod tests {
                 format!("{:.1}", crate::optim::AdamWConfig::default().clip_norm),
             ),
             ("seed", d::SEED.to_string()),
+            ("val_fraction", d::VAL_FRACTION.to_string()),
         ];
         for (id, value) in want {
             let h = help(id);
@@ -310,6 +313,13 @@ mod tests {
         }
         assert!(help("task").contains(d::TASK.name()));
         assert!(help("contract").contains("[default: fixed-order]"));
+        let tokenize = cmd.find_subcommand_mut("tokenize").unwrap();
+        let arg = tokenize
+            .get_arguments()
+            .find(|a| a.get_id() == "val_fraction")
+            .unwrap();
+        let default: Vec<_> = arg.get_default_values().iter().collect();
+        assert_eq!(default, [&d::TOKENIZE_VAL_FRACTION.to_string()]);
     }
 
     #[test]

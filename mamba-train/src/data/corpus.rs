@@ -46,7 +46,8 @@ pub fn list_documents(inputs: &[PathBuf], flag: &str) -> Result<Vec<Document>> {
     for input in inputs {
         let meta = fs::metadata(input).map_err(|e| {
             TrainError::Data(format!(
-                "{flag} {}: cannot read it: {e} (expected a text file or a directory of text files)",
+                "cannot read the text corpus {flag} {}: {e} (expected a text file or a \
+                 directory of text files)",
                 input.display()
             ))
         })?;
@@ -334,7 +335,10 @@ mod tests {
         let stats = encode_documents(
             &codec,
             &docs,
-            &mut |t| Ok(got.extend_from_slice(t)),
+            &mut |t| {
+                got.extend_from_slice(t);
+                Ok(())
+            },
             &mut |_| {},
         )
         .unwrap();
@@ -361,7 +365,10 @@ mod tests {
         encode_documents(
             &Codec::bytes(),
             &bad,
-            &mut |t| Ok(bytes.extend_from_slice(t)),
+            &mut |t| {
+                bytes.extend_from_slice(t);
+                Ok(())
+            },
             &mut |_| {},
         )
         .unwrap();
