@@ -9,6 +9,7 @@ pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod resolve;
+mod resolve_data;
 pub mod run;
 pub mod run_dir;
 pub mod tokenize;
