@@ -1,5 +1,6 @@
 //! `mamba-train`: a Mamba-1 language model (CPU reference, CUDA path), AdamW,
-//! synthetic and byte-level data, checkpoints, the deterministic
+//! data (synthetic tasks, byte-level or tokenized text, memory-mapped token
+//! files, with held-out splits), checkpoints, the deterministic
 //! data-parallel trainer, and text generation by recurrent decoding.
 
 pub mod checkpoint;

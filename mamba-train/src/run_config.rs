@@ -65,20 +65,7 @@ impl RunConfig {
                 "must be at least 1, got 0",
             ));
         }
-        // A larger vocabulary is a pretrained model's (`--init-from`):
-        // the task's tokens are its first ids and the rest stay unused.
-        let want = self.task.vocab_size();
-        if self.model.vocab_size < want {
-            return Err(TrainError::setting(
-                "vocab_size",
-                format!(
-                    "of the model is {} but the {} task's tokens need at least {want}",
-                    self.model.vocab_size,
-                    self.task.kind()
-                ),
-            ));
-        }
-        Ok(())
+        self.task.check_model_vocab(self.model.vocab_size)
     }
 
     /// Tokens consumed by one step (all logical micro-batches).
@@ -87,8 +74,9 @@ impl RunConfig {
     }
 
     /// Every setting (by its user-facing name) with its value, for
-    /// comparisons. Text tasks contribute the corpus digest, not its path:
-    /// a moved file is the same data.
+    /// comparisons. Text and token tasks contribute the data's identity
+    /// (digests, fingerprints) and the tokenizer's SHA-256, not their
+    /// paths: a moved file is the same data.
     fn fields(&self) -> Vec<(&'static str, String)> {
         let m = &self.model;
         let o = &self.optimizer;
@@ -104,7 +92,22 @@ impl RunConfig {
                 v.push(("alphabet", c.alphabet.to_string()));
             }
             TaskSpec::Induction(c) => v.push(("alphabet", c.alphabet.to_string())),
-            TaskSpec::Text(c) => v.push(("data (sha256 of the corpus)", c.file_sha256.clone())),
+            TaskSpec::Text(c) => {
+                v.push(("--data (sha256 of the corpus)", c.corpus_sha256.clone()));
+                v.push(("val_fraction", c.val_fraction.to_string()));
+            }
+            TaskSpec::Tokens(c) => {
+                let print = |f: &crate::data::token_file::FileFingerprint| {
+                    format!("{} bytes, sampled sha256 {}", f.bytes, f.sampled_sha256)
+                };
+                v.push(("--data (train.bin)", print(&c.train)));
+                v.push(("--data (val.bin)", print(&c.val)));
+                v.push(("token_dtype", c.dtype.to_string()));
+            }
+        }
+        if matches!(self.task, TaskSpec::Text(_) | TaskSpec::Tokens(_)) {
+            let sha = self.task.tokenizer().map(|t| t.sha256.clone());
+            v.push(("--tokenizer (sha256)", sha.unwrap_or_else(|| "none".into())));
         }
         v.extend([
             ("vocab_size", m.vocab_size.to_string()),

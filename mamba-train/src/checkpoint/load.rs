@@ -111,6 +111,42 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
     let hf_bytes = checked(HF_CONFIG_FILE)?;
     let w_bytes = checked(WEIGHTS_FILE)?;
     let o_bytes = checked(OPTIMIZER_FILE)?;
+    let tokenizer_json = match (
+        digests.contains_key(TOKENIZER_FILE),
+        state.run.task.tokenizer(),
+    ) {
+        (true, Some(rec)) => {
+            let bytes = checked(TOKENIZER_FILE)?;
+            let sha = bytes_digest(&bytes);
+            if sha != rec.sha256 {
+                return Err(ck_err(
+                    &dir.join(TOKENIZER_FILE),
+                    format!(
+                        "{TOKENIZER_FILE} has sha256 {sha} but the run's tokenizer has {}",
+                        rec.sha256
+                    ),
+                ));
+            }
+            Some(bytes)
+        }
+        (false, Some(rec)) => {
+            return Err(ck_err(
+                &st_path,
+                format!(
+                    "the run was trained with the tokenizer {} but the checkpoint holds no \
+                     {TOKENIZER_FILE}",
+                    rec.path.display()
+                ),
+            ))
+        }
+        (true, None) => {
+            return Err(ck_err(
+                &st_path,
+                format!("records a {TOKENIZER_FILE} but the run has no tokenizer"),
+            ))
+        }
+        (false, None) => None,
+    };
     state
         .run
         .model
@@ -147,6 +183,7 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
         params,
         exp_avg,
         exp_avg_sq,
+        tokenizer_json,
     })
 }
 

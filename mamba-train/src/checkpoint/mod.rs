@@ -7,6 +7,7 @@
 //!     config.json                    Hugging Face MambaConfig
 //!     model.safetensors              weights, Hugging Face names and shapes, F32
 //!     optimizer.safetensors          exp_avg.<name>, exp_avg_sq.<name>
+//!     tokenizer.json                 the run's tokenizer, when it has one
 //!     state.json                     step, seed, data position, run identity,
 //!                                    device, precision, schedule changes, and
 //!                                    the SHA-256 of every other file and of itself
@@ -54,6 +55,9 @@ pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "state.json";
 /// Hugging Face config file name.
 pub const HF_CONFIG_FILE: &str = "config.json";
+/// The run's tokenizer, copied into each checkpoint of a tokenized run
+/// (the name `transformers`' `AutoTokenizer` looks for).
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
 /// Name prefix of first-moment tensors in [`OPTIMIZER_FILE`].
 pub const EXP_AVG: &str = "exp_avg.";
 /// Name prefix of second-moment tensors in [`OPTIMIZER_FILE`].
@@ -84,6 +88,9 @@ pub struct CheckpointRef<'a> {
     pub exp_avg: &'a [f32],
     /// AdamW second moments.
     pub exp_avg_sq: &'a [f32],
+    /// The bytes of the run's `tokenizer.json`, if it has one (its SHA-256
+    /// must be the one the run's task records).
+    pub tokenizer_json: Option<&'a [u8]>,
 }
 
 /// A loaded and verified checkpoint.
@@ -101,6 +108,9 @@ pub struct Checkpoint {
     pub exp_avg: Vec<f32>,
     /// AdamW second moments.
     pub exp_avg_sq: Vec<f32>,
+    /// The run's `tokenizer.json` ([`TOKENIZER_FILE`]), digest-checked and
+    /// the one the run's task records; `None` for a run without one.
+    pub tokenizer_json: Option<Vec<u8>>,
 }
 
 pub(crate) fn ck_err(path: &Path, detail: impl Into<String>) -> TrainError {
@@ -211,6 +221,7 @@ mod tests {
             params: t3.params(),
             exp_avg: adamw.exp_avg(),
             exp_avg_sq: adamw.exp_avg_sq(),
+            tokenizer_json: None,
         };
         let mut files = Vec::new();
         let err = save_with_hook(dir.path(), &ck, 2, &mut |p| {
@@ -399,6 +410,7 @@ mod tests {
             params: &params,
             exp_avg: adamw.exp_avg(),
             exp_avg_sq: adamw.exp_avg_sq(),
+            tokenizer_json: None,
         };
         let meta = CheckpointMeta::default();
         // At every step of the re-save, what LATEST names loads; and a

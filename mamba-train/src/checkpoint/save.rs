@@ -105,11 +105,15 @@ pub fn save_with_meta(
     .map_err(|e| ck_err(&root, format!("encoding optimizer moments: {e}")))?;
     let hf = serde_json::to_vec_pretty(&hf_config::hf_config_json(&state.run.model))
         .map_err(|e| ck_err(&root, format!("encoding config.json: {e}")))?;
-    let files = [
+    let tokenizer = ck.tokenizer_json.map(<[u8]>::to_vec);
+    let mut files = vec![
         (HF_CONFIG_FILE, &hf),
         (WEIGHTS_FILE, &weights),
         (OPTIMIZER_FILE, &moments),
     ];
+    if let Some(t) = &tokenizer {
+        files.push((TOKENIZER_FILE, t));
+    }
     let st = state_json(state, meta, &files)
         .map_err(|e| ck_err(&root, format!("encoding state.json: {e}")))?;
 
@@ -156,7 +160,7 @@ pub fn save_with_meta(
                 fs::remove_dir_all(&linked)?;
             }
             fs::create_dir(&linked)?;
-            for file in [HF_CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE] {
+            for file in files.iter().map(|f| f.0).chain([STATE_FILE]) {
                 let (from, to) = (tmp.join(file), linked.join(file));
                 if fs::hard_link(&from, &to).is_err() {
                     atomic::write_synced(&to, &fs::read(&from)?)?;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mamba_reduce::ReduceContract;
 
-use crate::data::TaskKind;
+use crate::data::{TaskKind, TokenDtype};
 
 /// `mamba-train`: deterministic Mamba training.
 #[derive(Debug, Parser)]
@@ -38,6 +38,9 @@ pub enum Command {
     Generate(super::generate::GenerateArgs),
     /// Held-out loss, perplexity and accuracy of a checkpoint.
     Eval(super::eval::EvalArgs),
+    /// Turn text files or directories into token files (train.bin, val.bin,
+    /// meta.json, tokenizer.json) for `train --task tokens --data DIR`.
+    Tokenize(TokenizeArgs),
 }
 
 /// `--task` values.
@@ -47,8 +50,12 @@ pub enum CliTask {
     SelectiveCopy,
     /// Induction heads (Mamba paper 4.1.2).
     Induction,
-    /// Byte-level language modelling on `--data PATH`.
+    /// Language modelling on the text file or directory `--data PATH`:
+    /// byte-level, or tokenized at the start with `--tokenizer`.
     Text,
+    /// Language modelling on pre-tokenized token files, `--data DIR` (its
+    /// train.bin; evaluation reads its val.bin).
+    Tokens,
 }
 
 impl From<CliTask> for TaskKind {
@@ -57,6 +64,7 @@ impl From<CliTask> for TaskKind {
             CliTask::SelectiveCopy => TaskKind::SelectiveCopy,
             CliTask::Induction => TaskKind::Induction,
             CliTask::Text => TaskKind::Text,
+            CliTask::Tokens => TaskKind::Tokens,
         }
     }
 }
@@ -84,9 +92,30 @@ pub struct TrainArgs {
     /// Task to train on [default: selective-copy].
     #[arg(long, value_enum)]
     pub task: Option<CliTask>,
-    /// Text file for `--task text` (byte-level, vocabulary 256).
+    /// `--task text`: a text file or a directory of them (recursively, in
+    /// sorted order). `--task tokens`: a directory holding train.bin and
+    /// val.bin (or the path of its train.bin).
     #[arg(long, value_name = "PATH")]
     pub data: Option<PathBuf>,
+    /// A Hugging Face tokenizer.json: `--task text` tokenizes --data with it
+    /// at the start; `--task tokens` checks the files were made with it
+    /// (default: the tokenizer.json beside them, if any). Without it text is
+    /// byte-level (vocabulary 256). Copied into every checkpoint.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// `--task text`: share of the tokens held out for evaluation (the
+    /// corpus's tail); training never reads them [default: 0.1].
+    #[arg(long, value_name = "F")]
+    pub val_fraction: Option<f64>,
+    /// `--task tokens`: width of the tokens in train.bin/val.bin, which have
+    /// no header [default: meta.json's, else u16 (nanoGPT's)].
+    #[arg(long, value_name = "u16|u32", value_parser = parse_dtype)]
+    pub token_dtype: Option<TokenDtype>,
+    /// Model vocabulary of a tokenized run (--tokenizer or --task tokens): at
+    /// least the tokenizer's [default: the tokenizer's, rounded up to a
+    /// multiple of 8; without a tokenizer or meta.json, required].
+    #[arg(long, value_name = "N")]
+    pub vocab_size: Option<usize>,
     /// Total optimizer steps of the run, the schedule's length [default: 2000].
     #[arg(long, value_name = "N")]
     pub steps: Option<u64>,
@@ -239,6 +268,38 @@ impl Cli {
     }
 }
 
+/// `mamba-train tokenize` flags.
+#[derive(Clone, Debug, Args)]
+pub struct TokenizeArgs {
+    /// The Hugging Face tokenizer.json to encode with.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: PathBuf,
+    /// Directory to write train.bin, val.bin, meta.json and a copy of the
+    /// tokenizer into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Share of the tokens held out in val.bin (the stream's tail).
+    #[arg(long, value_name = "F", default_value_t = super::defaults::TOKENIZE_VAL_FRACTION)]
+    pub val_fraction: f64,
+    /// Width of the written tokens [default: u16 when the vocabulary fits, else u32].
+    #[arg(long, value_name = "u16|u32", value_parser = parse_dtype)]
+    pub token_dtype: Option<TokenDtype>,
+    /// Replace the token files already in --out.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Text files or directories (read recursively, in sorted path order),
+    /// in the order given; each file is one document, followed by the
+    /// tokenizer's end-of-text token if it has one.
+    #[arg(value_name = "INPUT", required = true)]
+    pub inputs: Vec<PathBuf>,
+}
+
+/// `--token-dtype` values.
+fn parse_dtype(s: &str) -> Result<TokenDtype, String> {
+    s.parse()
+        .map_err(|e: crate::error::TrainError| e.to_string())
+}
+
 /// `--contract` values: the names [`ReduceContract`] parses.
 fn parse_contract(s: &str) -> Result<ReduceContract, String> {
     match s {
@@ -290,6 +351,7 @@ mod tests {
                 format!("{:.1}", crate::optim::AdamWConfig::default().clip_norm),
             ),
             ("seed", d::SEED.to_string()),
+            ("val_fraction", d::VAL_FRACTION.to_string()),
         ];
         for (id, value) in want {
             let h = help(id);
@@ -300,6 +362,13 @@ mod tests {
         }
         assert!(help("task").contains(d::TASK.name()));
         assert!(help("contract").contains("[default: fixed-order]"));
+        let tokenize = cmd.find_subcommand_mut("tokenize").unwrap();
+        let arg = tokenize
+            .get_arguments()
+            .find(|a| a.get_id() == "val_fraction")
+            .unwrap();
+        let default: Vec<_> = arg.get_default_values().iter().collect();
+        assert_eq!(default, [&d::TOKENIZE_VAL_FRACTION.to_string()]);
     }
 
     #[test]

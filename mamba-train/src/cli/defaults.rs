@@ -16,6 +16,11 @@ pub const BATCH: usize = 16;
 pub const SEQ_LEN: usize = 48;
 /// Tokens per row for text.
 pub const TEXT_SEQ_LEN: usize = 128;
+/// Share of a text corpus held out for evaluation (`train --task text`).
+pub const VAL_FRACTION: f64 = 0.1;
+/// Share of the tokens `tokenize` holds out in val.bin (corpora given to it
+/// are larger: 1% is plenty to evaluate on).
+pub const TOKENIZE_VAL_FRACTION: f64 = 0.01;
 /// Selective copy: tokens to remember.
 pub const MEMORIZE: usize = 8;
 /// Synthetic tasks: distinct data tokens.

@@ -1,6 +1,6 @@
 //! The `mamba-train` command line: arguments, defaults, resolution against a
-//! checkpoint, progress display, and the `train`, `generate` and `eval`
-//! commands.
+//! checkpoint, progress display, and the `train`, `generate`, `eval` and
+//! `tokenize` commands.
 
 pub mod args;
 pub mod config_file;
@@ -14,11 +14,14 @@ pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod resolve;
+mod resolve_data;
 pub mod run;
 pub mod run_dir;
 pub mod source;
+pub mod tokenize;
 
-pub use args::{Cli, Command, Device, TrainArgs};
+pub use args::{Cli, Command, Device, TokenizeArgs, TrainArgs};
 pub use eval::{eval, EvalArgs, EvalOutcome};
 pub use generate::{generate, GenerateArgs};
 pub use run::{rank_prefix, train, TrainOutcome, TrainSummary, METRICS_FILE, PLOT_FILE};
+pub use tokenize::run_tokenize;

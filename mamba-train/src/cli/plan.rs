@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::args::TrainArgs;
 use super::resolve::resolve_run_in;
 use crate::checkpoint::{self, state::RunState, ScheduleChange, STATE_FILE};
+use crate::data::Corpus;
 use crate::error::{Result, TrainError};
 use crate::train::RunConfig;
 
@@ -23,7 +24,7 @@ pub(super) struct EnvRun {
 /// computes it.
 pub(super) struct Plan {
     pub(super) run: RunConfig,
-    pub(super) corpus: Option<Arc<Vec<u8>>>,
+    pub(super) corpus: Option<Arc<Corpus>>,
     /// Where the loop ends (`--stop-at` or the run's steps).
     pub(super) end: u64,
     /// The schedule's extension (`--extend`), if any.

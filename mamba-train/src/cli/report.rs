@@ -73,9 +73,24 @@ pub(crate) fn describe(
         ),
         TaskSpec::Induction(c) => format!("induction (seq {}, {} symbols)", c.seq_len, c.alphabet),
         TaskSpec::Text(c) => format!(
-            "text {} ({} bytes, seq {})",
+            "text {} ({} bytes, {} {}, {} held out; seq {})",
             c.path.display(),
-            c.file_len,
+            c.corpus_bytes,
+            c.tokens,
+            match &c.tokenizer {
+                Some(t) => format!("tokens of {}", t.path.display()),
+                None => "byte tokens".into(),
+            },
+            c.held_out_tokens,
+            c.seq_len
+        ),
+        TaskSpec::Tokens(c) => format!(
+            "tokens {} ({} + {} held-out {} tokens, vocabulary {}; seq {})",
+            c.dir.display(),
+            c.train.bytes / c.dtype.width() as u64,
+            c.val.bytes / c.dtype.width() as u64,
+            c.dtype,
+            c.vocab_size,
             c.seq_len
         ),
     };

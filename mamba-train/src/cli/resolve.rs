@@ -11,20 +11,21 @@ use std::sync::Arc;
 
 use super::args::TrainArgs;
 use super::defaults as d;
+use super::resolve_data::{check_data_flags, resolve_text, resolve_tokens};
 use crate::checkpoint;
 use crate::config::ModelConfig;
-use crate::data::{InductionConfig, SelectiveCopyConfig, TaskKind, TaskSpec, TextConfig};
+use crate::data::{Corpus, InductionConfig, SelectiveCopyConfig, TaskKind, TaskSpec};
 use crate::error::{Result, TrainError};
 use crate::optim::{AdamWConfig, Schedule};
 use crate::train::{RunConfig, DEFAULT_CONTRACT};
 use mamba_reduce::ReduceContract;
 
-/// A resolved run, plus the corpus when a text file was read to build it.
+/// A resolved run, plus the corpus when its files were read to build it.
 pub struct Resolved {
     /// The run.
     pub run: RunConfig,
-    /// The text corpus, when `--data` was read here.
-    pub corpus: Option<Arc<Vec<u8>>>,
+    /// The text or token corpus, when `--data` was read here.
+    pub corpus: Option<Arc<Corpus>>,
 }
 
 fn pick<T>(flag: Option<T>, recorded: Option<T>, default: T) -> T {
@@ -113,11 +114,7 @@ pub fn resolve_run_in(
     // The recorded task, only when it is the same kind (otherwise its shape
     // does not apply; the kind mismatch is reported by the comparison).
     let same = recorded.map(|r| &r.task).filter(|t| t.kind() == kind);
-    if kind != TaskKind::Text && args.data.is_some() {
-        return Err(TrainError::Config(format!(
-            "--data is only used by --task text (the {kind} task generates its own data)"
-        )));
-    }
+    check_data_flags(args, kind)?;
     let mut corpus = None;
     let task = match kind {
         TaskKind::SelectiveCopy => {
@@ -147,49 +144,59 @@ pub fn resolve_run_in(
             })
         }
         TaskKind::Text => {
-            if args.memorize.is_some() || args.alphabet.is_some() {
-                return Err(TrainError::Config(
-                    "--memorize and --alphabet are for the synthetic tasks; text has 256 byte values".into(),
-                ));
-            }
             let rec = match same {
                 Some(TaskSpec::Text(c)) => Some(c),
                 _ => None,
             };
-            let seq_len = pick(args.seq_len, rec.map(|c| c.seq_len), d::TEXT_SEQ_LEN);
-            match (&args.data, rec) {
-                (Some(path), _) => {
-                    let (cfg, bytes) = TextConfig::from_file(path, seq_len)?;
-                    corpus = Some(bytes);
-                    TaskSpec::Text(cfg)
-                }
-                (None, Some(c)) => TaskSpec::Text(TextConfig {
-                    seq_len,
-                    ..c.clone()
-                }),
-                (None, None) => {
-                    return Err(TrainError::Config(
-                        "--task text needs --data PATH (the file to train on)".into(),
-                    ))
-                }
-            }
+            let (task, loaded) = resolve_text(args, rec)?;
+            corpus = loaded;
+            task
+        }
+        TaskKind::Tokens => {
+            let rec = match same {
+                Some(TaskSpec::Tokens(c)) => Some(c),
+                _ => None,
+            };
+            let (task, loaded) = resolve_tokens(args, rec)?;
+            corpus = loaded;
+            task
         }
     };
 
     let rm = recorded.map(|r| &r.model);
     let d_model = pick(args.d_model, rm.map(|m| m.d_model), d::D_MODEL);
     let layers = pick(args.layers, rm.map(|m| m.n_layer), d::LAYERS);
+    // The vocabulary: fixed by a synthetic or byte-level task; for a
+    // tokenized one the flag, else the checkpoint's, else the tokenizer's
+    // rounded up (`TaskSpec::vocab_size`). `RunConfig::validate` refuses one
+    // smaller than the tokenizer's.
+    let vocab = match (args.vocab_size, task.vocab_is_open()) {
+        (Some(_), false) => {
+            return Err(TrainError::Config(format!(
+                "--vocab-size is for tokenized runs (--tokenizer, or --task tokens); the {kind} \
+                 task's vocabulary is fixed at {}",
+                task.vocab_size()
+            )))
+        }
+        (Some(v), true) => v,
+        (None, true) => rm
+            .filter(|_| same.is_some())
+            .map_or(task.vocab_size(), |m| m.vocab_size),
+        (None, false) => task.vocab_size(),
+    };
     let model = match (&args.init_from, rm) {
         (Some(dir), _) => pretrained_model(args, dir, &task)?,
         // Keep the recorded shape's other fields when the flags agree, so a
         // checkpoint with non-default d_state (or a pretrained model's
         // larger vocabulary) resumes.
         (None, Some(m))
-            if m.d_model == d_model && m.n_layer == layers && m.vocab_size >= task.vocab_size() =>
+            if m.d_model == d_model
+                && m.n_layer == layers
+                && (m.vocab_size == vocab || (!task.vocab_is_open() && m.vocab_size > vocab)) =>
         {
             m.clone()
         }
-        _ => ModelConfig::new(task.vocab_size(), d_model, layers),
+        _ => ModelConfig::new(vocab, d_model, layers),
     };
 
     let steps = pick(
@@ -242,6 +249,7 @@ fn pretrained_model(args: &TrainArgs, dir: &Path, task: &TaskSpec) -> Result<Mod
     for (flag, given, theirs) in [
         ("--d-model", args.d_model, m.d_model),
         ("--layers", args.layers, m.n_layer),
+        ("--vocab-size", args.vocab_size, m.vocab_size),
     ] {
         if let Some(g) = given.filter(|&g| g != theirs) {
             return Err(TrainError::Config(format!(
@@ -250,7 +258,7 @@ fn pretrained_model(args: &TrainArgs, dir: &Path, task: &TaskSpec) -> Result<Mod
             )));
         }
     }
-    let need = task.vocab_size();
+    let need = task.token_vocab();
     if m.vocab_size < need {
         return Err(TrainError::Config(format!(
             "--init-from {shown}: the model's vocabulary has {} tokens, but the {} task uses {need}; \

@@ -29,7 +29,7 @@ use super::progress::stderr_line;
 use super::report::plural;
 use super::run_dir::{check_run_dir, run_dir_of, RunLock};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, InitRecord, PRECISION_F32};
-use crate::data::{Dataset, TaskSpec};
+use crate::data::Dataset;
 #[cfg(feature = "fault-injection")]
 use crate::dp::FaultHooks;
 use crate::dp::{self, DataParallel, DpOptions};
@@ -286,9 +286,9 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
         }
         None => None,
     };
-    let data = match (&run.task, plan.corpus.clone()) {
-        (TaskSpec::Text(t), Some(bytes)) => Dataset::with_corpus(t.clone(), bytes, run.batch)?,
-        _ => Dataset::new(run.task.clone(), run.batch)?,
+    let data = match plan.corpus.clone() {
+        Some(corpus) => Dataset::with_corpus(run.task.clone(), corpus, run.batch)?,
+        None => Dataset::new(run.task.clone(), run.batch)?,
     };
     #[cfg(feature = "fault-injection")]
     let hooks = FaultHooks::from_env(&ProcessEnv)?;

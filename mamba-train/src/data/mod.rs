@@ -1,4 +1,7 @@
-//! Training data: the Mamba paper's synthetic tasks and byte-level text.
+//! Training data: the Mamba paper's synthetic tasks, text (byte-level or
+//! tokenized with a Hugging Face `tokenizer.json`) and pre-tokenized token
+//! files, each language-model task with a held-out split training never
+//! reads.
 //!
 //! **Sample law.** Row `r` of logical micro-batch `m` at step `s` is a pure
 //! function of `(master seed, s, m, r)`: its generator is seeded with
@@ -6,27 +9,43 @@
 //! world size, so a step's global batch (logical micro-batches `0..L`) is the
 //! same however the L micro-batches are spread over processes, and a resumed
 //! run needs only the step number to continue the stream. Evaluation rows use
-//! `Domain::Eval` with `[index, r]` and never coincide with training rows.
+//! `Domain::Eval` with `[index, r]` and never coincide with training rows;
+//! for text and token files they are also cut from the held-out split
+//! ([`tokens`]), which no training row touches.
 
 pub mod accuracy;
+pub mod codec;
+pub mod corpus;
+mod dataset;
 pub mod induction;
 pub mod selective_copy;
 pub mod text;
+pub mod token_file;
+pub mod tokenize;
+pub mod tokens;
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
-use crate::model::Batch;
-use crate::seed::{self, Domain, Rng};
 
 pub use accuracy::{accuracy, Accuracy};
+pub use codec::{Codec, TokenizerRecord};
+pub use dataset::Dataset;
 pub use induction::InductionConfig;
 pub use selective_copy::SelectiveCopyConfig;
 pub use text::TextConfig;
+pub use token_file::TokenFilesConfig;
+pub use tokens::{Corpus, TokenDtype};
+
+/// The default model vocabulary of a tokenized run is the tokenizer's,
+/// rounded up to a multiple of this (as the Mamba checkpoints of
+/// `transformers` pad theirs: 50277 tokens, 50280 embedding rows). The
+/// extra rows are never a target; the model learns to give them no mass.
+pub const VOCAB_MULTIPLE: usize = 8;
 
 /// The task names the CLI accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,13 +54,20 @@ pub enum TaskKind {
     SelectiveCopy,
     /// Induction heads.
     Induction,
-    /// Byte-level text from a file.
+    /// Text from a file or directory (byte-level or tokenized).
     Text,
+    /// Pre-tokenized token files.
+    Tokens,
 }
 
 impl TaskKind {
     /// Every task, in the order the help text lists them.
-    pub const ALL: [TaskKind; 3] = [TaskKind::SelectiveCopy, TaskKind::Induction, TaskKind::Text];
+    pub const ALL: [TaskKind; 4] = [
+        TaskKind::SelectiveCopy,
+        TaskKind::Induction,
+        TaskKind::Text,
+        TaskKind::Tokens,
+    ];
 
     /// The CLI spelling.
     pub fn name(self) -> &'static str {
@@ -49,6 +75,7 @@ impl TaskKind {
             TaskKind::SelectiveCopy => "selective-copy",
             TaskKind::Induction => "induction",
             TaskKind::Text => "text",
+            TaskKind::Tokens => "tokens",
         }
     }
 }
@@ -67,22 +94,24 @@ impl FromStr for TaskKind {
             .find(|k| k.name() == s)
             .ok_or_else(|| {
                 TrainError::Config(format!(
-                    "unknown task {s:?}; expected one of selective-copy, induction, text"
+                    "unknown task {s:?}; expected one of selective-copy, induction, text, tokens"
                 ))
             })
     }
 }
 
 /// A task and its shape: recorded in checkpoints, compared on resume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum TaskSpec {
     /// Selective copying.
     SelectiveCopy(SelectiveCopyConfig),
     /// Induction heads.
     Induction(InductionConfig),
-    /// Byte-level text.
+    /// Text, byte-level or tokenized at the start of the run.
     Text(TextConfig),
+    /// Pre-tokenized token files.
+    Tokens(TokenFilesConfig),
 }
 
 impl TaskSpec {
@@ -92,6 +121,7 @@ impl TaskSpec {
             TaskSpec::SelectiveCopy(_) => TaskKind::SelectiveCopy,
             TaskSpec::Induction(_) => TaskKind::Induction,
             TaskSpec::Text(_) => TaskKind::Text,
+            TaskSpec::Tokens(_) => TaskKind::Tokens,
         }
     }
 
@@ -101,16 +131,76 @@ impl TaskSpec {
             TaskSpec::SelectiveCopy(c) => c.seq_len,
             TaskSpec::Induction(c) => c.seq_len,
             TaskSpec::Text(c) => c.seq_len,
+            TaskSpec::Tokens(c) => c.seq_len,
         }
     }
 
-    /// The vocabulary the model must have.
-    pub fn vocab_size(&self) -> usize {
+    /// Every token id of the data is below this.
+    pub fn token_vocab(&self) -> usize {
         match self {
             TaskSpec::SelectiveCopy(c) => c.vocab_size(),
             TaskSpec::Induction(c) => c.vocab_size(),
-            TaskSpec::Text(_) => text::BYTE_VOCAB,
+            TaskSpec::Text(c) => c.token_vocab(),
+            TaskSpec::Tokens(c) => c.vocab_size,
         }
+    }
+
+    /// The tokenizer of the data, if it has one.
+    pub fn tokenizer(&self) -> Option<&TokenizerRecord> {
+        match self {
+            TaskSpec::Text(c) => c.tokenizer.as_ref(),
+            TaskSpec::Tokens(c) => c.tokenizer.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// True when the model's vocabulary may exceed the data's (a
+    /// tokenizer's or a token file's ids); the synthetic tasks and
+    /// byte-level text fix it.
+    pub fn vocab_is_open(&self) -> bool {
+        matches!(self, TaskSpec::Tokens(_)) || self.tokenizer().is_some()
+    }
+
+    /// The model vocabulary a run of this task gets by default: the data's,
+    /// rounded up to [`VOCAB_MULTIPLE`] when it is open.
+    pub fn vocab_size(&self) -> usize {
+        let v = self.token_vocab();
+        if self.vocab_is_open() {
+            v.div_ceil(VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+        } else {
+            v
+        }
+    }
+
+    /// Refuse a model vocabulary that cannot hold the data's ids (or, for
+    /// a fixed vocabulary, is not it), naming the flags.
+    pub fn check_model_vocab(&self, model_vocab: usize) -> Result<()> {
+        let data = self.token_vocab();
+        if self.vocab_is_open() {
+            if model_vocab < data {
+                let source = match self.tokenizer() {
+                    Some(t) => format!("the tokenizer's (--tokenizer {})", t.path.display()),
+                    None => "the token files' (--data)".to_string(),
+                };
+                return Err(TrainError::Config(format!(
+                    "the model's vocabulary of {model_vocab} (--vocab-size) is smaller than \
+                     {source} {data}: every token id needs an embedding row; use --vocab-size \
+                     {data} or more (default: {})",
+                    self.vocab_size()
+                )));
+            }
+        } else if model_vocab < data {
+            // A larger vocabulary is a pretrained model's (`--init-from`):
+            // the task's tokens are its first ids, the rest stay unused.
+            return Err(TrainError::setting(
+                "vocab_size",
+                format!(
+                    "of the model is {model_vocab} but the {} task's tokens need at least {data}",
+                    self.kind()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Accuracy of uniform guessing among the possible answers.
@@ -118,7 +208,7 @@ impl TaskSpec {
         match self {
             TaskSpec::SelectiveCopy(c) => 1.0 / c.alphabet as f64,
             TaskSpec::Induction(c) => 1.0 / c.alphabet as f64,
-            TaskSpec::Text(_) => 1.0 / text::BYTE_VOCAB as f64,
+            _ => 1.0 / self.token_vocab() as f64,
         }
     }
 
@@ -127,7 +217,8 @@ impl TaskSpec {
         match self {
             TaskSpec::SelectiveCopy(_) => "answer positions",
             TaskSpec::Induction(_) => "recall positions",
-            TaskSpec::Text(_) => "next-byte positions",
+            TaskSpec::Text(c) if c.tokenizer.is_none() => "next-byte positions",
+            TaskSpec::Text(_) | TaskSpec::Tokens(_) => "next-token positions",
         }
     }
 
@@ -136,211 +227,56 @@ impl TaskSpec {
         match self {
             TaskSpec::SelectiveCopy(c) => c.validate(),
             TaskSpec::Induction(c) => c.validate(),
-            TaskSpec::Text(c) if c.seq_len == 0 => Err(TrainError::Config(
-                "text seq_len must be at least 1, got 0".into(),
-            )),
-            TaskSpec::Text(_) => Ok(()),
+            TaskSpec::Text(_) | TaskSpec::Tokens(_) if self.seq_len() == 0 => Err(
+                TrainError::Config(format!("{} seq_len must be at least 1, got 0", self.kind())),
+            ),
+            TaskSpec::Text(_) | TaskSpec::Tokens(_) => Ok(()),
         }
     }
-}
 
-/// A task ready to draw batches: the spec plus, for text, the loaded corpus.
-#[derive(Clone, Debug)]
-pub struct Dataset {
-    spec: TaskSpec,
-    corpus: Option<Arc<Vec<u8>>>,
-    batch: usize,
-}
-
-impl Dataset {
-    /// A dataset drawing `batch` rows per micro-batch. For text, the corpus is
-    /// read from the spec's path and checked against its recorded digest.
-    pub fn new(spec: TaskSpec, batch: usize) -> Result<Self> {
-        spec.validate()?;
-        if batch == 0 {
-            return Err(TrainError::Config(
-                "batch must be at least 1 row, got 0".into(),
-            ));
-        }
-        let corpus = match &spec {
-            TaskSpec::Text(c) => Some(c.reload()?),
-            _ => None,
-        };
-        Ok(Dataset {
-            spec,
-            corpus,
-            batch,
-        })
-    }
-
-    /// A text dataset from an already loaded corpus (skips re-reading the file).
-    pub fn with_corpus(spec: TextConfig, corpus: Arc<Vec<u8>>, batch: usize) -> Result<Self> {
-        if corpus.len() as u64 != spec.file_len || corpus.len() < spec.seq_len + 1 {
-            return Err(TrainError::Data(format!(
-                "corpus of {} bytes does not match the text task ({} bytes, rows of {})",
-                corpus.len(),
-                spec.file_len,
-                spec.seq_len
-            )));
-        }
-        Dataset::new_unchecked(TaskSpec::Text(spec), Some(corpus), batch)
-    }
-
-    fn new_unchecked(spec: TaskSpec, corpus: Option<Arc<Vec<u8>>>, batch: usize) -> Result<Self> {
-        spec.validate()?;
-        if batch == 0 {
-            return Err(TrainError::Config(
-                "batch must be at least 1 row, got 0".into(),
-            ));
-        }
-        Ok(Dataset {
-            spec,
-            corpus,
-            batch,
-        })
-    }
-
-    /// The task.
-    pub fn spec(&self) -> &TaskSpec {
-        &self.spec
-    }
-
-    /// Rows per micro-batch.
-    pub fn batch_rows(&self) -> usize {
-        self.batch
-    }
-
-    /// Tokens in one micro-batch.
-    pub fn tokens_per_batch(&self) -> usize {
-        self.batch * self.spec.seq_len()
-    }
-
-    /// Logical micro-batch `micro` of step `step`.
-    pub fn train_batch(&self, master: u64, step: u64, micro: u64) -> Batch {
-        self.draw(self.batch, |row| {
-            seed::derive(master, Domain::Data, &[step, micro, row])
-        })
-    }
-
-    /// Held-out batch number `index` with `rows` rows (`Domain::Eval`).
-    pub fn eval_batch(&self, master: u64, index: u64, rows: usize) -> Batch {
-        self.draw(rows, |row| {
-            seed::derive(master, Domain::Eval, &[index, row])
-        })
-    }
-
-    fn draw(&self, rows: usize, row_seed: impl Fn(u64) -> u64) -> Batch {
-        let t = self.spec.seq_len();
-        let mut tokens = vec![0u32; rows * t];
-        let mut targets = vec![0i32; rows * t];
-        for (r, (tok, tgt)) in tokens.chunks_mut(t).zip(targets.chunks_mut(t)).enumerate() {
-            let mut rng = Rng::new(row_seed(r as u64));
-            match &self.spec {
-                TaskSpec::SelectiveCopy(c) => c.fill_row(&mut rng, tok, tgt),
-                TaskSpec::Induction(c) => c.fill_row(&mut rng, tok, tgt),
-                TaskSpec::Text(c) => {
-                    // `new`/`with_corpus` always load the corpus of a text task.
-                    let corpus = self.corpus.as_deref().map(Vec::as_slice).unwrap_or(&[]);
-                    c.fill_row(corpus, &mut rng, tok, tgt)
+    /// The codec that turns this task's text into its tokens and back, for
+    /// `generate` and `eval`: the byte codec for byte-level text, the
+    /// tokenizer for tokenized data. `tokenizer_json` is the copy a
+    /// checkpoint holds ([`crate::checkpoint::Checkpoint::tokenizer_json`],
+    /// read from `origin`); it must be the tokenizer the task records. The
+    /// synthetic tasks have no text and give an error.
+    pub fn codec(&self, tokenizer_json: Option<&[u8]>, origin: &Path) -> Result<Codec> {
+        match (self.tokenizer(), tokenizer_json) {
+            (Some(rec), Some(json)) => {
+                let codec = Codec::from_json(json.to_vec(), origin)?;
+                let sha = codec
+                    .record()
+                    .map(|r| r.sha256.as_str())
+                    .unwrap_or_default();
+                if sha != rec.sha256 {
+                    return Err(TrainError::Data(format!(
+                        "{} is not the run's tokenizer (sha256 {sha}, the run's {})",
+                        origin.display(),
+                        rec.sha256
+                    )));
                 }
+                Ok(codec)
             }
+            (Some(rec), None) => Err(TrainError::Data(format!(
+                "{} holds no tokenizer.json, but the run was trained with the tokenizer {} \
+                 (sha256 {}); pass --tokenizer with that file",
+                origin.display(),
+                rec.path.display(),
+                rec.sha256
+            ))),
+            (None, _) => match self {
+                TaskSpec::Text(_) => Ok(Codec::bytes()),
+                TaskSpec::Tokens(_) => Err(TrainError::Data(format!(
+                    "the run of {} trained on token files without a known tokenizer; pass \
+                     --tokenizer tokenizer.json to turn text into its tokens",
+                    origin.display()
+                ))),
+                _ => Err(TrainError::Data(format!(
+                    "the run of {} trained on the synthetic {} task, which has no text",
+                    origin.display(),
+                    self.kind()
+                ))),
+            },
         }
-        Batch {
-            tokens,
-            targets,
-            batch: rows,
-            seq_len: t,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::IGNORE;
-    use proptest::prelude::*;
-
-    fn copy_spec() -> TaskSpec {
-        TaskSpec::SelectiveCopy(SelectiveCopyConfig {
-            seq_len: 20,
-            n_memorize: 4,
-            alphabet: 8,
-        })
-    }
-
-    #[test]
-    fn batches_are_pure_functions_of_seed_step_micro() {
-        let d = Dataset::new(copy_spec(), 3).unwrap();
-        let a = d.train_batch(11, 5, 2);
-        assert_eq!(a, d.train_batch(11, 5, 2));
-        assert_ne!(a, d.train_batch(11, 5, 3), "micro-batches must differ");
-        assert_ne!(a, d.train_batch(11, 6, 2), "steps must differ");
-        assert_ne!(a, d.train_batch(12, 5, 2), "seeds must differ");
-        assert_ne!(
-            a.tokens,
-            d.eval_batch(11, 5, 3).tokens,
-            "eval rows are their own stream"
-        );
-        assert_eq!(a.targets.iter().filter(|&&t| t != IGNORE).count(), 3 * 4);
-    }
-
-    proptest! {
-        // Row r of a micro-batch does not depend on how many rows are drawn
-        // with it: a process drawing a slice of rows sees the same rows.
-        #[test]
-        fn a_row_depends_only_on_its_own_index(batch in 1usize..6, extra in 1usize..4, step in 0u64..1000) {
-            let small = Dataset::new(copy_spec(), batch).unwrap().train_batch(3, step, 1);
-            let big = Dataset::new(copy_spec(), batch + extra).unwrap().train_batch(3, step, 1);
-            let n = small.tokens.len();
-            prop_assert_eq!(&small.tokens[..], &big.tokens[..n]);
-            prop_assert_eq!(&small.targets[..], &big.targets[..n]);
-        }
-    }
-
-    /// The sample law is part of the run format (checkpoints resume into it,
-    /// `tests/hf_load.py` re-implements it): pin a few rows.
-    #[test]
-    fn sample_law_is_pinned() {
-        let d = Dataset::new(copy_spec(), 1).unwrap();
-        let b = d.eval_batch(3, 2, 1);
-        assert_eq!(
-            b.tokens,
-            [0, 0, 0, 0, 0, 0, 0, 7, 0, 4, 5, 5, 0, 0, 0, 0, 1, 1, 1, 1]
-        );
-        assert_eq!(&b.targets[16..], [7, 4, 5, 5]);
-        let d = Dataset::new(
-            TaskSpec::Induction(InductionConfig {
-                seq_len: 10,
-                alphabet: 5,
-            }),
-            1,
-        )
-        .unwrap();
-        let b = d.eval_batch(3, 1, 1);
-        assert_eq!(b.tokens, [4, 4, 0, 1, 5, 1, 0, 4, 3, 5]);
-        assert_eq!(b.targets[9], 1);
-    }
-
-    #[test]
-    fn task_names_round_trip_and_unknown_is_clear() {
-        for k in TaskKind::ALL {
-            assert_eq!(k.name().parse::<TaskKind>().unwrap(), k);
-        }
-        let e = "copying".parse::<TaskKind>().unwrap_err().to_string();
-        assert!(e.contains("copying") && e.contains("selective-copy"), "{e}");
-    }
-
-    #[test]
-    fn spec_serializes_with_a_kind_tag() {
-        let j = serde_json::to_string(&copy_spec()).unwrap();
-        assert!(j.contains("\"kind\":\"selective-copy\""), "{j}");
-        let back: TaskSpec = serde_json::from_str(&j).unwrap();
-        assert_eq!(back, copy_spec());
-    }
-
-    #[test]
-    fn zero_batch_is_refused() {
-        let e = Dataset::new(copy_spec(), 0).unwrap_err().to_string();
-        assert!(e.contains("batch"), "{e}");
     }
 }

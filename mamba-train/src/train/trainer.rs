@@ -240,7 +240,7 @@ impl<B: Backend> Trainer<B> {
     /// moments, step): a process holding logical ranks `a..b` calls it for
     /// each of them.
     pub fn micro_gradient(&mut self, micro: u64, grads: &mut B::Arena) -> Result<f32> {
-        let batch = self.data.train_batch(self.cfg.seed, self.step, micro);
+        let batch = self.data.train_batch(self.cfg.seed, self.step, micro)?;
         self.backend.forward_backward(&self.params, &batch, grads)
     }
 
@@ -391,7 +391,7 @@ pub fn evaluate_with(
     let mut acc = Accuracy::default();
     let mut nll = 0.0f64;
     for index in 0..batches as u64 {
-        let batch = data.eval_batch(cfg.seed, index, rows);
+        let batch = data.eval_batch(cfg.seed, index, rows)?;
         let logits = logits(&batch)?;
         acc = acc.merge(accuracy(&logits, &batch, vocab)?);
         for (pos, &t) in batch.targets.iter().enumerate() {

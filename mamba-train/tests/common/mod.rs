@@ -1,8 +1,11 @@
 //! Helpers shared by the tests that run the `mamba-train` binary
-//! (`cli_train.rs`, `dp_world.rs`): locating the binary and reading its
+//! (`cli_train.rs`, `dp_world.rs`, `cli_data.rs`): locating the binary and reading its
 //! exit status, output and summary digest; and the fixed-order oracle
-//! loop ([`train_by_definition`]).
+//! loop ([`train_by_definition`]); a BPE tokenizer trained on the spot
+//! ([`bpe`]).
 #![allow(dead_code)] // each test crate uses a different part
+
+pub mod bpe;
 
 use std::path::PathBuf;
 use std::process::Output;

@@ -137,6 +137,7 @@ impl<B: Backend> Trainer<B> {
             params: &params,
             exp_avg,
             exp_avg_sq,
+            tokenizer_json: self.data.tokenizer_json(),
         };
         checkpoint::save_with_meta(run_dir, &ck, meta, keep, &mut |_| Ok(()))
     }
