@@ -3,6 +3,10 @@
 //! files, with held-out splits), checkpoints, the deterministic
 //! data-parallel trainer, and text generation by recurrent decoding.
 
+// Lets code shared with the integration tests (`tests/common/bpe.rs`, also
+// compiled into the unit tests) name this crate the same way in both.
+extern crate self as mamba_train;
+
 pub mod checkpoint;
 pub mod cli;
 pub mod config;

@@ -32,6 +32,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => cli::generate(&args, &mut lock).map(|_| ()),
         Command::Eval(args) => cli::eval(&args, &mut lock).map(|_| ()),
         Command::Tokenize(args) => cli::run_tokenize(&args, &mut lock).map(|_| ()),
+        Command::TrainTokenizer(args) => cli::run_train_tokenizer(&args, &mut lock),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

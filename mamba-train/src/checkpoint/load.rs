@@ -213,6 +213,25 @@ pub fn check_resume(ck: &Checkpoint, device: &str, precision: &str) -> Result<Op
     }))
 }
 
+/// The directory of Hugging Face files `path` names: `path` itself when it
+/// holds a `config.json`, else the newest checkpoint of the run directory
+/// `path` (see [`resolve`]).
+pub fn hf_model_dir(path: &Path) -> Result<PathBuf> {
+    if path.join(HF_CONFIG_FILE).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    if path.join(CHECKPOINTS_DIR).join(LATEST).is_file() {
+        return resolve(path);
+    }
+    Err(ck_err(
+        path,
+        format!(
+            "no model here: expected a directory with {HF_CONFIG_FILE} and {WEIGHTS_FILE} (a \
+             Hugging Face model, or one of our checkpoints) or a run directory"
+        ),
+    ))
+}
+
 /// The model shape of the Hugging Face Mamba `config.json` in `dir` (ours
 /// or one `transformers` wrote), refused with the field named when this
 /// model cannot honour it.

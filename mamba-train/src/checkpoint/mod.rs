@@ -161,7 +161,7 @@ pub fn seal_state_json(value: &mut serde_json::Value) {
 mod load;
 mod save;
 
-pub use load::{check_resume, load, load_hf, load_hf_config, resolve};
+pub use load::{check_resume, hf_model_dir, load, load_hf, load_hf_config, resolve};
 pub use save::{save, save_with_hook, save_with_meta};
 
 #[cfg(test)]

@@ -41,6 +41,9 @@ pub enum Command {
     /// Turn text files or directories into token files (train.bin, val.bin,
     /// meta.json, tokenizer.json) for `train --task tokens --data DIR`.
     Tokenize(TokenizeArgs),
+    /// Train a byte-level BPE tokenizer (tokenizer.json) on text files or
+    /// directories, for `tokenize` and `train --tokenizer`.
+    TrainTokenizer(TrainTokenizerArgs),
 }
 
 /// `--task` values.
@@ -266,6 +269,21 @@ impl Cli {
             .get_matches_from(argv);
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
     }
+}
+
+/// `mamba-train train-tokenizer` flags.
+#[derive(Clone, Debug, Args)]
+pub struct TrainTokenizerArgs {
+    /// Most ids of the tokenizer (at least 257: the 256 bytes and
+    /// <|endoftext|>, which is id 0).
+    #[arg(long, value_name = "N")]
+    pub vocab_size: usize,
+    /// Where to write the tokenizer.json (replaced atomically).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Text files or directories (read recursively, in sorted path order).
+    #[arg(value_name = "INPUT", required = true)]
+    pub inputs: Vec<PathBuf>,
 }
 
 /// `mamba-train tokenize` flags.

@@ -65,7 +65,7 @@ pub fn eval(args: &EvalArgs, out: &mut dyn Write) -> Result<EvalOutcome> {
             "--batches must be at least 1 held-out batch, got 0".into(),
         ));
     }
-    let model = load_model(&args.checkpoint)?;
+    let model = load_model(&args.checkpoint, None)?;
     let Some((run, step)) = model.run.clone() else {
         return Err(TrainError::Config(format!(
             "--checkpoint {}: Hugging Face weights without a mamba-train run; eval reads the task \

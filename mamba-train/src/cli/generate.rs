@@ -29,9 +29,16 @@ pub struct GenerateArgs {
     /// Face directory (config.json + model.safetensors).
     #[arg(long, value_name = "DIR")]
     pub checkpoint: PathBuf,
-    /// Text to continue (byte-level tokens).
+    /// Text to continue, encoded with the model's tokenizer (the one the
+    /// run trained with, or the Hugging Face directory's tokenizer.json;
+    /// byte-level text otherwise).
     #[arg(long, value_name = "TEXT")]
     pub prompt: String,
+    /// A tokenizer.json to use instead of the one the checkpoint holds
+    /// (for a tokenized run it must be the run's own: its SHA-256 is
+    /// checked).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
     /// Tokens to generate.
     #[arg(long, value_name = "N", default_value_t = MAX_NEW_TOKENS)]
     pub max_new_tokens: usize,
@@ -92,12 +99,14 @@ impl GenerateArgs {
 /// Run `generate`, writing the continuation to `out` (stdout in the binary).
 pub fn generate(args: &GenerateArgs, out: &mut dyn Write) -> Result<Generation> {
     let sampling = args.sampling()?;
-    let model = load_model(&args.checkpoint)?;
-    let prompt = prompt_tokens(&args.prompt, model.cfg.vocab_size)?;
+    let model = load_model(&args.checkpoint, args.tokenizer.as_deref())?;
+    let codec = model.codec.clone();
+    let prompt = prompt_tokens(&args.prompt, &codec, model.cfg.vocab_size)?;
     let opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         sampling,
-        stop_token: None,
+        // A tokenizer's end-of-text token ends the continuation.
+        stop_token: codec.eos(),
     };
     let described = model.describe();
     let cfg = model.cfg.clone();
@@ -131,7 +140,7 @@ pub fn generate(args: &GenerateArgs, out: &mut dyn Write) -> Result<Generation> 
     ));
     let g = run_engine(dec.as_mut(), &prompt, &opts)?;
     let stdout = Path::new("<stdout>");
-    writeln!(out, "{}", tokens_text(&g.tokens)).map_err(|e| io_err(stdout, e))?;
+    writeln!(out, "{}", tokens_text(&g.tokens, &codec)?).map_err(|e| io_err(stdout, e))?;
     out.flush().map_err(|e| io_err(stdout, e))?;
     stderr_line(&format!(
         "prefill: {}; decode: {}",

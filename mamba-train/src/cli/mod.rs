@@ -24,4 +24,4 @@ pub use args::{Cli, Command, Device, TokenizeArgs, TrainArgs};
 pub use eval::{eval, EvalArgs, EvalOutcome};
 pub use generate::{generate, GenerateArgs};
 pub use run::{rank_prefix, train, TrainOutcome, TrainSummary, METRICS_FILE, PLOT_FILE};
-pub use tokenize::run_tokenize;
+pub use tokenize::{run_tokenize, run_train_tokenizer};

@@ -243,9 +243,30 @@ pub fn resolve_run_in(
 
 /// The model of `--init-from dir`: its `config.json`'s shape, which the
 /// shape flags (if given) must equal, with room for the task's tokens.
-fn pretrained_model(args: &TrainArgs, dir: &Path, task: &TaskSpec) -> Result<ModelConfig> {
-    let m = checkpoint::load_hf_config(dir)?;
-    let shown = dir.display();
+fn pretrained_model(args: &TrainArgs, given: &Path, task: &TaskSpec) -> Result<ModelConfig> {
+    let dir = checkpoint::hf_model_dir(given)?;
+    let m = checkpoint::load_hf_config(&dir)?;
+    let shown = given.display();
+    // A tokenizer shipped with the model must be the one the data uses.
+    let shipped = dir.join(checkpoint::TOKENIZER_FILE);
+    if let (Some(rec), true) = (task.tokenizer(), shipped.is_file()) {
+        let theirs = crate::data::Codec::from_file(&shipped)?;
+        let sha = theirs
+            .record()
+            .map(|r| r.sha256.clone())
+            .unwrap_or_default();
+        if sha != rec.sha256 {
+            return Err(TrainError::Config(format!(
+                "--init-from {shown}: the model was trained with another tokenizer ({}, sha256 \
+                 {sha}) than the data's ({}, sha256 {}); tokenize the data with the model's \
+                 tokenizer (--tokenizer {})",
+                shipped.display(),
+                rec.path.display(),
+                rec.sha256,
+                shipped.display()
+            )));
+        }
+    }
     for (flag, given, theirs) in [
         ("--d-model", args.d_model, m.d_model),
         ("--layers", args.layers, m.n_layer),

@@ -271,7 +271,7 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
     let run = &plan.run;
     let init = match &args.init_from {
         Some(dir) => {
-            let (model, weights) = checkpoint::load_hf(dir)?;
+            let (model, weights) = checkpoint::load_hf(&checkpoint::hf_model_dir(dir)?)?;
             if model != run.model {
                 return Err(TrainError::Config(format!(
                     "--init-from {}: the model changed while the run started",

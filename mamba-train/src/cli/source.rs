@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{self, HF_CONFIG_FILE, WEIGHTS_FILE};
 use crate::config::ModelConfig;
+use crate::data::{Codec, TaskKind};
 use crate::error::{Result, TrainError};
 use crate::run_config::RunConfig;
 
@@ -23,6 +24,10 @@ pub struct LoadedModel {
     pub dir: PathBuf,
     /// For a mamba-train checkpoint: its run and step.
     pub run: Option<(RunConfig, u64)>,
+    /// Text to tokens and back: the run's tokenizer (the checkpoint's copy,
+    /// checked against the run's record), a Hugging Face directory's
+    /// `tokenizer.json`, `--tokenizer`, or byte-level.
+    pub codec: Codec,
 }
 
 impl LoadedModel {
@@ -46,7 +51,10 @@ impl LoadedModel {
 
 /// The model `--checkpoint path` names (module docs); a path that is
 /// neither kind is refused naming the flag and both layouts.
-pub fn load_model(path: &Path) -> Result<LoadedModel> {
+///
+/// `tokenizer` (`--tokenizer`) overrides the tokenizer the directory holds;
+/// a run trained without one (byte-level text) has no use for it.
+pub fn load_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel> {
     if !path.is_dir() {
         return Err(TrainError::Config(format!(
             "--checkpoint {}: no such directory; pass a run directory, a checkpoint directory \
@@ -57,22 +65,45 @@ pub fn load_model(path: &Path) -> Result<LoadedModel> {
     let not_ours = match checkpoint::resolve(path) {
         Ok(_) => {
             let ck = checkpoint::load(path)?;
+            let task = &ck.state.run.task;
+            let codec = match tokenizer {
+                Some(t) => {
+                    let json = std::fs::read(t).map_err(|e| {
+                        TrainError::Config(format!("--tokenizer {}: cannot read: {e}", t.display()))
+                    })?;
+                    task.codec(Some(&json), t)?
+                }
+                // Synthetic tasks have no text: their token ids are shown
+                // as bytes.
+                None if matches!(task.kind(), TaskKind::SelectiveCopy | TaskKind::Induction) => {
+                    Codec::bytes()
+                }
+                None => task.codec(ck.tokenizer_json.as_deref(), &ck.dir)?,
+            };
             return Ok(LoadedModel {
                 cfg: ck.state.run.model.clone(),
                 params: ck.params,
                 dir: ck.dir,
                 run: Some((ck.state.run, ck.state.step)),
+                codec,
             });
         }
         Err(e) => e,
     };
     if path.join(HF_CONFIG_FILE).is_file() && path.join(WEIGHTS_FILE).is_file() {
         let (cfg, params) = checkpoint::load_hf(path)?;
+        let own = path.join(crate::checkpoint::TOKENIZER_FILE);
+        let codec = match tokenizer {
+            Some(t) => Codec::from_file(t)?,
+            None if own.is_file() => Codec::from_file(&own)?,
+            None => Codec::bytes(),
+        };
         return Ok(LoadedModel {
             cfg,
             params,
             dir: path.to_path_buf(),
             run: None,
+            codec,
         });
     }
     Err(TrainError::Config(format!(

@@ -11,6 +11,26 @@ use crate::data::token_file::{TokenMeta, TRAIN_FILE, VAL_FILE};
 use crate::data::tokenize::{tokenize, TokenizeRequest};
 use crate::error::{Result, TrainError};
 
+/// Run `mamba-train train-tokenizer`, writing its summary to `out`.
+pub fn run_train_tokenizer(
+    args: &super::args::TrainTokenizerArgs,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let files = crate::data::bpe::train_bpe_files(&args.inputs, args.vocab_size, &args.out)?;
+    let codec = crate::data::Codec::from_file(&args.out)?;
+    writeln!(
+        out,
+        "tokenizer: {} ({} ids, trained on {files} {})",
+        args.out.display(),
+        codec.vocab_size(),
+        super::report::plural(files, "file")
+    )
+    .map_err(|e| TrainError::Io {
+        path: "<stdout>".into(),
+        source: e,
+    })
+}
+
 /// Run `mamba-train tokenize`, writing its summary to `out`.
 pub fn run_tokenize(args: &TokenizeArgs, out: &mut dyn Write) -> Result<TokenMeta> {
     let req = TokenizeRequest {

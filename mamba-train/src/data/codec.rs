@@ -47,6 +47,7 @@ pub struct TokenizerRecord {
 }
 
 /// A loaded `tokenizer.json` with its bytes and record.
+#[derive(Clone)]
 pub struct HfCodec {
     tokenizer: Tokenizer,
     json: Arc<Vec<u8>>,
@@ -54,6 +55,7 @@ pub struct HfCodec {
 }
 
 /// Text to token ids and back.
+#[derive(Clone)]
 pub enum Codec {
     /// Each byte is a token (vocabulary 256); no separator token.
     Bytes,

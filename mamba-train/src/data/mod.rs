@@ -14,6 +14,7 @@
 //! ([`tokens`]), which no training row touches.
 
 pub mod accuracy;
+pub mod bpe;
 pub mod codec;
 pub mod corpus;
 mod dataset;
