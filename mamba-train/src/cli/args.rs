@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mamba_reduce::ReduceContract;
 
+use crate::config::Precision;
 use crate::data::TaskKind;
 
 /// `mamba-train`: deterministic Mamba training.
@@ -206,6 +207,16 @@ pub struct TrainArgs {
     /// and the same checkpoints (so a run resumes with or without it).
     #[arg(long)]
     pub shard_optimizer: bool,
+    /// Arithmetic of the GEMMs with --device cuda: f32 (the reference),
+    /// tf32 (tensor cores, inputs rounded to TF32, f32 accumulation) or
+    /// bf16 (GEMM operands rounded to bf16, f32 accumulation and output).
+    /// Weights, gradients, AdamW, the scan state, norms, loss and every
+    /// reduction stay f32 in all three, and each is deterministic (same bits
+    /// run to run and for every P at a fixed L). Part of the run's identity:
+    /// checkpoints record it and a resume cannot change it. The CPU model
+    /// trains in f32 only [default: f32; on --resume the checkpoint's].
+    #[arg(long, value_name = "PRECISION", value_parser = parse_precision)]
+    pub precision: Option<Precision>,
     /// Compare every rank's weights digest every N steps (0: only at the
     /// start, before each checkpoint and at the end, which always happen).
     #[arg(long, value_name = "N", default_value_t = super::defaults::REPLICA_CHECK_EVERY)]
@@ -237,6 +248,11 @@ impl Cli {
             .get_matches_from(argv);
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
     }
+}
+
+/// `--precision` values: the names [`Precision`] parses.
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse()
 }
 
 /// `--contract` values: the names [`ReduceContract`] parses.
