@@ -349,4 +349,44 @@ mod tests {
         };
         assert_eq!(a.contract, Some(ReduceContract::FixedTree));
     }
+
+    #[test]
+    fn precision_parses_and_is_checked_against_the_device() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["mamba-train", "train"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Train(a)) => Ok(a),
+                Ok(_) => panic!("not a train command"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(parse(&[]).unwrap().precision, None);
+        for p in Precision::ALL {
+            let a = parse(&["--device", "cuda", "--precision", p.name()]).unwrap();
+            assert_eq!(a.precision, Some(p));
+            assert!(crate::cli::run::check_precision_device(&a).is_ok());
+        }
+        let e = parse(&["--precision", "fp16"]).unwrap_err();
+        assert!(e.contains("fp16") && e.contains("bf16") && e.contains("tf32"), "{e}");
+        // The CPU trains in f32 only: tf32 and bf16 are refused by name.
+        for p in [Precision::Tf32, Precision::Bf16] {
+            let a = parse(&["--precision", p.name()]).unwrap();
+            let e = crate::cli::run::check_precision_device(&a)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("--precision {p}")) && e.contains("--device cuda"),
+                "{e}"
+            );
+        }
+        let a = parse(&["--precision", "f32"]).unwrap();
+        assert!(crate::cli::run::check_precision_device(&a).is_ok());
+        // The whole command refuses it before anything starts.
+        let a = parse(&["--precision", "bf16", "--steps", "1"]).unwrap();
+        let e = crate::cli::run::train(&a, &mut Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--precision bf16") && e.contains("--device cuda"), "{e}");
+    }
 }
