@@ -11,19 +11,27 @@
 //!   model's own error against its f64 program`)` — the floor and factor of
 //!   `cuda_parity.rs`, since f32 is the path that test covers (different
 //!   summation orders only).
-//! - `tf32`: loss 1e-3, gradients 1e-2. TF32 keeps 10 mantissa bits: each
+//! - `tf32`: loss 2e-4, gradients 1e-2. TF32 keeps 10 mantissa bits: each
 //!   GEMM input is off by up to u = 2^-11 = 4.9e-4, a product by 2u, and an
 //!   output by about u sqrt(2) in relative L2 when the rounding errors are
 //!   incoherent; gradients pass through ~5 GEMMs per block forward and
 //!   backward, and column sums with cancellation (A_log, dt bias, norms)
-//!   amplify relative error by their condition number, so a few 1e-3 is the
-//!   expected size and 1e-2 leaves margin without admitting a wrong kernel
-//!   (a missing term or wrong transpose is an O(1) error).
-//! - `bf16`: loss 5e-3, gradients 5e-2. bf16 keeps 8 bits: u = 2^-8 =
-//!   3.9e-3, 8x TF32's, so the same argument gives ~1-3e-2; the brief's
-//!   3e-2 is about where the worst (cancelling) tensors sit, so 5e-2.
+//!   amplify relative error. Measured on the CPU for this test's model and
+//!   batch (2026-12-01), rounding only the GEMM *weights* to 11 significant
+//!   bits moves the gradients by 7.6e-4 (whole arena) and at worst 1.0e-3
+//!   (layer 1's dt_proj.weight), the loss by 4e-6. The GPU also rounds the
+//!   activations and activation gradients that enter its 14 GEMMs (about
+//!   twice as many rounding sources again), so ~2-3e-3 is expected: 1e-2
+//!   leaves a factor 3-4 without admitting a wrong kernel (a missing term
+//!   or wrong transpose is an O(1) error).
+//! - `bf16`: loss 2e-3, gradients 8e-2. bf16 keeps 8 bits: u = 2^-8, 8x
+//!   TF32's. The same CPU measurement with weights rounded to bf16: 5.9e-3
+//!   whole arena, worst 1.06e-2 (dt_proj.weight), loss 2.3e-5; with the
+//!   activations' rounding ~2-3e-2 is expected at the worst tensor, so 8e-2
+//!   (the brief's 3e-2 would sit at the expected worst, not above it).
 //!   The loss is a mean over many rows of a log-sum-exp and averages the
-//!   rounding out, hence its tighter bounds.
+//!   rounding out, hence its much tighter bounds (~20x the weight-only
+//!   estimate in both).
 //!
 //! Negative controls: tf32 and bf16 gradients differ from the f32 CUDA
 //! gradients in their bits and by more than f32's tolerance (so the mode
@@ -299,9 +307,7 @@ fn two_gpus_give_the_bits_of_one_in_each_precision() {
 
 /// A model shape with several scan chunks and GEMMs of a few hundred.
 fn grad_cfg() -> ModelConfig {
-    let mut c = ModelConfig::new(96, 64, 2);
-    c.d_state = 16;
-    c
+    ModelConfig::new(96, 64, 2)
 }
 
 /// Loss and gradients of the CUDA model in `p` on the host.
@@ -345,8 +351,8 @@ fn each_precision_is_within_its_tolerance_of_the_cpu_and_really_is_that_precisio
     for p in Precision::ALL {
         let (loss_tol, grad_floor): (f64, f64) = match p {
             Precision::F32 => (1e-5, 2e-5),
-            Precision::Tf32 => (1e-3, 1e-2),
-            Precision::Bf16 => (5e-3, 5e-2),
+            Precision::Tf32 => (2e-4, 1e-2),
+            Precision::Bf16 => (2e-3, 8e-2),
         };
         let (loss, g) = cuda_grads(&cfg, p, &params, &b);
         let loss_err = (loss as f64 - loss_cpu).abs() / loss_cpu.abs();
