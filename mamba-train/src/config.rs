@@ -136,7 +136,10 @@ mod precision_tests {
         }
         assert_eq!(Precision::default(), Precision::F32);
         let e = "fp16".parse::<Precision>().unwrap_err();
-        assert!(e.contains("fp16") && e.contains("bf16") && e.contains("tf32"), "{e}");
+        assert!(
+            e.contains("fp16") && e.contains("bf16") && e.contains("tf32"),
+            "{e}"
+        );
         assert_eq!(
             crate::checkpoint::PRECISION_F32,
             Precision::F32.name(),

@@ -293,7 +293,14 @@ fn two_gpus_give_the_bits_of_one_in_each_precision() {
     }
     let dir = tempfile::tempdir().unwrap();
     for p in Precision::ALL {
-        let base = ["--steps", "8", "--logical-world", "2", "--precision", p.name()];
+        let base = [
+            "--steps",
+            "8",
+            "--logical-world",
+            "2",
+            "--precision",
+            p.name(),
+        ];
         let one = world_digest(&train(&dir.path().join(format!("{p}-p1")), &base), 1);
         let o = train(
             &dir.path().join(format!("{p}-p2")),
@@ -311,17 +318,34 @@ fn grad_cfg() -> ModelConfig {
 }
 
 /// Loss and gradients of the CUDA model in `p` on the host.
-fn cuda_grads(cfg: &ModelConfig, p: Precision, params: &[f32], b: &mamba_train::model::Batch) -> (f32, Vec<f32>) {
+fn cuda_grads(
+    cfg: &ModelConfig,
+    p: Precision,
+    params: &[f32],
+    b: &mamba_train::model::Batch,
+) -> (f32, Vec<f32>) {
     let mut m = CudaModel::new_in(cfg.clone(), p, 0).expect("model");
     assert_eq!(m.precision(), p);
     let mut g = vec![f32::NAN; params.len()];
-    let loss = m.forward_backward_host(params, b, &mut g).expect("forward_backward");
+    let loss = m
+        .forward_backward_host(params, b, &mut g)
+        .expect("forward_backward");
     // Run to run on a fresh model too: the same bits.
     let mut m2 = CudaModel::new_in(cfg.clone(), p, 0).expect("model");
     let mut g2 = vec![f32::NAN; params.len()];
-    let loss2 = m2.forward_backward_host(params, b, &mut g2).expect("forward_backward");
-    assert_eq!(loss.to_bits(), loss2.to_bits(), "{p}: loss bits differ run to run");
-    assert_eq!(digest(&g), digest(&g2), "{p}: gradient bits differ run to run");
+    let loss2 = m2
+        .forward_backward_host(params, b, &mut g2)
+        .expect("forward_backward");
+    assert_eq!(
+        loss.to_bits(),
+        loss2.to_bits(),
+        "{p}: loss bits differ run to run"
+    );
+    assert_eq!(
+        digest(&g),
+        digest(&g2),
+        "{p}: gradient bits differ run to run"
+    );
     (loss, g)
 }
 
@@ -361,7 +385,7 @@ fn each_precision_is_within_its_tolerance_of_the_cpu_and_really_is_that_precisio
             "precision {p}: loss {loss:.7} vs cpu f32 {loss_cpu:.7}: rel {loss_err:.2e} \
              (vs f64 {loss_err64:.2e}; tolerance {loss_tol:.0e})"
         );
-        if !(loss_err <= loss_tol) {
+        if loss_err.is_nan() || loss_err > loss_tol {
             fails.push(format!("{p} loss {loss_err:.2e} > {loss_tol:.0e}"));
         }
         let (whole, bad) = rel_l2(&g, &g_cpu64);
@@ -381,7 +405,7 @@ fn each_precision_is_within_its_tolerance_of_the_cpu_and_really_is_that_precisio
                 "  {p} {:<40} rel L2 {err:.2e} (cpu f32 vs f64 {cpu_own:.2e}, tolerance {tol:.1e})",
                 e.name
             );
-            if !(err <= tol) {
+            if err.is_nan() || err > tol {
                 fails.push(format!("{p} {} {err:.2e} > {tol:.1e}", e.name));
             }
         }
@@ -422,10 +446,29 @@ fn the_bf16_cast_kernel_matches_the_host_twin_bit_for_bit() {
     }
     let model = CudaModel::new(grad_cfg(), 0).expect("model");
     let mut bits: Vec<u32> = vec![
-        0x3f80_8000, 0x3f81_8000, 0x3f80_8001, 0x3f81_7fff, 0xbf80_8000, 0x3fff_8000,
-        0x7f80_0000, 0xff80_0000, 0x7f7f_ffff, 0x7f7f_8000, 0x7f7f_7fff, 0x7fc0_0000,
-        0x7f80_0001, 0xff80_0001, 0x7fff_ffff, 0x0000_0001, 0x0000_8000, 0x0000_8001,
-        0x0001_8000, 0x007f_ffff, 0x8000_8001, 0x0000_0000, 0x8000_0000,
+        0x3f80_8000,
+        0x3f81_8000,
+        0x3f80_8001,
+        0x3f81_7fff,
+        0xbf80_8000,
+        0x3fff_8000,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7f7f_ffff,
+        0x7f7f_8000,
+        0x7f7f_7fff,
+        0x7fc0_0000,
+        0x7f80_0001,
+        0xff80_0001,
+        0x7fff_ffff,
+        0x0000_0001,
+        0x0000_8000,
+        0x0000_8001,
+        0x0001_8000,
+        0x007f_ffff,
+        0x8000_8001,
+        0x0000_0000,
+        0x8000_0000,
     ];
     let mut s = 0x2545_f491_4f6c_dd1du64;
     for hi in (0..=0xffffu32).step_by(7) {
@@ -446,7 +489,12 @@ fn the_bf16_cast_kernel_matches_the_host_twin_bit_for_bit() {
     let mut d_dst = stream.alloc_zeros::<u16>(src.len()).unwrap();
     model
         .kernels()
-        .cast_bf16(stream, &d_src.as_view(), &mut d_dst.as_view_mut(), src.len())
+        .cast_bf16(
+            stream,
+            &d_src.as_view(),
+            &mut d_dst.as_view_mut(),
+            src.len(),
+        )
         .expect("cast");
     let got = stream.clone_dtoh(&d_dst).unwrap();
     let mut mismatches = 0;
@@ -455,7 +503,10 @@ fn the_bf16_cast_kernel_matches_the_host_twin_bit_for_bit() {
         if h != want {
             mismatches += 1;
             if mismatches <= 10 {
-                eprintln!("{i}: {:#010x} -> device {h:#06x}, host {want:#06x}", bits[i]);
+                eprintln!(
+                    "{i}: {:#010x} -> device {h:#06x}, host {want:#06x}",
+                    bits[i]
+                );
             }
         }
     }
@@ -473,17 +524,26 @@ fn checkpoints_record_the_precision_and_another_is_refused_on_resume() {
     }
     let dir = tempfile::tempdir().unwrap();
     let full = world_digest(
-        &train(&dir.path().join("full"), &["--steps", "6", "--precision", "bf16"]),
+        &train(
+            &dir.path().join("full"),
+            &["--steps", "6", "--precision", "bf16"],
+        ),
         1,
     );
     let run = dir.path().join("run");
-    let o = train(&run, &["--steps", "6", "--precision", "bf16", "--stop-at", "3"]);
+    let o = train(
+        &run,
+        &["--steps", "6", "--precision", "bf16", "--stop-at", "3"],
+    );
     ok(&o);
     let ck = mamba_train::checkpoint::load(&run).expect("checkpoint");
     assert_eq!(ck.meta.precision, "bf16");
     assert_eq!(ck.meta.device, "cuda");
     for other in ["f32", "tf32"] {
-        let o = train(&run, &["--resume", run.to_str().unwrap(), "--precision", other]);
+        let o = train(
+            &run,
+            &["--resume", run.to_str().unwrap(), "--precision", other],
+        );
         let e = err(&o);
         println!("resume with --precision {other}: {e}");
         assert!(
@@ -502,7 +562,10 @@ fn checkpoints_record_the_precision_and_another_is_refused_on_resume() {
     // Unchanged by the refusals; resuming in bf16 finishes the run's bits.
     let o = train(&run, &["--resume", run.to_str().unwrap()]);
     assert_eq!(world_digest(&o, 1), full, "bf16 stop + resume");
-    let o = train(&dir.path().join("again"), &["--steps", "6", "--precision", "tf32"]);
+    let o = train(
+        &dir.path().join("again"),
+        &["--steps", "6", "--precision", "tf32"],
+    );
     ok(&o);
     let ck = mamba_train::checkpoint::load(&dir.path().join("again")).unwrap();
     assert_eq!(ck.meta.precision, "tf32");
@@ -561,7 +624,11 @@ fn bf16_learns_selective_copy_like_f32() {
     let dir = tempfile::tempdir().unwrap();
     let mut got = Vec::new();
     for p in ["f32", "tf32", "bf16"] {
-        let o = train_with(COPY, &dir.path().join(p), &["--steps", "400", "--precision", p]);
+        let o = train_with(
+            COPY,
+            &dir.path().join(p),
+            &["--steps", "400", "--precision", p],
+        );
         let (acc, loss) = summary(&ok(&o));
         println!("selective copy, 400 steps, {p}: accuracy {acc:.1}%, held-out loss {loss:.4}");
         got.push((p, acc, loss));

@@ -168,7 +168,9 @@ mod tests {
     fn matches_an_independent_reference_over_many_patterns() {
         // Every high half with a spread of low halves (ties, just-off-ties,
         // extremes), plus a pseudo-random sweep; NaNs are checked above.
-        let lows = [0x0000u32, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1234, 0xc000];
+        let lows = [
+            0x0000u32, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1234, 0xc000,
+        ];
         let mut checked = 0usize;
         let mut check = |b: u32| {
             let x = f32::from_bits(b);

@@ -368,7 +368,10 @@ mod tests {
             assert!(crate::cli::run::check_precision_device(&a).is_ok());
         }
         let e = parse(&["--precision", "fp16"]).unwrap_err();
-        assert!(e.contains("fp16") && e.contains("bf16") && e.contains("tf32"), "{e}");
+        assert!(
+            e.contains("fp16") && e.contains("bf16") && e.contains("tf32"),
+            "{e}"
+        );
         // The CPU trains in f32 only: tf32 and bf16 are refused by name.
         for p in [Precision::Tf32, Precision::Bf16] {
             let a = parse(&["--precision", p.name()]).unwrap();
@@ -387,6 +390,9 @@ mod tests {
         let e = crate::cli::run::train(&a, &mut Vec::new())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("--precision bf16") && e.contains("--device cuda"), "{e}");
+        assert!(
+            e.contains("--precision bf16") && e.contains("--device cuda"),
+            "{e}"
+        );
     }
 }

@@ -29,6 +29,7 @@ use crate::params::ParamLayout;
 /// Backward pass after [`super::forward::forward`]: `ws.logits` must
 /// already hold d loss / d logits (the cross-entropy's in-place gradient).
 /// `pb` is `p` cast to bf16 (bf16 runs), as for the forward pass.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     e: &Engine,
     cfg: &ModelConfig,

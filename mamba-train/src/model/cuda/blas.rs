@@ -16,9 +16,13 @@
 //!     compute type `CUBLAS_COMPUTE_32F` (f32 accumulation and output). An
 //!     operand is cast to bf16 (round to nearest even, the `mamba_cast_bf16`
 //!     kernel) before the call unless the caller passes its bf16 copy
-//!     ([`Operand::bf16`]: the weights, cast once per pass);
-//!   every GEMM uses `CUBLAS_GEMM_DEFAULT`, whose choice is a function of
-//!   the shape, types, GPU model and the fixed workspace only;
+//!     ([`Operand::bf16`]: the weights, cast once per pass).
+//!
+//!   The `cublasGemmEx` calls pass `CUBLAS_GEMM_DEFAULT`: cuBLAS's own
+//!   heuristic, whose choice is a function of the shape, types, GPU model,
+//!   library version and the fixed workspace only (cublasLt, with an
+//!   algorithm recorded per shape, is not used), so the same call picks the
+//!   same kernel every run;
 //! - atomics `CUBLAS_ATOMICS_NOT_ALLOWED`: no routine may pick an
 //!   atomics-based (order-varying) reduction, so no split-K with atomics;
 //! - a workspace of fixed size ([`WORKSPACE_BYTES`]) owned by the handle's
@@ -330,10 +334,7 @@ impl Blas {
         };
         ran.map_err(|e| {
             cuda_err(
-                format!(
-                    "running the {} GEMM {what} ({m}x{n}x{k})",
-                    self.precision
-                ),
+                format!("running the {} GEMM {what} ({m}x{n}x{k})", self.precision),
                 format!("{e:?}"),
             )
         })
@@ -391,7 +392,10 @@ enum Half<'v> {
 fn sb_ptr<'s>(
     slot: &'s Option<CudaSlice<u16>>,
     s: &'s Arc<CudaStream>,
-) -> Result<(cudarc::driver::sys::CUdeviceptr, cudarc::driver::SyncOnDrop<'s>)> {
+) -> Result<(
+    cudarc::driver::sys::CUdeviceptr,
+    cudarc::driver::SyncOnDrop<'s>,
+)> {
     slot.as_ref()
         .map(|b| b.device_ptr(s))
         .ok_or_else(|| cuda_err("reading a bf16 GEMM operand", "no scratch"))

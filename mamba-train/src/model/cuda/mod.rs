@@ -61,8 +61,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use kernels::mamba::{MambaKernels, TokenCsr, MAX_CONV_WIDTH, MAX_D_STATE};
 
-pub use crate::config::Precision;
 use crate::config::ModelConfig;
+pub use crate::config::Precision;
 use crate::error::{Result, TrainError};
 use crate::model::Batch;
 use crate::params::ParamLayout;
