@@ -571,7 +571,10 @@ fn checkpoints_record_the_precision_and_another_is_refused_on_resume() {
     assert_eq!(ck.meta.precision, "tf32");
 }
 
-/// A small selective-copy model that learns in a few hundred GPU steps.
+/// A small selective-copy model, easier than the CLI's default (4 answers
+/// in 32 tokens instead of 8 in 48, batch 32): the default reaches 91.7%
+/// in 2000 CPU steps (docs/PERFORMANCE.md), so this one gets 1500 steps,
+/// a few seconds on a GPU.
 const COPY: &[&str] = &[
     "--device",
     "cuda",
@@ -641,7 +644,7 @@ fn bf16_learns_selective_copy_like_f32() {
                 "{p}: accuracy {acc:.1}% vs f32's {acc32:.1}%"
             );
         } else {
-            let margin = 0.05 + 0.05 * loss32;
+            let margin = 0.1 + 0.1 * loss32;
             assert!(
                 (loss - loss32).abs() <= margin,
                 "{p}: held-out loss {loss:.4} vs f32's {loss32:.4} (margin {margin:.4}; f32 \
