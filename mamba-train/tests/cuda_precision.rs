@@ -653,3 +653,42 @@ fn bf16_learns_selective_copy_like_f32() {
         }
     }
 }
+
+/// Ranks started in different precisions fail the world's agreement check
+/// (the precision joins its fingerprint) instead of training together.
+/// Two GPUs: NCCL refuses two ranks on one.
+#[test]
+fn ranks_in_different_precisions_fail_the_agreement_check() {
+    if !can_run(2, true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rdv = dir.path().join("rdv");
+    let rdv = rdv.to_str().unwrap();
+    let ranks: Vec<_> = [("0", "f32"), ("1", "bf16")]
+        .iter()
+        .map(|(rank, p)| {
+            Command::new(bin())
+                .arg("train")
+                .args(TINY)
+                .args(["--steps", "3", "--precision", p, "--out"])
+                .arg(dir.path().join(format!("out{rank}")))
+                .env("MAMBA_RANK", rank)
+                .env("MAMBA_WORLD_SIZE", "2")
+                .env("MAMBA_JOB_ID", "precision-agreement")
+                .env("MAMBA_RENDEZVOUS_DIR", rdv)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, c) in ranks.into_iter().enumerate() {
+        let e = err(&c.wait_with_output().unwrap());
+        println!("rank {r}: {e}");
+        assert!(
+            e.contains("disagree") && e.contains("fingerprint"),
+            "rank {r}: {e}"
+        );
+    }
+}
