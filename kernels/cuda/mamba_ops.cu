@@ -379,3 +379,26 @@ extern "C" __global__ void mamba_loss_mean(const float* __restrict__ row_loss, l
     s = block_sum(s, sh);
     if (threadIdx.x == 0) out[0] = count > 0.0f ? s / count : 0.0f;
 }
+
+// ---------------------------------------------------------------- bf16 cast
+
+// dst[i] = bf16(src[i]), round to nearest even, i < n: the bits of a bf16
+// as an unsigned short. Integer arithmetic only (no flush to zero, no
+// hardware conversion), so subnormals round like any other value and the
+// result is the host twin's (kernels/src/mamba/cast.rs, f32_to_bf16_rne)
+// bit for bit: a NaN keeps its sign and top payload bits and is made quiet;
+// +-inf stays inf; a finite value past bf16's largest rounds to inf.
+// grid (ceil(n / 128)), block 128.
+extern "C" __global__ void mamba_cast_bf16(const float* __restrict__ src,
+                                           unsigned short* __restrict__ dst, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const unsigned x = __float_as_uint(src[i]);
+    unsigned short b;
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        b = (unsigned short)((x >> 16) | 0x0040u);
+    } else {
+        b = (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    }
+    dst[i] = b;
+}

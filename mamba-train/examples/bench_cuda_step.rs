@@ -2,8 +2,16 @@
 //!
 //! ```text
 //! cargo run --release -p mamba-train --example bench_cuda_step -- \
-//!     [--sizes small,130m,long] [--steps 10] [--warmup 3] [--json FILE]
+//!     [--sizes small,130m,long] [--steps 10] [--warmup 3] [--json FILE] \
+//!     [--precision f32|tf32|bf16]
 //! ```
+//!
+//! `--precision` (default f32) builds the model in that precision
+//! (`mamba_train::config::Precision`) and runs the GEMM-only timing and the
+//! cuBLAS rate through a handle of the same precision. In bf16 the GEMM-only
+//! timing casts both operands of every GEMM (it has no pre-cast weights), so
+//! it includes the activation casts the step does and the weight casts the
+//! step does once per pass; the floor's bytes stay the f32 step's.
 //!
 //! For each size it times, with CUDA events after warm-up (median of
 //! `--steps`): the whole step (forward + backward + AdamW with clipping),
@@ -33,6 +41,7 @@ use std::time::Instant;
 use clap::Parser;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
+use mamba_train::config::Precision;
 use mamba_train::model::cuda::blas::{Blas, Operand};
 use mamba_train::model::cuda::CudaModel;
 use mamba_train::model::Batch;
@@ -69,6 +78,9 @@ struct Args {
     /// Also write the results as JSON lines to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// GEMM precision of the model and of the GEMM timings: f32, tf32, bf16.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -188,11 +200,13 @@ fn run_gemms(
                 data: &a.as_view(),
                 ld: lda,
                 trans: g.ta,
+                bf16: None,
             },
             Operand {
                 data: &b.as_view(),
                 ld: ldb,
                 trans: g.tb,
+                bf16: None,
             },
             0.0,
             &mut c.as_view_mut(),
@@ -274,6 +288,7 @@ fn ceilings(
 #[derive(serde::Serialize)]
 struct StepRecord {
     size: String,
+    precision: String,
     d_model: usize,
     n_layer: usize,
     vocab: usize,
@@ -302,7 +317,11 @@ fn main() -> Res<()> {
     let ctx = kernels::open_context(args.device)?;
     let stream = ctx.default_stream();
     let name = ctx.name().unwrap_or_else(|_| "?".into());
-    let blas = Blas::new(&stream)?;
+    let blas = Blas::with_precision(
+        &stream,
+        args.precision,
+        Some(kernels::mamba::MambaKernels::load(&ctx)?),
+    )?;
     let mut ceil = ceilings(
         &stream,
         &blas,
@@ -311,10 +330,11 @@ fn main() -> Res<()> {
         args.copy_mib,
     )?;
     println!(
-        "device {} ({name}); copy bandwidth {:.0} GB/s (read+write of {} MiB); cuBLAS f32 {:.1} TFLOP/s ({}^3)",
+        "device {} ({name}); copy bandwidth {:.0} GB/s (read+write of {} MiB); cuBLAS {} {:.1} TFLOP/s ({}^3)",
         args.device,
         ceil.copy_bytes_per_s / 1e9,
         args.copy_mib,
+        args.precision,
         ceil.square_rate / 1e12,
         args.gemm_side
     );
@@ -360,7 +380,7 @@ fn main() -> Res<()> {
             .map_err(|e| cuda_err("synchronizing", e))?;
         let baseline = used_bytes(&ctx)?;
 
-        let mut model = CudaModel::with_stream(cfg.clone(), stream.clone())?;
+        let mut model = CudaModel::with_stream_in(cfg.clone(), args.precision, stream.clone())?;
         let mut params = model.init_params(1)?;
         let mut grads = model.zeros_arena()?;
         let sched = Schedule {
@@ -478,6 +498,7 @@ fn main() -> Res<()> {
         );
         json.push(StepRecord {
             size: sz.to_string(),
+            precision: args.precision.name().to_string(),
             d_model: cfg.d_model,
             n_layer: cfg.n_layer,
             vocab: cfg.vocab_size,

@@ -20,6 +20,7 @@
 //! kernels go further and reproduce the CPU optimizer bit for bit
 //! ([`optim`]).
 
+pub mod cast;
 mod check;
 pub mod conv;
 pub mod decode;
@@ -38,6 +39,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use crate::device::load_module;
 use crate::error::KernelError;
 
+pub use cast::{bf16_to_f32, f32_to_bf16_rne};
 pub use conv::MAX_CONV_WIDTH;
 pub use decode::{DecodeKernels, ScanStepInputs};
 pub use optim::{check_decay_ranges, AdamWStep, NORM_CHUNK};
@@ -64,7 +66,7 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 24] = [
+const SYMBOLS: [(usize, &str); 25] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -79,6 +81,7 @@ const SYMBOLS: [(usize, &str); 24] = [
     (0, "mamba_reduce_partials"),
     (0, "mamba_ce_fwd_bwd"),
     (0, "mamba_loss_mean"),
+    (0, "mamba_cast_bf16"),
     (1, "mamba_scan_fwd_local"),
     (1, "mamba_scan_fwd_combine"),
     (1, "mamba_scan_fwd_out"),
@@ -107,6 +110,7 @@ struct Functions {
     reduce_partials: CudaFunction,
     ce_fwd_bwd: CudaFunction,
     loss_mean: CudaFunction,
+    cast_bf16: CudaFunction,
     scan_fwd_local: CudaFunction,
     scan_fwd_combine: CudaFunction,
     scan_fwd_out: CudaFunction,
@@ -165,6 +169,7 @@ impl MambaKernels {
             reduce_partials: next()?,
             ce_fwd_bwd: next()?,
             loss_mean: next()?,
+            cast_bf16: next()?,
             scan_fwd_local: next()?,
             scan_fwd_combine: next()?,
             scan_fwd_out: next()?,

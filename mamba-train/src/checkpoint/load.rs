@@ -197,9 +197,9 @@ pub fn check_resume(ck: &Checkpoint, device: &str, precision: &str) -> Result<Op
         return Err(ck_err(
             &ck.dir.join(STATE_FILE),
             format!(
-                "--resume: the checkpoint was trained in precision {}, this run trains in {precision}; \
-                 the precision is part of a run's bits, so a run cannot change it: resume it \
-                 in {} or start a new run",
+                "--resume: the checkpoint was trained in precision {}, this run trains in {precision} \
+                 (--precision {precision}); the precision is part of a run's bits, so a run \
+                 cannot change it: resume it with --precision {} or start a new run",
                 m.precision, m.precision
             ),
         ));

@@ -392,7 +392,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("--resume") && e.contains("precision bf16") && e.contains("trains in f32"),
+            e.contains("--resume")
+                && e.contains("precision bf16")
+                && e.contains("trains in f32")
+                && e.contains("--precision bf16"),
             "{e}"
         );
     }

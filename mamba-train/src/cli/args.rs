@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mamba_reduce::ReduceContract;
 
+use crate::config::Precision;
 use crate::data::{TaskKind, TokenDtype};
 
 /// `mamba-train`: deterministic Mamba training.
@@ -238,6 +239,16 @@ pub struct TrainArgs {
     /// and the same checkpoints (so a run resumes with or without it).
     #[arg(long)]
     pub shard_optimizer: bool,
+    /// Arithmetic of the GEMMs with --device cuda: f32 (the reference),
+    /// tf32 (tensor cores, inputs rounded to TF32, f32 accumulation) or
+    /// bf16 (GEMM operands rounded to bf16, f32 accumulation and output).
+    /// Weights, gradients, AdamW, the scan state, norms, loss and every
+    /// reduction stay f32 in all three, and each is deterministic (same bits
+    /// run to run and for every P at a fixed L). Part of the run's identity:
+    /// checkpoints record it and a resume cannot change it. The CPU model
+    /// trains in f32 only [default: f32; on --resume the checkpoint's].
+    #[arg(long, value_name = "PRECISION", value_parser = parse_precision)]
+    pub precision: Option<Precision>,
     /// Compare every rank's weights digest every N steps (0: only at the
     /// start, before each checkpoint and at the end, which always happen).
     #[arg(long, value_name = "N", default_value_t = super::defaults::REPLICA_CHECK_EVERY)]
@@ -316,6 +327,11 @@ pub struct TokenizeArgs {
 fn parse_dtype(s: &str) -> Result<TokenDtype, String> {
     s.parse()
         .map_err(|e: crate::error::TrainError| e.to_string())
+}
+
+/// `--precision` values: the names [`Precision`] parses.
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse()
 }
 
 /// `--contract` values: the names [`ReduceContract`] parses.
@@ -419,5 +435,51 @@ mod tests {
             panic!("not a train command")
         };
         assert_eq!(a.contract, Some(ReduceContract::FixedTree));
+    }
+
+    #[test]
+    fn precision_parses_and_is_checked_against_the_device() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["mamba-train", "train"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Train(a)) => Ok(a),
+                Ok(_) => panic!("not a train command"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(parse(&[]).unwrap().precision, None);
+        for p in Precision::ALL {
+            let a = parse(&["--device", "cuda", "--precision", p.name()]).unwrap();
+            assert_eq!(a.precision, Some(p));
+            assert!(crate::cli::run::check_precision_device(&a).is_ok());
+        }
+        let e = parse(&["--precision", "fp16"]).unwrap_err();
+        assert!(
+            e.contains("fp16") && e.contains("bf16") && e.contains("tf32"),
+            "{e}"
+        );
+        // The CPU trains in f32 only: tf32 and bf16 are refused by name.
+        for p in [Precision::Tf32, Precision::Bf16] {
+            let a = parse(&["--precision", p.name()]).unwrap();
+            let e = crate::cli::run::check_precision_device(&a)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("--precision {p}")) && e.contains("--device cuda"),
+                "{e}"
+            );
+        }
+        let a = parse(&["--precision", "f32"]).unwrap();
+        assert!(crate::cli::run::check_precision_device(&a).is_ok());
+        // The whole command refuses it before anything starts.
+        let a = parse(&["--precision", "bf16", "--steps", "1"]).unwrap();
+        let e = crate::cli::run::train(&a, &mut Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--precision bf16") && e.contains("--device cuda"),
+            "{e}"
+        );
     }
 }

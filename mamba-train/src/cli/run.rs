@@ -28,7 +28,8 @@ use super::plan::{plan_run, read_state, EnvRun, Plan};
 use super::progress::stderr_line;
 use super::report::plural;
 use super::run_dir::{check_run_dir, run_dir_of, RunLock};
-use crate::checkpoint::{self, Checkpoint, CheckpointMeta, InitRecord, PRECISION_F32};
+use crate::checkpoint::{self, Checkpoint, CheckpointMeta, InitRecord};
+use crate::config::Precision;
 use crate::data::Dataset;
 #[cfg(feature = "fault-injection")]
 use crate::dp::FaultHooks;
@@ -78,6 +79,7 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
             "--comm-timeout must be at least 1 second, got 0".into(),
         ));
     }
+    check_precision_device(args)?;
     let env = ProcessEnv;
     let place = detect(&env)?;
     let ov = overrides(&env)?;
@@ -159,6 +161,38 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
     }
 }
 
+/// `--precision` other than f32 needs `--device cuda` (the CPU model
+/// trains in f32 only): refused by name otherwise.
+pub fn check_precision_device(args: &TrainArgs) -> Result<()> {
+    match (args.device, args.precision) {
+        (Device::Cpu, Some(p)) if p != Precision::F32 => Err(TrainError::Config(format!(
+            "--precision {p} needs --device cuda: the CPU model trains in f32 only; \
+             add --device cuda or drop --precision"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The run's precision: `--precision`, else (on --resume) the checkpoint's
+/// on a GPU run, else f32. The CPU trains in f32 whatever the checkpoint
+/// says (a checkpoint in another precision is then refused by
+/// [`checkpoint::check_resume`], naming the flag).
+fn run_precision(args: &TrainArgs, ck: Option<&Checkpoint>) -> Result<Precision> {
+    check_precision_device(args)?;
+    if let Some(p) = args.precision {
+        return Ok(p);
+    }
+    match (args.device, ck) {
+        (Device::Cuda, Some(c)) => c.meta.precision.parse().map_err(|e: String| {
+            TrainError::Config(format!(
+                "--resume {}: the checkpoint's precision: {e}",
+                c.dir.display()
+            ))
+        }),
+        _ => Ok(Precision::F32),
+    }
+}
+
 /// Worker threads of this rank: `--threads`, else the cores shared among
 /// the ranks this program started on this machine, else all cores. The
 /// bits do not depend on it.
@@ -205,6 +239,9 @@ struct RankSetup {
     meta: CheckpointMeta,
     /// The pretrained weights of `--init-from` (a fresh run only).
     init: Option<Vec<f32>>,
+    /// The precision of the training step (`--precision`, or the
+    /// checkpoint's on --resume).
+    precision: Precision,
 }
 
 /// The engine for a rank: resumed from `ck`, else started from `init`'s
@@ -234,14 +271,15 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
         Some(dir) => Some(checkpoint::load(dir)?),
         None => None,
     };
+    let precision = run_precision(args, ck.as_ref())?;
     let mut meta = CheckpointMeta {
         device: device.into(),
-        precision: PRECISION_F32.into(),
+        precision: precision.name().into(),
         schedule_changes: Vec::new(),
         init_from: None,
     };
     if let Some(c) = &ck {
-        if let Some(note) = checkpoint::check_resume(c, device, PRECISION_F32)? {
+        if let Some(note) = checkpoint::check_resume(c, device, precision.name())? {
             if lead {
                 stderr_line(&note);
             }
@@ -315,6 +353,7 @@ fn prepare_rank(args: &TrainArgs, place: &WorldPlace) -> Result<RankSetup> {
         out: run_dir_of(args)?,
         meta,
         init,
+        precision,
     })
 }
 
@@ -331,6 +370,7 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
         out: run_dir,
         meta,
         init,
+        precision: _,
     } = prepare_rank(args, &place)?;
     let run = plan.run.clone();
     let model = CpuModel::new(run.model.clone())?;
@@ -380,10 +420,12 @@ fn run_cuda_rank(
         out: run_dir,
         meta,
         init,
+        precision,
     } = prepare_rank(args, &place)?;
     let run = plan.run.clone();
     let link = dp::cuda::connect(&place, device, timeout)?;
-    let model = CudaModel::with_stream(run.model.clone(), link.comm.stream().clone())?;
+    let model =
+        CudaModel::with_stream_in(run.model.clone(), precision, link.comm.stream().clone())?;
     let trainer = start_trainer(model, &run, data, ck, init)?;
     let reducer = dp::cuda::reducer(link.comm, &run)?;
     let mut world = DataParallel::new(trainer, reducer, opts)?;

@@ -111,6 +111,14 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
         if opts.shard_optimizer {
             agreed.push_str("/shard-optimizer");
         }
+        // The precision is part of the run's bits: ranks in different
+        // precisions must not pair up. (f32 adds nothing, so f32 runs keep
+        // the fingerprint of builds before precisions existed.)
+        let precision = dp.trainer.backend().precision_name();
+        if precision != crate::config::Precision::F32.name() {
+            agreed.push_str("/precision=");
+            agreed.push_str(precision);
+        }
         let fingerprint = RunIdentity::fingerprint_of(agreed.as_bytes());
         let id = RunIdentity::new(
             dp.trainer.arena_len(),

@@ -38,6 +38,12 @@ pub trait Backend: ArenaMath {
     /// The device's name for descriptions (`cpu`, `cuda`).
     fn device_name(&self) -> &'static str;
 
+    /// The arithmetic precision of the training step, as checkpoints record
+    /// it (`f32`, `tf32`, `bf16`): part of the run's identity.
+    fn precision_name(&self) -> &'static str {
+        crate::config::Precision::F32.name()
+    }
+
     /// A zero-filled arena.
     fn zeros(&mut self) -> Result<Self::Arena>;
 

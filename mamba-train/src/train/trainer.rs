@@ -113,6 +113,9 @@ impl<B: Backend> Trainer<B> {
     /// bits then follow this backend from here on.
     pub fn resume(mut backend: B, cfg: RunConfig, data: Dataset, ck: Checkpoint) -> Result<Self> {
         check_run_parts(backend.config(), &cfg, &data)?;
+        // Another precision is refused (its bits are another run's); another
+        // device only earns the note the CLI prints.
+        crate::checkpoint::check_resume(&ck, backend.device_name(), backend.precision_name())?;
         let path = ck.dir.display().to_string();
         cfg.mismatches(&ck.state.run)
             .map_err(|detail| TrainError::Checkpoint {
@@ -276,11 +279,12 @@ impl<B: Backend> Trainer<B> {
 
     /// Save a checkpoint of the current step under `run_dir` (atomically;
     /// see [`checkpoint`]), keeping the newest `keep`, recording this
-    /// backend's device and the f32 precision. Weights and moments are read
+    /// backend's device and precision. Weights and moments are read
     /// on the host (downloaded from a device).
     pub fn save_checkpoint(&mut self, run_dir: &Path, keep: usize) -> Result<PathBuf> {
         let meta = CheckpointMeta {
             device: self.backend.device_name().to_string(),
+            precision: self.backend.precision_name().to_string(),
             ..CheckpointMeta::default()
         };
         self.save_checkpoint_with_meta(run_dir, keep, &meta)

@@ -23,6 +23,9 @@ impl Backend for CudaModel {
     fn device_name(&self) -> &'static str {
         "cuda"
     }
+    fn precision_name(&self) -> &'static str {
+        self.precision().name()
+    }
     fn zeros(&mut self) -> Result<CudaSlice<f32>> {
         self.zeros_arena()
     }

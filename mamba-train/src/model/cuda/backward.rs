@@ -19,7 +19,7 @@
 use cudarc::driver::CudaSlice;
 use kernels::mamba::{ColSum, DeviceTokenCsr, ScanBackward, ScanInputs};
 
-use super::forward::{op, op_t};
+use super::forward::{half, op, op_t};
 use super::workspace::Workspace;
 use super::Engine;
 use crate::config::ModelConfig;
@@ -28,11 +28,14 @@ use crate::params::ParamLayout;
 
 /// Backward pass after [`super::forward::forward`]: `ws.logits` must
 /// already hold d loss / d logits (the cross-entropy's in-place gradient).
+/// `pb` is `p` cast to bf16 (bf16 runs), as for the forward pass.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     e: &Engine,
     cfg: &ModelConfig,
     lay: &ParamLayout,
     p: &CudaSlice<f32>,
+    pb: Option<&CudaSlice<u16>>,
     ws: &mut Workspace,
     csr: &DeviceTokenCsr,
     grads: &mut CudaSlice<f32>,
@@ -59,7 +62,7 @@ pub(super) fn backward(
         d,
         v,
         op(&dlogits, v),
-        op(&emb, d),
+        op(&emb, d).with_bf16(half(pb, &lay.embedding).as_ref()),
         0.0,
         &mut ws.dxn.as_view_mut(),
         d,
@@ -129,7 +132,7 @@ pub(super) fn backward(
             di,
             d,
             op(&dres, d),
-            op(&w(&lo.out_proj), di),
+            op(&w(&lo.out_proj), di).with_bf16(half(pb, &lo.out_proj).as_ref()),
             0.0,
             &mut ws.dout.as_view_mut(),
             di,
@@ -217,7 +220,7 @@ pub(super) fn backward(
             r,
             di,
             op(&ddtr, di),
-            op(&w(&lo.dt_proj_w), r),
+            op(&w(&lo.dt_proj_w), r).with_bf16(half(pb, &lo.dt_proj_w).as_ref()),
             0.0,
             &mut ws.ddbc.as_view_mut(),
             ldbc,
@@ -242,7 +245,7 @@ pub(super) fn backward(
             di,
             ldbc,
             op(&ddbc, ldbc),
-            op(&w(&lo.x_proj), di),
+            op(&w(&lo.x_proj), di).with_bf16(half(pb, &lo.x_proj).as_ref()),
             1.0,
             &mut ws.du.as_view_mut(),
             di,
@@ -322,7 +325,7 @@ pub(super) fn backward(
             d,
             2 * di,
             op(&dxz, 2 * di),
-            op(&w(&lo.in_proj), d),
+            op(&w(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj).as_ref()),
             0.0,
             &mut ws.dxn.as_view_mut(),
             d,

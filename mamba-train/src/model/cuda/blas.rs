@@ -1,13 +1,30 @@
-//! cuBLAS with one fixed, deterministic configuration, and a row-major GEMM.
+//! cuBLAS with one fixed, deterministic configuration, and a row-major GEMM
+//! in one of three precisions ([`Precision`]).
 //!
 //! cuBLAS gives the same bits run to run on the same GPU model and library
 //! version when the handle's configuration does not change between runs. So
 //! the handle is pinned once, at creation:
-//! - math mode `CUBLAS_DEFAULT_MATH`: plain f32 FMA arithmetic. TF32 tensor
-//!   cores are opt-in (`CUBLAS_TF32_TENSOR_OP_MATH`) and never requested, and
-//!   the mode is read back to prove it took;
+//! - math mode `CUBLAS_DEFAULT_MATH`: no tensor-core opt-in on the handle
+//!   (`CUBLAS_TF32_TENSOR_OP_MATH` is never set), and the mode is read back
+//!   to prove it took. The precision is chosen per call instead, and is the
+//!   handle owner's for its whole life:
+//!   - `f32`: `cublasSgemm`, plain f32 FMA arithmetic (the reference);
+//!   - `tf32`: `cublasGemmEx` on f32 data with compute type
+//!     `CUBLAS_COMPUTE_32F_FAST_TF32` (tensor cores, inputs rounded to TF32,
+//!     f32 accumulation and output);
+//!   - `bf16`: `cublasGemmEx` with bf16 A and B (`CUDA_R_16BF`), f32 C and
+//!     compute type `CUBLAS_COMPUTE_32F` (f32 accumulation and output). An
+//!     operand is cast to bf16 (round to nearest even, the `mamba_cast_bf16`
+//!     kernel) before the call unless the caller passes its bf16 copy
+//!     ([`Operand::bf16`]: the weights, cast once per pass).
+//!
+//!   The `cublasGemmEx` calls pass `CUBLAS_GEMM_DEFAULT`: cuBLAS's own
+//!   heuristic, whose choice is a function of the shape, types, GPU model,
+//!   library version and the fixed workspace only (cublasLt, with an
+//!   algorithm recorded per shape, is not used), so the same call picks the
+//!   same kernel every run;
 //! - atomics `CUBLAS_ATOMICS_NOT_ALLOWED`: no routine may pick an
-//!   atomics-based (order-varying) reduction;
+//!   atomics-based (order-varying) reduction, so no split-K with atomics;
 //! - a workspace of fixed size ([`WORKSPACE_BYTES`]) owned by the handle's
 //!   owner, so the algorithm heuristics see the same workspace every run (and
 //!   cuBLAS never allocates its own per stream);
@@ -23,8 +40,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::{sys, CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use kernels::mamba::MambaKernels;
 
+use crate::config::Precision;
 use crate::error::{Result, TrainError};
 
 /// Bytes of the cuBLAS workspace (fixed: part of the configuration).
@@ -101,12 +120,20 @@ pub fn ensure_cublas() -> Result<()> {
 /// workspace is freed because fields drop in declaration order.
 pub struct Blas {
     handle: CudaBlas,
+    precision: Precision,
+    stream: Arc<CudaStream>,
+    /// The cast kernel of [`Precision::Bf16`] (absent in the others).
+    kernels: Option<MambaKernels>,
+    /// bf16 copies of the A and B operands a bf16 GEMM casts itself
+    /// (grow-only; one stream orders every use, so one pair serves all).
+    scratch: Mutex<[Option<CudaSlice<u16>>; 2]>,
     _workspace: CudaSlice<u8>,
 }
 
 impl std::fmt::Debug for Blas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Blas")
+            .field("precision", &self.precision)
             .field("workspace_bytes", &WORKSPACE_BYTES)
             .finish()
     }
@@ -118,11 +145,40 @@ pub struct Operand<'a, 'b> {
     pub data: &'a CudaView<'b, f32>,
     pub ld: usize,
     pub trans: bool,
+    /// `data` already cast to bf16 (the same extents and leading
+    /// dimension), used by a [`Precision::Bf16`] GEMM instead of casting
+    /// `data` itself; ignored in the other precisions.
+    pub bf16: Option<&'a CudaView<'b, u16>>,
+}
+
+impl<'a, 'b> Operand<'a, 'b> {
+    /// This operand with its bf16 copy (see [`Operand::bf16`]).
+    pub fn with_bf16(self, bf16: Option<&'a CudaView<'b, u16>>) -> Self {
+        Operand { bf16, ..self }
+    }
 }
 
 impl Blas {
-    /// A handle on `stream` with the fixed configuration of the module docs.
+    /// An f32 handle on `stream` with the fixed configuration of the module
+    /// docs.
     pub fn new(stream: &Arc<CudaStream>) -> Result<Blas> {
+        Self::with_precision(stream, Precision::F32, None)
+    }
+
+    /// A handle on `stream` whose GEMMs run in `precision`; `kernels` (of
+    /// the stream's context) must be given for [`Precision::Bf16`], which
+    /// casts operands with them.
+    pub fn with_precision(
+        stream: &Arc<CudaStream>,
+        precision: Precision,
+        kernels: Option<MambaKernels>,
+    ) -> Result<Blas> {
+        if precision == Precision::Bf16 && kernels.is_none() {
+            return Err(cuda_err(
+                "creating a bf16 cuBLAS handle",
+                "the bf16 GEMMs need the cast kernel (MambaKernels) of the stream's context",
+            ));
+        }
         ensure_cublas()?;
         let handle =
             CudaBlas::new(stream.clone()).map_err(|e| cuda_err("creating a cuBLAS handle", e))?;
@@ -159,8 +215,17 @@ impl Blas {
         }
         Ok(Blas {
             handle,
+            precision,
+            stream: stream.clone(),
+            kernels: kernels.filter(|_| precision == Precision::Bf16),
+            scratch: Mutex::new([None, None]),
             _workspace: workspace,
         })
+    }
+
+    /// The precision of every GEMM of this handle.
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// Row-major `C[m, n] = op(A) op(B) + beta C`, with `op(A)` `[m, k]`
@@ -215,15 +280,176 @@ impl Blas {
             beta,
             ldc: int(ldc.max(1), "ldc")?,
         };
-        // SAFETY: the three extents were checked against the views above, so
-        // cuBLAS reads and writes inside them; C is borrowed mutably and so
-        // does not alias A or B.
-        unsafe { self.handle.gemm(cfg, b.data, a.data, c) }.map_err(|e| {
+        let ran = match self.precision {
+            // SAFETY: the three extents were checked against the views above,
+            // so cuBLAS reads and writes inside them; C is borrowed mutably
+            // and so does not alias A or B.
+            Precision::F32 => unsafe { self.handle.gemm(cfg, b.data, a.data, c) },
+            Precision::Tf32 => {
+                let s = &self.stream;
+                let (pa, _ra) = b.data.device_ptr(s);
+                let (pb, _rb) = a.data.device_ptr(s);
+                let (pc, _rc) = c.device_ptr_mut(s);
+                // SAFETY: as for f32: f32 A, B and C with the checked extents.
+                unsafe {
+                    gemm_ex(
+                        *self.handle.handle(),
+                        &cfg,
+                        (pa, pb, pc),
+                        sys::cudaDataType_t::CUDA_R_32F,
+                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+                    )
+                }
+            }
+            Precision::Bf16 => {
+                let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+                let [sa, sb] = &mut *scratch;
+                let need_a = span(a_rows, a_cols, a.ld);
+                let need_b = span(b_rows, b_cols, b.ld);
+                let ha = self.bf16_of(what, "A", &a, need_a, sa)?;
+                let hb = self.bf16_of(what, "B", &b, need_b, sb)?;
+                let s = &self.stream;
+                let (pa, _ra) = match hb {
+                    Half::Given(v) => v.device_ptr(s),
+                    Half::Scratch => sb_ptr(sb, s)?,
+                };
+                let (pb, _rb) = match ha {
+                    Half::Given(v) => v.device_ptr(s),
+                    Half::Scratch => sb_ptr(sa, s)?,
+                };
+                let (pc, _rc) = c.device_ptr_mut(s);
+                // SAFETY: the bf16 operands have the f32 operands' checked
+                // extents (a given copy is checked in bf16_of, a scratch copy
+                // holds the whole span), C is f32 with its checked extent.
+                unsafe {
+                    gemm_ex(
+                        *self.handle.handle(),
+                        &cfg,
+                        (pa, pb, pc),
+                        sys::cudaDataType_t::CUDA_R_16BF,
+                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    )
+                }
+            }
+        };
+        ran.map_err(|e| {
             cuda_err(
-                format!("running the GEMM {what} ({m}x{n}x{k})"),
+                format!("running the {} GEMM {what} ({m}x{n}x{k})", self.precision),
                 format!("{e:?}"),
             )
         })
+    }
+
+    /// The bf16 form of operand `op` (`name` of GEMM `what`, `need`
+    /// elements from its start): its given copy, checked, or a cast into
+    /// `slot` (grown as needed).
+    fn bf16_of<'v>(
+        &self,
+        what: &str,
+        name: &str,
+        op: &Operand<'v, '_>,
+        need: usize,
+        slot: &mut Option<CudaSlice<u16>>,
+    ) -> Result<Half<'v>> {
+        if let Some(v) = op.bf16 {
+            if v.len() < need {
+                return Err(TrainError::Config(format!(
+                    "GEMM {what}: the bf16 copy of {name} has {} elements, it needs {need}",
+                    v.len()
+                )));
+            }
+            return Ok(Half::Given(v));
+        }
+        let kernels = self
+            .kernels
+            .as_ref()
+            .ok_or_else(|| cuda_err(format!("casting {name} of GEMM {what}"), "no cast kernel"))?;
+        if slot.as_ref().is_none_or(|b| b.len() < need) {
+            *slot = None;
+            *slot = Some(
+                self.stream
+                    .alloc_zeros::<u16>(need.max(1))
+                    .map_err(|e| cuda_err("allocating a bf16 GEMM operand", e))?,
+            );
+        }
+        let buf = slot
+            .as_mut()
+            .ok_or_else(|| cuda_err("casting a GEMM operand", "no scratch"))?;
+        let src = op.data.slice(0..need);
+        kernels.cast_bf16(&self.stream, &src, &mut buf.slice_mut(0..need), need)?;
+        Ok(Half::Scratch)
+    }
+}
+
+/// Where a bf16 GEMM reads an operand from.
+enum Half<'v> {
+    /// The caller's copy.
+    Given(&'v CudaView<'v, u16>),
+    /// The operand's scratch slot, just cast.
+    Scratch,
+}
+
+fn sb_ptr<'s>(
+    slot: &'s Option<CudaSlice<u16>>,
+    s: &'s Arc<CudaStream>,
+) -> Result<(
+    cudarc::driver::sys::CUdeviceptr,
+    cudarc::driver::SyncOnDrop<'s>,
+)> {
+    slot.as_ref()
+        .map(|b| b.device_ptr(s))
+        .ok_or_else(|| cuda_err("reading a bf16 GEMM operand", "no scratch"))
+}
+
+/// Elements from the start of a `[rows, cols]` matrix with leading
+/// dimension `ld` to the end of its last row.
+fn span(rows: usize, cols: usize, ld: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * ld + cols
+    }
+}
+
+/// `cublasGemmEx` of `cfg` (column-major, alpha and beta f32) over device
+/// pointers `(A, B, C)`: A and B of type `ab`, C f32.
+///
+/// # Safety
+/// The pointers must hold the extents `cfg` implies, on the handle's stream.
+unsafe fn gemm_ex(
+    h: sys::cublasHandle_t,
+    cfg: &GemmConfig<f32>,
+    (a, b, c): (
+        cudarc::driver::sys::CUdeviceptr,
+        cudarc::driver::sys::CUdeviceptr,
+        cudarc::driver::sys::CUdeviceptr,
+    ),
+    ab: sys::cudaDataType,
+    compute: sys::cublasComputeType_t,
+) -> std::result::Result<(), cudarc::cublas::result::CublasError> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        cudarc::cublas::result::gemm_ex(
+            h,
+            cfg.transa,
+            cfg.transb,
+            cfg.m,
+            cfg.n,
+            cfg.k,
+            (&cfg.alpha) as *const f32 as *const _,
+            a as *const _,
+            ab,
+            cfg.lda,
+            b as *const _,
+            ab,
+            cfg.ldb,
+            (&cfg.beta) as *const f32 as *const _,
+            c as *mut _,
+            sys::cudaDataType_t::CUDA_R_32F,
+            cfg.ldc,
+            compute,
+            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
     }
 }
 

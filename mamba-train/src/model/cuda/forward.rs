@@ -33,6 +33,7 @@ pub(super) fn op<'a, 'b>(
         data,
         ld,
         trans: false,
+        bf16: None,
     }
 }
 
@@ -45,16 +46,27 @@ pub(super) fn op_t<'a, 'b>(
         data,
         ld,
         trans: true,
+        bf16: None,
     }
 }
 
+/// The bf16 copy of the parameter tensor `range` (bf16 runs only).
+pub(super) fn half<'p>(
+    pb: Option<&'p CudaSlice<u16>>,
+    range: &std::ops::Range<usize>,
+) -> Option<cudarc::driver::CudaView<'p, u16>> {
+    pb.map(|h| h.slice(range.clone()))
+}
+
 /// Run the forward pass of `p` over the tokens already in `ws.tokens`,
-/// leaving the logits in `ws.logits`.
+/// leaving the logits in `ws.logits`. `pb` is `p` cast to bf16 (bf16 runs:
+/// the weights' GEMM operands), `None` otherwise.
 pub(super) fn forward(
     e: &Engine,
     cfg: &ModelConfig,
     lay: &ParamLayout,
     p: &CudaSlice<f32>,
+    pb: Option<&CudaSlice<u16>>,
     ws: &mut Workspace,
 ) -> Result<()> {
     let (t, m) = (ws.seq_len, ws.batch * ws.seq_len);
@@ -101,7 +113,7 @@ pub(super) fn forward(
             2 * di,
             d,
             op(&a.xn.as_view(), d),
-            op_t(&w(&lo.in_proj), d),
+            op_t(&w(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj).as_ref()),
             0.0,
             &mut a.xz.as_view_mut(),
             2 * di,
@@ -124,7 +136,7 @@ pub(super) fn forward(
             ldbc,
             di,
             op(&a.u.as_view(), di),
-            op_t(&w(&lo.x_proj), di),
+            op_t(&w(&lo.x_proj), di).with_bf16(half(pb, &lo.x_proj).as_ref()),
             0.0,
             &mut a.dbc.as_view_mut(),
             ldbc,
@@ -135,7 +147,7 @@ pub(super) fn forward(
             di,
             r,
             op(&a.dbc.as_view(), ldbc),
-            op_t(&w(&lo.dt_proj_w), r),
+            op_t(&w(&lo.dt_proj_w), r).with_bf16(half(pb, &lo.dt_proj_w).as_ref()),
             0.0,
             &mut a.dt.as_view_mut(),
             di,
@@ -182,7 +194,7 @@ pub(super) fn forward(
             d,
             di,
             op(&a.g.as_view(), di),
-            op_t(&w(&lo.out_proj), di),
+            op_t(&w(&lo.out_proj), di).with_bf16(half(pb, &lo.out_proj).as_ref()),
             1.0,
             &mut x_out.as_view_mut(),
             d,
@@ -207,7 +219,7 @@ pub(super) fn forward(
         v,
         d,
         op(&ws.xf.as_view(), d),
-        op_t(&emb, d),
+        op_t(&emb, d).with_bf16(half(pb, &lay.embedding).as_ref()),
         0.0,
         &mut ws.logits.as_view_mut(),
         v,

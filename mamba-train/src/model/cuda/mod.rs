@@ -7,9 +7,35 @@
 //! Determinism: one stream, no atomics, every reduction in a fixed order that
 //! depends only on the shapes, cuBLAS pinned ([`blas`]). The same parameters
 //! and batch give the same loss and gradient bits on every run of the same
-//! build on the same GPU model. Results agree with [`super::cpu::CpuModel`]
-//! within f32 rounding (different summation orders), not bit for bit; the
+//! build on the same GPU model, in each precision. Results agree with
+//! [`super::cpu::CpuModel`] within the precision's tolerance (f32: f32
+//! rounding of different summation orders), not bit for bit; the
 //! optimizer's arithmetic (`optim`) does match the CPU's bit for bit.
+//!
+//! Precision ([`Precision`], `--precision`; chosen when the model is built,
+//! [`CudaModel::with_stream_in`]). What every precision keeps: the master
+//! weights, the gradient arena (what the reducer sees) and AdamW are f32
+//! and the same code; the embedding, the norms, the conv, the scan (its
+//! state `h` and every product in it), the gate, softmax/cross-entropy, the
+//! loss mean, every column sum and the gradient norm run in f32 in all
+//! three. Stored activations are f32 in all three (this round stores no
+//! activation in bf16). What changes is the GEMMs only (all of them:
+//! in_proj, x_proj, dt_proj, out_proj, the tied LM head, forward and
+//! backward):
+//! - `f32`: cuBLAS SGEMM, f32 FMA (the reference; the bits of earlier
+//!   builds);
+//! - `tf32`: tensor cores with inputs rounded to TF32 (10-bit mantissa),
+//!   f32 accumulation and output;
+//! - `bf16`: both operands rounded to bf16 (8-bit mantissa; round to
+//!   nearest even, `kernels::mamba::cast`), f32 accumulation and output. The
+//!   weights are cast once per pass from the f32 arena into a bf16 copy
+//!   (that is, after each AdamW update); activations and activation
+//!   gradients are cast right before the GEMM that reads them.
+//!
+//! Each precision is deterministic in the sense above (same bits run to
+//! run; the reducer then makes every P at fixed L the same bits), and the
+//! bits differ between precisions: a run's precision is part of its
+//! identity.
 //!
 //! ```no_run
 //! # fn main() -> mamba_train::Result<()> {
@@ -36,6 +62,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use kernels::mamba::{MambaKernels, TokenCsr, MAX_CONV_WIDTH, MAX_D_STATE};
 
 use crate::config::ModelConfig;
+pub use crate::config::Precision;
 use crate::error::{Result, TrainError};
 use crate::model::Batch;
 use crate::params::ParamLayout;
@@ -65,23 +92,42 @@ pub(crate) struct Engine {
 pub struct CudaModel {
     cfg: ModelConfig,
     layout: ParamLayout,
+    precision: Precision,
     engine: Engine,
     ws: Option<Workspace>,
     optim: Option<optim::OptimScratch>,
+    /// bf16 runs: the parameter arena cast to bf16, the weights' GEMM
+    /// operands (rewritten at the start of every pass).
+    params_bf16: Option<CudaSlice<u16>>,
 }
 
 impl CudaModel {
     /// A model of shape `cfg` on device `ordinal`, working on that device's
     /// default stream.
     pub fn new(cfg: ModelConfig, ordinal: usize) -> Result<Self> {
+        Self::new_in(cfg, Precision::F32, ordinal)
+    }
+
+    /// A model of shape `cfg` in `precision` on device `ordinal`.
+    pub fn new_in(cfg: ModelConfig, precision: Precision, ordinal: usize) -> Result<Self> {
         let ctx = kernels::open_context(ordinal)?;
-        Self::with_stream(cfg, ctx.default_stream())
+        Self::with_stream_in(cfg, precision, ctx.default_stream())
     }
 
     /// A model of shape `cfg` working on `stream` (e.g. the communicator's,
     /// so that gradient reduction is ordered after the backward pass with no
     /// host synchronization).
     pub fn with_stream(cfg: ModelConfig, stream: Arc<CudaStream>) -> Result<Self> {
+        Self::with_stream_in(cfg, Precision::F32, stream)
+    }
+
+    /// [`Self::with_stream`] in `precision` (see [`Precision`]: only the
+    /// GEMMs' inputs change; arenas, optimizer and reductions are f32).
+    pub fn with_stream_in(
+        cfg: ModelConfig,
+        precision: Precision,
+        stream: Arc<CudaStream>,
+    ) -> Result<Self> {
         cfg.validate()?;
         if cfg.d_state > MAX_D_STATE {
             return Err(TrainError::Config(format!(
@@ -96,11 +142,12 @@ impl CudaModel {
             )));
         }
         let kernels = MambaKernels::load(stream.context())?;
-        let blas = Blas::new(&stream)?;
+        let blas = Blas::with_precision(&stream, precision, Some(kernels.clone()))?;
         let layout = ParamLayout::new(&cfg);
         Ok(CudaModel {
             cfg,
             layout,
+            precision,
             engine: Engine {
                 stream,
                 kernels,
@@ -108,7 +155,13 @@ impl CudaModel {
             },
             ws: None,
             optim: None,
+            params_bf16: None,
         })
+    }
+
+    /// The precision of the model's GEMMs.
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// The model's shape.
@@ -198,11 +251,12 @@ impl CudaModel {
         }
         let csr =
             TokenCsr::build(&batch.tokens, self.cfg.vocab_size)?.upload(&self.engine.stream)?;
+        let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
         let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
-        forward::forward(e, cfg, lay, params, ws)?;
+        forward::forward(e, cfg, lay, params, pb, ws)?;
         enqueue_loss(e, cfg, ws, counted, true)?;
-        backward::backward(e, cfg, lay, params, ws, &csr, grads)?;
+        backward::backward(e, cfg, lay, params, pb, ws, &csr, grads)?;
         read_loss(e, ws)
     }
 
@@ -213,9 +267,10 @@ impl CudaModel {
         if batch.batch * batch.seq_len == 0 || counted == 0 {
             return Ok(0.0);
         }
+        let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
         let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
-        forward::forward(e, cfg, lay, params, ws)?;
+        forward::forward(e, cfg, lay, params, pb, ws)?;
         enqueue_loss(e, cfg, ws, counted, false)?;
         read_loss(e, ws)
     }
@@ -227,8 +282,9 @@ impl CudaModel {
         if batch.batch * batch.seq_len == 0 {
             return Ok(Vec::new());
         }
+        let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
         let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
-        forward::forward(&self.engine, &self.cfg, &self.layout, params, ws)?;
+        forward::forward(&self.engine, &self.cfg, &self.layout, params, pb, ws)?;
         self.engine
             .stream
             .clone_dtoh(&ws.logits)
@@ -275,6 +331,44 @@ impl CudaModel {
     fn check_batch(&self, b: &Batch) -> Result<usize> {
         b.validate(self.cfg.vocab_size)
     }
+}
+
+/// bf16 runs: `params` cast to bf16 into `slot` (allocated once), the
+/// weights' GEMM operands for one pass; `None` in the other precisions.
+///
+/// Once per pass, not per GEMM: a weight read by several GEMMs (the
+/// forward's and the backward's, the tied embedding's three) reads the same
+/// copy. Since the arena is read as it is when the pass starts, this is the
+/// copy of the weights after the latest AdamW update (or upload). Casting
+/// per pass instead of inside the optimizer step keeps the copy right
+/// whoever wrote the arena (a checkpoint load, ZeRO-1's all-gather); it
+/// costs one read of the arena per micro-batch.
+fn cast_params<'s>(
+    e: &Engine,
+    precision: Precision,
+    slot: &'s mut Option<CudaSlice<u16>>,
+    params: &CudaSlice<f32>,
+) -> Result<Option<&'s CudaSlice<u16>>> {
+    if precision != Precision::Bf16 {
+        return Ok(None);
+    }
+    let n = params.len();
+    if slot.as_ref().is_none_or(|s| s.len() != n) {
+        *slot = None;
+        *slot = Some(
+            e.stream
+                .alloc_zeros::<u16>(n.max(1))
+                .map_err(|err| cuda("allocating the bf16 weights", err))?,
+        );
+    }
+    let half = slot
+        .as_mut()
+        .ok_or_else(|| cuda("casting the weights to bf16", "no buffer"))?;
+    if n > 0 {
+        e.kernels
+            .cast_bf16(&e.stream, &params.as_view(), &mut half.slice_mut(0..n), n)?;
+    }
+    Ok(Some(&*half))
 }
 
 /// The workspace for `batch`'s shape in `slot` (rebuilt if the shape
