@@ -617,8 +617,9 @@ fn summary(stdout: &str) -> (f64, f64) {
 }
 
 /// (e) bf16 learns selective copying like f32: when f32 reaches high
-/// accuracy (>= 90%) bf16 is within 1 point of it; otherwise (a run too
-/// short to learn) the held-out losses must agree within 0.05 + 5%.
+/// accuracy (>= 90%) bf16 (and tf32) reach it within 1 point (doing better
+/// is no failure); otherwise (a run too short to learn) their held-out
+/// loss is at most f32's plus 0.1 + 10%.
 #[test]
 fn bf16_learns_selective_copy_like_f32() {
     if !can_run(1, true) {
@@ -640,13 +641,13 @@ fn bf16_learns_selective_copy_like_f32() {
     for &(p, acc, loss) in &got[1..] {
         if acc32 >= 90.0 {
             assert!(
-                (acc - acc32).abs() <= 1.0,
+                acc >= acc32 - 1.0,
                 "{p}: accuracy {acc:.1}% vs f32's {acc32:.1}%"
             );
         } else {
             let margin = 0.1 + 0.1 * loss32;
             assert!(
-                (loss - loss32).abs() <= margin,
+                loss <= loss32 + margin,
                 "{p}: held-out loss {loss:.4} vs f32's {loss32:.4} (margin {margin:.4}; f32 \
                  reached only {acc32:.1}%)"
             );
