@@ -190,5 +190,8 @@ fn mismatched_pretrained_models_are_refused_by_name() {
         &dir.path().join("d"),
         &["--init-from", "/nonexistent/model"],
     ));
-    assert!(e.contains("/nonexistent/model") && e.contains("no model here"), "{e}");
+    assert!(
+        e.contains("/nonexistent/model") && e.contains("no model here"),
+        "{e}"
+    );
 }

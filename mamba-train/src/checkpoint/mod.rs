@@ -209,6 +209,26 @@ mod tests {
     }
 
     #[test]
+    fn the_same_state_gives_byte_identical_files() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let pa = trained(2).save_checkpoint(a.path(), 2).unwrap();
+        let pb = trained(2).save_checkpoint(b.path(), 2).unwrap();
+        for f in [WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE, HF_CONFIG_FILE] {
+            assert_eq!(
+                std::fs::read(pa.join(f)).unwrap(),
+                std::fs::read(pb.join(f)).unwrap(),
+                "{f} differs between two saves of the same state"
+            );
+        }
+        // Negative control: another step is other bytes.
+        let pc = trained(3).save_checkpoint(b.path(), 2).unwrap();
+        assert_ne!(
+            std::fs::read(pa.join(WEIGHTS_FILE)).unwrap(),
+            std::fs::read(pc.join(WEIGHTS_FILE)).unwrap()
+        );
+    }
+
+    #[test]
     fn a_failure_mid_write_leaves_the_previous_checkpoint_loadable() {
         let dir = tempfile::tempdir().unwrap();
         let mut t2 = trained(2);

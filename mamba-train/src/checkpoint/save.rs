@@ -93,8 +93,10 @@ pub fn save_with_meta(
         .map_err(|e| io_err(&root, "cannot create the checkpoint directory", e))?;
     remove_stale_temps(&root);
 
-    let mut tmeta = HashMap::new();
-    tmeta.insert("step".to_string(), state.step.to_string());
+    // No metadata besides `format` (added by `encode`): the header's map
+    // has no fixed key order, so a second key would make the bytes of one
+    // checkpoint differ from run to run. The step lives in state.json.
+    let tmeta = HashMap::new();
     let weights = tensors::encode(&layout, &[("", ck.params)], tmeta.clone())
         .map_err(|e| ck_err(&root, format!("encoding weights: {e}")))?;
     let moments = tensors::encode(
