@@ -4,6 +4,10 @@
 //!
 //! (One file, ~480 lines before its tests: the world, its delivery orders
 //! and its lane schedules are one interpreter loop over shared state.)
+//!
+//! Over 450 lines: the oracle runs every contract's plans (fixed-order and,
+//! since this round, fixed-tree) over one in-memory delivery machine whose
+//! state all of them share; a per-contract split would duplicate it.
 
 use std::collections::VecDeque;
 use std::ops::Range;

@@ -1,4 +1,8 @@
 //! The [`Reducer`] seam and its implementation over any transport.
+//!
+//! Over 450 lines: the trait's docs carry the per-contract and ZeRO-1
+//! contracts (most of the file), and `TransportReducer` implements exactly
+//! that trait; splitting the implementation into its own file is planned.
 
 use std::ops::Range;
 
