@@ -147,11 +147,45 @@ impl EmulatedWorld {
         opts: &EmulateOptions,
         mem: &mut M,
     ) -> Result<Vec<Vec<f32>>> {
+        self.run_on(world, opts, None, mem)
+    }
+
+    /// The reduce-scatter plans ([`RankPlan::ending_at_owners`]) on
+    /// `world` emulated processes: every emulated rank's `locals[0]`, of
+    /// which only `owned[rank]` is specified (the mean there; the rest is
+    /// whatever the plan left).
+    pub fn reduce_scatter_per_rank(
+        &self,
+        world: usize,
+        opts: &EmulateOptions,
+        owned: &[Range<usize>],
+    ) -> Result<Vec<Vec<f32>>> {
+        self.run_on(world, opts, Some(owned), &mut HostFold)
+    }
+
+    fn run_on<B, M: EmulatorMemory<B>>(
+        &self,
+        world: usize,
+        opts: &EmulateOptions,
+        owned: Option<&[Range<usize>]>,
+        mem: &mut M,
+    ) -> Result<Vec<Vec<f32>>> {
         let logical = self.logical_world();
         let len = self.len();
         let plans = (0..world)
-            .map(|r| {
-                RankPlan::for_contract(opts.contract, r, world, logical, len, opts.chunk_elems)
+            .map(|r| match owned {
+                None => {
+                    RankPlan::for_contract(opts.contract, r, world, logical, len, opts.chunk_elems)
+                }
+                Some(owned) => RankPlan::ending_at_owners(
+                    opts.contract,
+                    r,
+                    world,
+                    logical,
+                    len,
+                    opts.chunk_elems,
+                    owned,
+                ),
             })
             .collect::<Result<Vec<_>>>()?;
         let blocks = logical / world;

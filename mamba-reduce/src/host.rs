@@ -4,7 +4,7 @@ use mamba_comm::host::HostTransport;
 use mamba_comm::Transport;
 
 use crate::fold::HostFold;
-use crate::reducer::{ReducerOptions, TransportReducer};
+use crate::transport_reducer::{ReducerOptions, TransportReducer};
 
 /// The reducer of CPU worlds: [`HostTransport`] moves the bytes (threads
 /// linked by channels, or processes over loopback TCP), [`HostFold`] adds.

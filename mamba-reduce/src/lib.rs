@@ -77,6 +77,16 @@
 //! per-element chain is exactly the one of `P = L`, so the result is
 //! bit-identical for every `P` at fixed `L`.
 //!
+//! **Ending at the owners** (ZeRO-1's reduce-scatter,
+//! [`Reducer::reduce_mean_shard`], [`RankPlan::ending_at_owners`]): the
+//! same plans, every folding step unchanged, with each message of the
+//! final distribution cut to the range its receiver owns (the relay of
+//! `L > P` carries only what the ranks ahead of it own). The additions are
+//! decided before the distribution, so each owned element has the
+//! all-reduce's bits. A sharded plan then moves `(P-1)/P N (1 + 1/P)` per
+//! rank instead of `2 (P-1)/P N` (the fold shards stay per chunk for
+//! balance; a shard lands at one owner).
+//!
 //! **On GPUs** ([`NcclReducer`]) the whole plan is queued at once: groups
 //! on the communicator's stream, folds on a second stream, with an event
 //! wait only where a group and a fold touch the same elements (which keeps
@@ -196,6 +206,7 @@ mod nccl;
 mod plan;
 mod reducer;
 mod shard;
+mod transport_reducer;
 mod tree;
 
 pub use contract::ReduceContract;
@@ -211,6 +222,7 @@ pub use host::HostReducer;
 pub use identity::{agree, all_gather, RunIdentity};
 pub use nccl::NcclReducer;
 pub use plan::{Dataflow, PlanCost, RankPlan, GROUP_OVERHEAD_SEC, LINK_BYTES_PER_SEC};
-pub use reducer::{PlanRunner, Reducer, ReducerOptions, TransportReducer};
+pub use reducer::{PlanRunner, Reducer};
 pub use shard::ShardPlan;
+pub use transport_reducer::{ReducerOptions, TransportReducer};
 pub use tree::{host_tree_fold, host_tree_mean, TreeAccumulator};

@@ -3,7 +3,7 @@
 use mamba_comm::nccl::NcclComm;
 
 use crate::device::DeviceFold;
-use crate::reducer::{ReducerOptions, TransportReducer};
+use crate::transport_reducer::{ReducerOptions, TransportReducer};
 use crate::Result;
 
 /// The reducer of GPU worlds: [`NcclComm`] moves the bytes (send/recv

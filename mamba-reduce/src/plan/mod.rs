@@ -78,6 +78,7 @@
 mod chunk;
 pub(crate) mod lanes;
 mod ops;
+mod owners;
 mod pipeline;
 mod sharded;
 mod tree;
@@ -151,6 +152,10 @@ pub struct RankPlan {
     chunk: usize,
     dataflow: Dataflow,
     scratch_len: usize,
+    /// Where the reduction ends: `None`, on every rank (an all-reduce);
+    /// `Some(owned)`, only `owned[k]` at rank `k` (a reduce-scatter; see
+    /// [`RankPlan::ending_at_owners`]).
+    owners: Option<Vec<Range<usize>>>,
     pub(crate) steps: Vec<Step>,
     pub(crate) lanes: Vec<LaneDeps>,
 }
@@ -198,6 +203,7 @@ impl RankPlan {
             chunk_elems,
             Dataflow::Tree,
             CHAIN_DST_LIMIT,
+            None,
         )
     }
 
@@ -245,9 +251,11 @@ impl RankPlan {
             chunk_elems,
             dataflow,
             dst_limit,
+            None,
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build(
         rank: usize,
         world: usize,
@@ -256,8 +264,12 @@ impl RankPlan {
         chunk_elems: Option<usize>,
         dataflow: Dataflow,
         dst_limit: usize,
+        owners: Option<Vec<Range<usize>>>,
     ) -> Result<Self> {
         check_world(world, logical_world)?;
+        if let Some(owned) = &owners {
+            owners::check(owned, world, len)?;
+        }
         if rank >= world {
             return Err(ReduceError::config(format!(
                 "rank {rank} is outside a world of {world} ranks"
@@ -284,6 +296,7 @@ impl RankPlan {
             chunk,
             dataflow,
             scratch_len: 0,
+            owners,
             steps: Vec::new(),
             lanes: Vec::new(),
         };

@@ -56,27 +56,40 @@ impl RankPlan {
             // no incoming data to wait for; the others two steps after, so
             // the fold of the next chunk overlaps the transfer), or relay the
             // finished chunk from the last rank to rank 0.
+            // (Under a reduce-scatter the relay carries only what the
+            // ranks still ahead of it own: `delivered_to_all`; the prefix
+            // travels whole.)
             let send_at = if rank == 0 { a + 1 } else { fold_at + 2 };
-            let to = if rank == last { 0 } else { rank + 1 };
-            steps[send_at].comm.push(CommOp::Send {
-                buf: BufId::Local(0),
-                range: r.clone(),
-                peer: to,
-            });
+            let (to, out) = if rank == last {
+                (0, self.delivered_to_all(0..last, r.clone()))
+            } else {
+                (rank + 1, r.clone())
+            };
+            if !out.is_empty() {
+                steps[send_at].comm.push(CommOp::Send {
+                    buf: BufId::Local(0),
+                    range: out,
+                    peer: to,
+                });
+            }
             // The relay 0 -> 1 -> ... -> P-2 of the finished chunk, one step
             // per hop, starting when rank 0 receives it from the last rank.
             if rank < last {
                 let got_at = a + 2 * p_world - 1 + rank;
                 let from = if rank == 0 { last } else { rank - 1 };
-                steps[got_at].comm.push(CommOp::Recv {
-                    buf: BufId::Local(0),
-                    range: r.clone(),
-                    peer: from,
-                });
-                if rank + 2 < p_world {
+                let got = self.delivered_to_all(rank..last, r.clone());
+                if !got.is_empty() {
+                    steps[got_at].comm.push(CommOp::Recv {
+                        buf: BufId::Local(0),
+                        range: got,
+                        peer: from,
+                    });
+                }
+                let onward = self.delivered_to_all(rank + 1..last, r.clone());
+                if rank + 2 < p_world && !onward.is_empty() {
                     steps[got_at + 1].comm.push(CommOp::Send {
                         buf: BufId::Local(0),
-                        range: r.clone(),
+                        range: onward,
                         peer: rank + 1,
                     });
                 }

@@ -93,19 +93,23 @@ impl RankPlan {
             // Gather of chunk a at step a + lag: the reduced shards go back
             // to every rank, straight into the arenas.
             let step = &mut steps[a + lag];
+            // (Under a reduce-scatter each message is cut to what its
+            // receiver owns: `delivered`.)
             for peer in (0..p_world).filter(|&p| p != rank) {
-                if !own.is_empty() {
+                let out = self.delivered(peer, base + own.start..base + own.end);
+                if !out.is_empty() {
                     step.comm.push(CommOp::Send {
                         buf: BufId::Local(0),
-                        range: base + own.start..base + own.end,
+                        range: out,
                         peer,
                     });
                 }
                 let theirs = plan.range(peer);
-                if !theirs.is_empty() {
+                let got = self.delivered(rank, base + theirs.start..base + theirs.end);
+                if !got.is_empty() {
                     step.comm.push(CommOp::Recv {
                         buf: BufId::Local(0),
-                        range: base + theirs.start..base + theirs.end,
+                        range: got,
                         peer,
                     });
                 }

@@ -149,18 +149,20 @@ impl RankPlan {
             let own = elements(&shards, held(rank, levels, levels));
             let step = &mut steps[a + levels as usize];
             for peer in (0..world).filter(|&p| p != rank) {
-                if !own.is_empty() {
+                let out = self.delivered(peer, base + own.start..base + own.end);
+                if !out.is_empty() {
                     step.comm.push(CommOp::Send {
                         buf: BufId::Local(0),
-                        range: base + own.start..base + own.end,
+                        range: out,
                         peer,
                     });
                 }
                 let theirs = elements(&shards, held(peer, levels, levels));
-                if !theirs.is_empty() {
+                let got = self.delivered(rank, base + theirs.start..base + theirs.end);
+                if !got.is_empty() {
                     step.comm.push(CommOp::Recv {
                         buf: BufId::Local(0),
-                        range: base + theirs.start..base + theirs.end,
+                        range: got,
                         peer,
                     });
                 }

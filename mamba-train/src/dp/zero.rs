@@ -5,7 +5,9 @@
 //! A sharded step, every call collective:
 //! 1. [`Reducer::reduce_mean_shard`]: the mean over all `L` needs to reach
 //!    only the owners (under any contract; the contract decides how each
-//!    element is computed, not who gets it);
+//!    element is computed, not who gets it; `TransportReducer` runs its
+//!    plan cut to end at the owners, so the rest of the arena is not the
+//!    mean afterwards, and nothing below reads it);
 //! 2. each owner's norm chunk sums are all-gathered as host values (four
 //!    exact 16-bit pieces per f64) and added in chunk order: the unsharded
 //!    norm, bit for bit ([`crate::optim::shard`]);
