@@ -1,24 +1,35 @@
-//! Gradient memory and step time of the data-parallel engine under
-//! `fixed-order` (the chain: one arena per local logical rank) and
-//! `fixed-tree` (the binary counter: `log2(L/P) + 1` arenas), for
-//! `L/P = 1, 2, 4, ..., 64` micro-batches per process, on one process.
+//! Gradient and optimizer memory and step time of the data-parallel engine
+//! under `fixed-order` (the chain: one arena per local logical rank),
+//! `fixed-tree` (the binary counter: `log2(L/P) + 1` arenas) and
+//! `fixed-tree` with ZeRO-1 (`--shard-optimizer`: each rank keeps `1/P` of
+//! the AdamW moments), for `L/P = 1, 2, 4, ..., 64` micro-batches per
+//! process, at `--world P` ranks.
 //!
 //! ```text
 //! cargo run --release -p mamba-train --example tree_memory -- \
-//!     [--device cpu|cuda] [--blocks 1,2,4,8,16,32,64] [--steps 3] [--warmup 1] \
-//!     [--d-model 256] [--layers 2] [--batch 1] [--seq-len 32]
+//!     [--device cpu|cuda] [--world 1] [--blocks 1,2,4,8,16,32,64] [--steps 3] \
+//!     [--warmup 1] [--rounds 1] [--d-model 256] [--layers 2] [--batch 1] [--seq-len 32]
 //! ```
 //!
-//! Every (contract, `L/P`) point runs in a fresh child process (this
+//! Every (configuration, `L/P`) point runs in a fresh child process (this
 //! program re-executed with `--child`), so each measured high-water mark
-//! is that configuration's alone:
-//! - `arenas`: gradient arenas the engine allocated
+//! is that configuration's alone. On the CPU the `P` ranks are threads of
+//! that child over the host transport (the same engine and reducer as
+//! `--world P` processes, without sockets); on CUDA `P` is 1 (a 1-GPU
+//! machine cannot hold a 2-rank NCCL world), so there ZeRO-1 has one shard,
+//! the whole arena, and its column shows that it costs nothing at `P = 1`.
+//! Per point:
+//! - `arenas`: gradient arenas the engine allocated per rank
 //!   ([`DataParallel::gradient_arenas`]), and their bytes;
+//! - `opt MiB`: the AdamW moments one rank holds (`2 |shard|` f32; the
+//!   whole arena twice unsharded), counted from the optimizer's shard;
 //! - CPU: the process's peak resident memory (`VmHWM` of
 //!   `/proc/self/status`) after the steps, minus its resident memory
 //!   (`VmRSS`) just before the model was built: the whole training
-//!   footprint (weights, AdamW moments, gradients, activations), so the two
-//!   contracts differ by their gradient arenas alone;
+//!   footprint (weights, AdamW moments, gradients, activations), so the
+//!   configurations differ by their gradient arenas and moments alone;
+//!   with `P > 1` threads, that process total divided by `P` (every rank
+//!   holds the same weights and activations);
 //! - CUDA (one GPU, a 1-rank NCCL world: the logical world on one device):
 //!   device memory in use after the steps minus before the model (the
 //!   engine allocates every gradient arena up front, so this is its
@@ -48,10 +59,13 @@ use mamba_train::train::{Backend, RunConfig, Trainer};
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Gradient memory and step time: fixed-order vs fixed-tree against L/P")]
 struct Args {
-    /// cpu (the reference model, one process) or cuda (one GPU).
+    /// cpu (the reference model) or cuda (one GPU).
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Micro-batches per process (`L/P`, here `L` on one process).
+    /// Ranks `P` (CPU: threads over the host transport; CUDA: 1).
+    #[arg(long, default_value_t = 1)]
+    world: usize,
+    /// Micro-batches per process (`L/P`; `L` is `P` times this).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     blocks: Vec<usize>,
     /// Timed steps per point.
@@ -78,15 +92,24 @@ struct Args {
     /// Tokens per row.
     #[arg(long, default_value_t = 32)]
     seq_len: usize,
-    /// Internal: measure one point (`CONTRACT:BLOCKS`) and print it.
+    /// Internal: measure one point (`CONFIG:BLOCKS`, CONFIG one of
+    /// `CONFIGS`) and print it.
     #[arg(long, hide = true)]
     child: Option<String>,
 }
+
+/// The configurations of a row, in column order: (name, contract, ZeRO-1).
+const CONFIGS: [(&str, ReduceContract, bool); 3] = [
+    ("chain", ReduceContract::FixedOrder, false),
+    ("tree", ReduceContract::FixedTree, false),
+    ("tree+zero", ReduceContract::FixedTree, true),
+];
 
 /// One measured point.
 struct Point {
     arenas: usize,
     arena_bytes: u64,
+    optimizer_bytes: u64,
     footprint_bytes: u64,
     step_ms: f64,
     cpu_ms: f64,
@@ -108,28 +131,40 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn parent(args: &Args) -> Res<()> {
     let exe = std::env::current_exe()?;
+    if args.device == "cuda" && args.world != 1 {
+        return Err(format!(
+            "--world {} with --device cuda: one GPU holds a 1-rank NCCL world only; use --world 1",
+            args.world
+        )
+        .into());
+    }
     println!(
-        "device {}, d_model {}, {} layers, {} x {} tokens per micro-batch, {} timed steps after {} warm-up",
-        args.device, args.d_model, args.layers, args.batch, args.seq_len, args.steps, args.warmup
+        "device {}, P = {}, d_model {}, {} layers, {} x {} tokens per micro-batch, {} timed steps after {} warm-up, {} rounds",
+        args.device, args.world, args.d_model, args.layers, args.batch, args.seq_len, args.steps, args.warmup, args.rounds
     );
     println!();
-    println!("| L/P | chain arenas | chain grad MiB | chain footprint MiB | chain step ms | chain cpu ms | tree arenas | tree grad MiB | tree footprint MiB | tree step ms | tree cpu ms | tree/chain wall | tree/chain cpu |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    print!("| L/P |");
+    for (name, _, _) in CONFIGS {
+        print!(" {name} arenas | {name} grad MiB | {name} opt MiB | {name} footprint MiB | {name} step ms | {name} cpu ms |");
+    }
+    println!(" tree/chain cpu | tree+zero/chain cpu |");
+    println!("|---:|{}---:|---:|", "---:|".repeat(6 * CONFIGS.len()));
     for &b in &args.blocks {
-        let mut rounds: [Vec<Point>; 2] = [Vec::new(), Vec::new()];
+        let mut rounds: Vec<Vec<Point>> = CONFIGS.iter().map(|_| Vec::new()).collect();
         for round in 0..args.rounds.max(1) {
-            // Each contract goes first in every other round.
-            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-            for k in order {
-                let contract = ["fixed-order", "fixed-tree"][k];
+            // Each configuration goes first in turn (so a change in the
+            // machine's load or an order effect hits all alike).
+            for i in 0..CONFIGS.len() {
+                let k = (i + round) % CONFIGS.len();
+                let name = CONFIGS[k].0;
                 let out = Command::new(&exe)
                     .args(std::env::args().skip(1))
                     .arg("--child")
-                    .arg(format!("{contract}:{b}"))
+                    .arg(format!("{name}:{b}"))
                     .output()?;
                 if !out.status.success() {
                     return Err(format!(
-                        "{contract} at L/P = {b} failed: {}",
+                        "{name} at L/P = {b} failed: {}",
                         String::from_utf8_lossy(&out.stderr)
                     )
                     .into());
@@ -137,23 +172,24 @@ fn parent(args: &Args) -> Res<()> {
                 rounds[k].push(parse_point(&String::from_utf8_lossy(&out.stdout))?);
             }
         }
-        let row = rounds.map(median_point);
+        let row: Vec<Point> = rounds.into_iter().map(median_point).collect();
         let mib = |x: u64| x as f64 / (1 << 20) as f64;
-        let (c, t) = (&row[0], &row[1]);
+        print!("| {b} |");
+        for p in &row {
+            print!(
+                " {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} |",
+                p.arenas,
+                mib(p.arenas as u64 * p.arena_bytes),
+                mib(p.optimizer_bytes),
+                mib(p.footprint_bytes),
+                p.step_ms,
+                p.cpu_ms
+            );
+        }
         println!(
-            "| {b} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.3} | {:.3} |",
-            c.arenas,
-            mib(c.arenas as u64 * c.arena_bytes),
-            mib(c.footprint_bytes),
-            c.step_ms,
-            c.cpu_ms,
-            t.arenas,
-            mib(t.arenas as u64 * t.arena_bytes),
-            mib(t.footprint_bytes),
-            t.step_ms,
-            t.cpu_ms,
-            t.step_ms / c.step_ms,
-            t.cpu_ms / c.cpu_ms
+            " {:.3} | {:.3} |",
+            row[1].cpu_ms / row[0].cpu_ms,
+            row[2].cpu_ms / row[0].cpu_ms
         );
     }
     Ok(())
@@ -165,15 +201,16 @@ fn parse_point(stdout: &str) -> Res<Point> {
         .find_map(|l| l.strip_prefix("POINT "))
         .ok_or_else(|| format!("the child printed no POINT line: {stdout}"))?;
     let v: Vec<&str> = line.split_whitespace().collect();
-    if v.len() != 5 {
+    if v.len() != 6 {
         return Err(format!("malformed POINT line {line:?}").into());
     }
     Ok(Point {
         arenas: v[0].parse()?,
         arena_bytes: v[1].parse()?,
-        footprint_bytes: v[2].parse()?,
-        step_ms: v[3].parse()?,
-        cpu_ms: v[4].parse()?,
+        optimizer_bytes: v[2].parse()?,
+        footprint_bytes: v[3].parse()?,
+        step_ms: v[4].parse()?,
+        cpu_ms: v[5].parse()?,
     })
 }
 
@@ -203,7 +240,7 @@ fn run_config(args: &Args, contract: ReduceContract, blocks: usize) -> RunConfig
         model: ModelConfig::new(task.vocab_size(), args.d_model, args.layers),
         task,
         batch: args.batch,
-        logical_world: blocks,
+        logical_world: blocks * args.world,
         contract,
         optimizer: AdamWConfig::default(),
         schedule: Schedule {
@@ -218,17 +255,29 @@ fn run_config(args: &Args, contract: ReduceContract, blocks: usize) -> RunConfig
 fn child(args: &Args, point: &str) -> Res<()> {
     let (name, blocks) = point
         .split_once(':')
-        .ok_or_else(|| format!("--child wants CONTRACT:BLOCKS, got {point:?}"))?;
-    let contract: ReduceContract = name.parse()?;
+        .ok_or_else(|| format!("--child wants CONFIG:BLOCKS, got {point:?}"))?;
+    let (_, contract, zero) = CONFIGS
+        .iter()
+        .find(|c| c.0 == name)
+        .copied()
+        .ok_or_else(|| format!("--child: unknown configuration {name:?}"))?;
     let run = run_config(args, contract, blocks.parse()?);
-    let (arenas, arena_bytes, footprint, times) = match args.device.as_str() {
-        "cpu" => cpu_point(&run, args)?,
-        "cuda" => cuda_point(&run, args)?,
+    let opts = DpOptions {
+        shard_optimizer: zero,
+        ..DpOptions::default()
+    };
+    let m = match args.device.as_str() {
+        "cpu" => cpu_point(&run, args, opts)?,
+        "cuda" => cuda_point(&run, args, opts)?,
         other => return Err(format!("--device {other:?}: expected cpu or cuda").into()),
     };
-    let (wall, cpu): (Vec<Duration>, Vec<Duration>) = times.into_iter().unzip();
+    let (wall, cpu): (Vec<Duration>, Vec<Duration>) = m.times.into_iter().unzip();
     println!(
-        "POINT {arenas} {arena_bytes} {footprint} {:.4} {:.4}",
+        "POINT {} {} {} {} {:.4} {:.4}",
+        m.arenas,
+        m.arena_bytes,
+        m.optimizer_bytes,
+        m.footprint_bytes,
         median_ms(wall),
         median_ms(cpu)
     );
@@ -270,25 +319,70 @@ fn process_cpu_time() -> Duration {
     )
 }
 
-type Measured = (usize, u64, u64, Vec<(Duration, Duration)>);
-
-fn cpu_point(run: &RunConfig, args: &Args) -> Res<Measured> {
-    let before = proc_status_kib("VmRSS")?;
-    let model = mamba_train::model::cpu::CpuModel::new(run.model.clone())?;
-    let trainer = Trainer::new(model, run.clone())?;
-    let arena_bytes = 4 * trainer.arena_len() as u64;
-    let mut world = dp::host::local(trainer, DpOptions::default())?;
-    let times = time_steps(&mut world, args)?;
-    let peak = proc_status_kib("VmHWM")?;
-    Ok((
-        world.gradient_arenas(),
-        arena_bytes,
-        1024 * peak.saturating_sub(before),
-        times,
-    ))
+/// What a child measured (per rank).
+struct Measured {
+    arenas: usize,
+    arena_bytes: u64,
+    optimizer_bytes: u64,
+    footprint_bytes: u64,
+    /// Rank 0's (wall, CPU) time per timed step.
+    times: Vec<(Duration, Duration)>,
 }
 
-fn cuda_point(run: &RunConfig, args: &Args) -> Res<Measured> {
+/// The moments one rank's optimizer holds, in bytes.
+fn optimizer_bytes<B: Backend>(trainer: &Trainer<B>) -> u64 {
+    8 * trainer.optimizer().adamw().shard().len() as u64
+}
+
+fn cpu_point(run: &RunConfig, args: &Args, opts: DpOptions) -> Res<Measured> {
+    use mamba_comm::host::{HostOptions, HostTransport};
+    let world = args.world.max(1);
+    let transports =
+        HostTransport::thread_world(world, HostOptions::with_timeout(Duration::from_secs(600)))?;
+    let before = proc_status_kib("VmRSS")?;
+    // Errors cross the thread boundary as text (boxed errors are not Send).
+    let ranks: Vec<Result<Measured, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = transports
+            .into_iter()
+            .map(|t| {
+                s.spawn(move || {
+                    let rank = || -> Res<Measured> {
+                        let model = mamba_train::model::cpu::CpuModel::new(run.model.clone())?;
+                        let trainer = Trainer::new(model, run.clone())?;
+                        let arena_bytes = 4 * trainer.arena_len() as u64;
+                        let reducer = dp::host::reducer(t, run);
+                        let mut dp = DataParallel::new(trainer, reducer, opts)?;
+                        let times = time_steps(&mut dp, args)?;
+                        let arenas = dp.gradient_arenas();
+                        let (trainer, _) = dp.into_parts();
+                        Ok(Measured {
+                            arenas,
+                            arena_bytes,
+                            optimizer_bytes: optimizer_bytes(&trainer),
+                            footprint_bytes: 0,
+                            times,
+                        })
+                    };
+                    rank().map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank thread panicked".into()))
+            })
+            .collect()
+    });
+    let peak = proc_status_kib("VmHWM")?;
+    let mut ranks = ranks.into_iter().collect::<Result<Vec<_>, String>>()?;
+    let mut m = ranks.swap_remove(0);
+    m.footprint_bytes = 1024 * peak.saturating_sub(before) / world as u64;
+    Ok(m)
+}
+
+fn cuda_point(run: &RunConfig, args: &Args, opts: DpOptions) -> Res<Measured> {
     use mamba_comm::bootstrap::WorldPlace;
     use mamba_train::model::cuda::CudaModel;
     dp::cuda::preflight()?;
@@ -304,15 +398,22 @@ fn cuda_point(run: &RunConfig, args: &Args) -> Res<Measured> {
     let trainer = Trainer::new(model, run.clone())?;
     let arena_bytes = 4 * trainer.arena_len() as u64;
     let reducer = dp::cuda::reducer(link.comm, run)?;
-    let mut world = DataParallel::new(trainer, reducer, DpOptions::default())?;
+    let mut world = DataParallel::new(trainer, reducer, opts)?;
     let times = time_steps(&mut world, args)?;
     let after = used()?;
     let arenas = world.gradient_arenas();
     let (trainer, reducer) = world.into_parts();
+    let optimizer_bytes = optimizer_bytes(&trainer);
     drop(trainer);
     dp::cuda::shutdown(reducer)?;
     drop(link.rendezvous);
-    Ok((arenas, arena_bytes, after.saturating_sub(before), times))
+    Ok(Measured {
+        arenas,
+        arena_bytes,
+        optimizer_bytes,
+        footprint_bytes: after.saturating_sub(before),
+        times,
+    })
 }
 
 /// A `kB` field of `/proc/self/status` (Linux).
