@@ -160,7 +160,20 @@ impl EmulatedWorld {
         opts: &EmulateOptions,
         owned: &[Range<usize>],
     ) -> Result<Vec<Vec<f32>>> {
-        self.run_on(world, opts, Some(owned), &mut HostFold)
+        self.reduce_scatter_per_rank_on(world, opts, owned, &mut HostFold)
+    }
+
+    /// [`EmulatedWorld::reduce_scatter_per_rank`] in `mem`'s memory with
+    /// its fold arithmetic (the single-GPU loopback harness, as
+    /// [`EmulatedWorld::reduce_mean_per_rank_on`]).
+    pub fn reduce_scatter_per_rank_on<B, M: EmulatorMemory<B>>(
+        &self,
+        world: usize,
+        opts: &EmulateOptions,
+        owned: &[Range<usize>],
+        mem: &mut M,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.run_on(world, opts, Some(owned), mem)
     }
 
     fn run_on<B, M: EmulatorMemory<B>>(

@@ -157,3 +157,66 @@ fn fixed_tree_loopback_worlds_on_one_gpu_equal_the_host_tree() {
         }
     }
 }
+
+/// ZeRO-1's reduction on one GPU: the plans cut to end at the owners, with
+/// the fold kernels and device copies as messages, give every owner the
+/// host reference's bits on its range, under both fixed contracts and
+/// ragged, empty and gapped partitions.
+#[test]
+fn reduce_scatter_loopback_worlds_on_one_gpu_equal_the_host_reference() {
+    let Some(stream) = gpu_stream() else { return };
+    let mut fold = DeviceFold::load(&stream).expect("load fold and scale kernels");
+    for (contract, logical) in [
+        (ReduceContract::FixedOrder, 2usize),
+        (ReduceContract::FixedOrder, 4),
+        (ReduceContract::FixedOrder, 6),
+        (ReduceContract::FixedTree, 4),
+        (ReduceContract::FixedTree, 8),
+    ] {
+        for len in [7usize, 1009, 100_003] {
+            let a = arenas(logical as u64 * 131 + len as u64, logical, len);
+            let r: Vec<&[f32]> = a.iter().map(|v| v.as_slice()).collect();
+            let want = match contract {
+                ReduceContract::FixedTree => host_tree_mean(&r).unwrap(),
+                _ => host_mean(&r).unwrap(),
+            };
+            let world = EmulatedWorld::new(a.clone()).unwrap();
+            let worlds: Vec<usize> = divisors(logical)
+                .into_iter()
+                .filter(|p| contract != ReduceContract::FixedTree || p.is_power_of_two())
+                .collect();
+            for p in worlds {
+                let even: Vec<_> = (0..p).map(|k| k * len / p..(k + 1) * len / p).collect();
+                // Rank 0 owns nothing, a gap nobody owns, the rest ragged.
+                let ragged: Vec<_> = (0..p)
+                    .map(|k| match k {
+                        0 => 0..0,
+                        _ => {
+                            (len / 3 + (k - 1) * len / (2 * p)).min(len)
+                                ..(len / 3 + k * len / (2 * p)).min(len)
+                        }
+                    })
+                    .collect();
+                for owned in [even, ragged] {
+                    let opts = EmulateOptions {
+                        chunk_elems: Some(997),
+                        delivery: Delivery::Shuffled(p as u64),
+                        lanes: None,
+                        contract,
+                    };
+                    let per_rank = world
+                        .reduce_scatter_per_rank_on(p, &opts, &owned, &mut fold)
+                        .unwrap();
+                    for (rank, got) in per_rank.iter().enumerate() {
+                        let o = owned[rank].clone();
+                        assert_bits_eq(
+                            &got[o.clone()],
+                            &want[o],
+                            &format!("device {contract} L={logical} P={p} len={len} {owned:?} rank {rank}"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
