@@ -27,6 +27,13 @@ pub struct RunIdentity {
     /// [`RunIdentity::fingerprint_of`] of the config's canonical JSON);
     /// 0 when the caller has none.
     pub fingerprint: u64,
+    /// The reducer's own choices that decide message sizes: the chunk
+    /// length in elements (0: the default chosen from the arena length,
+    /// the same on every rank). A reducer fills it in before the exchange
+    /// ([`crate::TransportReducer`] does), so ranks built with different
+    /// chunkings fail the check instead of pairing messages of different
+    /// sizes (a hang until the watchdog on NCCL).
+    pub chunk_elems: u64,
 }
 
 impl RunIdentity {
@@ -42,6 +49,15 @@ impl RunIdentity {
             contract,
             logical_world: logical_world as u64,
             fingerprint,
+            chunk_elems: 0,
+        }
+    }
+
+    /// This identity with the reducer's chunk length (`None`: the default).
+    pub fn with_chunk(self, chunk_elems: Option<usize>) -> Self {
+        RunIdentity {
+            chunk_elems: chunk_elems.map_or(0, |c| c as u64),
+            ..self
         }
     }
 
@@ -55,11 +71,11 @@ impl RunIdentity {
     }
 }
 
-/// "MAMBRED1": marks an identity record of this layout.
-const MAGIC: u64 = 0x4d41_4d42_5245_4431;
+/// "MAMBRED2": marks an identity record of this layout.
+const MAGIC: u64 = 0x4d41_4d42_5245_4432;
 /// u64 words per rank: magic, rank, world, arena_len, contract, logical
-/// world, fingerprint, local status.
-const WORDS: usize = 8;
+/// world, fingerprint, chunk length, local status.
+const WORDS: usize = 9;
 /// f32 values per rank on the wire: each word as four 16-bit halves, so
 /// every value is a small integer that any transport carries exactly.
 pub(crate) const VALUES: usize = WORDS * 4;
@@ -84,6 +100,7 @@ pub(crate) fn encode(rec: &Record) -> Vec<f32> {
         rec.id.contract.code(),
         rec.id.logical_world,
         rec.id.fingerprint,
+        rec.id.chunk_elems,
         u64::from(rec.local_problem),
     ];
     words
@@ -121,8 +138,9 @@ pub(crate) fn decode(values: &[f32]) -> std::result::Result<(Record, u64), Strin
             contract: contract.unwrap_or_default(),
             logical_world: words[5],
             fingerprint: words[6],
+            chunk_elems: words[7],
         },
-        local_problem: words[7] != 0,
+        local_problem: words[8] != 0,
     };
     Ok((rec, words[4]))
 }
@@ -164,12 +182,16 @@ pub(crate) fn verdict(gathered: &[f32], world: usize) -> Result<RunIdentity> {
         ));
     }
     if let Some(first) = records.first() {
-        let fields: [(&str, Show); 4] = [
+        let fields: [(&str, Show); 5] = [
             ("arena length", |i| i.arena_len.to_string()),
             ("contract", |i| i.contract.to_string()),
             ("logical world", |i| i.logical_world.to_string()),
             ("model/config fingerprint", |i| {
                 format!("{:#018x}", i.fingerprint)
+            }),
+            ("reducer chunk length", |i| match i.chunk_elems {
+                0 => "default".to_string(),
+                c => format!("{c} elements"),
             }),
         ];
         for (name, show) in fields {
@@ -192,7 +214,8 @@ pub(crate) fn verdict(gathered: &[f32], world: usize) -> Result<RunIdentity> {
         return Err(ReduceError::Disagreement {
             detail: format!(
                 "{}; expected every rank to present the same arena length, contract, logical \
-                 world and model/config fingerprint (same build, same config, same launch)",
+                 world, model/config fingerprint and reducer chunk length (same build, same \
+                 config, same launch)",
                 problems.join("; ")
             ),
         });
@@ -296,6 +319,7 @@ mod tests {
             contract: ReduceContract::NcclSum,
             logical_world: 1 << 40,
             fingerprint: 0x8000_0000_0000_0001,
+            chunk_elems: u64::MAX - 1,
         };
         let r = rec(3, 7, id);
         let v = encode(&r);
@@ -350,6 +374,18 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("malformed"));
+    }
+
+    #[test]
+    fn a_different_chunk_length_is_named() {
+        let base = RunIdentity::new(1024, ReduceContract::FixedOrder, 2, 7);
+        let mut all = encode(&rec(0, 2, base));
+        all.extend(encode(&rec(1, 2, base.with_chunk(Some(4096)))));
+        let err = verdict(&all, 2).unwrap_err().to_string();
+        assert!(
+            err.contains("reducer chunk length: rank 0 default, rank 1 4096 elements"),
+            "{err}"
+        );
     }
 
     #[test]

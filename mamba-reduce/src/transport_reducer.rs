@@ -238,7 +238,9 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
     }
 
     fn exchange(&mut self, id: &RunIdentity, local_problem: Option<String>) -> Result<()> {
-        let agreed = agree(&mut self.transport, &mut self.small, id, local_problem)?;
+        // The chunk length decides message sizes: it joins the identity.
+        let id = id.with_chunk(self.opts.chunk_elems);
+        let agreed = agree(&mut self.transport, &mut self.small, &id, local_problem)?;
         self.agreed = Some(agreed);
         Ok(())
     }

@@ -230,6 +230,40 @@ fn a_different_fingerprint_fails_on_every_rank() {
     );
 }
 
+/// Ranks built with different chunk lengths would pair messages of
+/// different sizes (on NCCL a hang until the watchdog): the chunk length is
+/// part of the identity, so they fail the check on every rank, naming it.
+#[test]
+fn a_different_chunk_length_fails_on_every_rank() {
+    let transports =
+        HostTransport::thread_world(2, HostOptions::with_timeout(Duration::from_secs(30))).unwrap();
+    let msgs: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = transports
+            .into_iter()
+            .enumerate()
+            .map(|(rank, t)| {
+                s.spawn(move || {
+                    let opts = ReducerOptions {
+                        chunk_elems: (rank == 1).then_some(64),
+                        ..ReducerOptions::new(ReduceContract::FixedOrder, 2)
+                    };
+                    let mut r = HostReducer::new(t, opts);
+                    let mut local = vec![vec![rank as f32; 1000]];
+                    let e = r.reduce_mean(&mut local).unwrap_err();
+                    disagreement(&e).to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        msgs[0].contains("reducer chunk length: rank 0 default, rank 1 64 elements"),
+        "{}",
+        msgs[0]
+    );
+    assert_eq!(msgs[0], msgs[1], "the same verdict on every rank");
+}
+
 #[test]
 fn agreement_passes_and_pins_the_arena_length() {
     let opts = ReducerOptions::new(ReduceContract::FixedOrder, 2);
