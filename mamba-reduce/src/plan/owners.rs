@@ -15,7 +15,10 @@
 //! chunk `a` belongs, except at range boundaries, to one owner), so a
 //! sharded plan sends `(P-1)/P N (1 + 1/P)` per rank against a minimal
 //! reduce-scatter's `(P-1)/P N`: the fold shards are cut per chunk for
-//! balance, the owners' ranges are contiguous.
+//! balance, the owners' ranges are contiguous. With one chunk (the sharded
+//! default) the fold shards are the even split, so an even partition sends
+//! nothing back at all and a chunk-aligned one only the slivers between
+//! the two.
 
 use std::ops::Range;
 
