@@ -47,49 +47,13 @@ use std::process::{Command, Output};
 mod common;
 mod cuda_common;
 
-use common::{bin, err, last_line_digest, ok, text};
-use cuda_common::{batch, digest, gpu_required, no_gpu_reason, perturbed, rel_l2};
+use common::{bin, err, ok, run_train, world_digest};
+use cuda_common::{batch, can_run, digest, perturbed, rel_l2};
 use mamba_train::config::Precision;
 use mamba_train::model::cpu::CpuModel;
 use mamba_train::model::cuda::CudaModel;
 use mamba_train::train::Trainer;
 use mamba_train::ModelConfig;
-
-/// Why a GPU test cannot run here (also NCCL for the CLI), if it cannot.
-fn missing(need_gpus: usize, cli: bool) -> Option<String> {
-    if let Some(r) = no_gpu_reason() {
-        return Some(r);
-    }
-    match kernels::device_count() {
-        Ok(n) if n >= need_gpus => {}
-        Ok(n) => return Some(format!("needs {need_gpus} GPUs, {n} visible")),
-        Err(e) => return Some(format!("cannot count CUDA devices: {e}")),
-    }
-    if cli {
-        if let Err(e) = mamba_comm::nccl::preflight() {
-            return Some(format!("NCCL is not usable: {e}"));
-        }
-    }
-    None
-}
-
-/// True when the test can run; else prints why it skips (or fails under
-/// `MAMBA_REQUIRE_GPU=1`; a two-GPU test only fails there when
-/// `MAMBA_REQUIRE_GPUS` is unset or at least 2, as in `cuda_train.rs`).
-fn can_run(need_gpus: usize, cli: bool) -> bool {
-    let Some(why) = missing(need_gpus, cli) else {
-        return true;
-    };
-    let have = kernels::device_count().unwrap_or(0);
-    let demanded = std::env::var("MAMBA_REQUIRE_GPUS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(usize::MAX);
-    let fails = have == 0 || have >= need_gpus || demanded >= need_gpus;
-    assert!(!(fails && gpu_required()), "MAMBA_REQUIRE_GPU=1 but {why}");
-    eprintln!("skipping: {why}");
-    false
-}
 
 /// The tiny selective-copy model of `cuda_train.rs`.
 const TINY: &[&str] = &[
@@ -114,30 +78,11 @@ const TINY: &[&str] = &[
 ];
 
 fn train_with(base: &[&str], out: &Path, extra: &[&str]) -> Output {
-    Command::new(bin())
-        .arg("train")
-        .args(base)
-        .args(extra)
-        .arg("--out")
-        .arg(out)
-        .output()
-        .expect("the mamba-train binary runs")
+    run_train(base, out, extra, &[])
 }
 
 fn train(out: &Path, extra: &[&str]) -> Output {
     train_with(TINY, out, extra)
-}
-
-/// The digest of a successful world of `world` ranks (every rank's line
-/// checked).
-fn world_digest(o: &Output, world: usize) -> String {
-    let hex = last_line_digest(&ok(o));
-    let stderr = text(&o.stderr);
-    for r in 1..world {
-        let line = format!("[rank {r} of {world}] weights-digest: {hex}");
-        assert!(stderr.contains(&line), "missing {line:?} in:\n{stderr}");
-    }
-    hex
 }
 
 // ------------------------------------------------------------- CPU tests

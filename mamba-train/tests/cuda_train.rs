@@ -17,72 +17,12 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 mod common;
+mod cuda_common;
 
 use common::{
-    bin, err, last_line_digest, ok, send_signal, stopped_after_step, text, wait_for_steps,
+    bin, err, ok, run_train, send_signal, stopped_after_step, text, wait_for_steps, world_digest,
 };
-use mamba_comm::nccl;
-
-fn gpu_required() -> bool {
-    std::env::var("MAMBA_REQUIRE_GPU").is_ok_and(|v| v.trim() == "1")
-}
-
-/// Why this machine cannot run a `--device cuda` world of `need` GPUs, if
-/// it cannot, and whether that fails the test under `MAMBA_REQUIRE_GPU=1`.
-fn missing(need: usize) -> Option<(String, bool)> {
-    if !kernels::driver_present() {
-        return Some(("no CUDA driver (libcuda.so.1 not loadable)".into(), true));
-    }
-    match kernels::device_count() {
-        Ok(n) if n >= need => {}
-        Ok(n) => {
-            return Some((
-                format!(
-                    "needs {need} GPU{}, {n} visible",
-                    if need == 1 { "" } else { "s" }
-                ),
-                too_few_gpus_fail(need, n),
-            ))
-        }
-        Err(e) => return Some((format!("cannot count CUDA devices: {e}"), true)),
-    }
-    if !kernels::available() {
-        return Some((
-            "this build has no CUDA kernels (nvcc was not found when it was built)".into(),
-            true,
-        ));
-    }
-    nccl::preflight()
-        .err()
-        .map(|e| (format!("NCCL is not usable: {e}"), true))
-}
-
-/// Under `MAMBA_REQUIRE_GPU=1`, whether a test that needs `need` GPUs must
-/// fail on a machine with `have`: always without any GPU; with too few,
-/// only when `MAMBA_REQUIRE_GPUS` (which `run.sh` sets to the machine's
-/// GPU count) is at least `need`, or is unset. So the suite passes on one
-/// GPU with the two-GPU tests skipped and named, and requires them where
-/// two are present.
-fn too_few_gpus_fail(need: usize, have: usize) -> bool {
-    let demanded = std::env::var("MAMBA_REQUIRE_GPUS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(usize::MAX);
-    have == 0 || demanded >= need
-}
-
-/// True when the test can run; otherwise prints why it skips, or fails
-/// under `MAMBA_REQUIRE_GPU=1`.
-fn can_run(need: usize) -> bool {
-    match missing(need) {
-        None => true,
-        Some((why, fails)) => {
-            assert!(!(fails && gpu_required()), "MAMBA_REQUIRE_GPU=1 but {why}");
-            eprintln!("skipping: {why}");
-            false
-        }
-    }
-}
+use cuda_common::{can_run, missing};
 
 /// A tiny selective-copy model on the GPU: 2 blocks of width 32, 8 rows of
 /// 32 tokens with 8 answers each, vocabulary 10.
@@ -108,28 +48,7 @@ const TINY: &[&str] = &[
 ];
 
 fn train(out: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(bin());
-    c.arg("train").args(TINY).args(extra).arg("--out").arg(out);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("the mamba-train binary runs")
-}
-
-/// The digest of a successful run (the last stdout line), after checking
-/// that each of the other `world - 1` ranks printed the same on stderr.
-fn world_digest(o: &Output, world: usize) -> String {
-    let hex = last_line_digest(&ok(o));
-    let stderr = text(&o.stderr);
-    assert!(
-        !stderr.contains("did not shut down cleanly"),
-        "every rank's communicator must shut down in order:\n{stderr}"
-    );
-    for r in 1..world {
-        let line = format!("[rank {r} of {world}] weights-digest: {hex}");
-        assert!(stderr.contains(&line), "missing {line:?} in:\n{stderr}");
-    }
-    hex
+    run_train(TINY, out, extra, env)
 }
 
 fn metrics(dir: &Path) -> Vec<serde_json::Value> {
@@ -146,7 +65,7 @@ fn mean(v: &[f64]) -> f64 {
 
 #[test]
 fn one_gpu_trains_repeats_its_bits_and_resumes_onto_them() {
-    if !can_run(1) {
+    if !can_run(1, true) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -200,7 +119,7 @@ fn one_gpu_trains_repeats_its_bits_and_resumes_onto_them() {
 
 #[test]
 fn on_one_gpu_a_nan_skips_its_step_and_another_logical_world_differs() {
-    if !can_run(1) {
+    if !can_run(1, true) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -244,7 +163,7 @@ fn on_one_gpu_a_nan_skips_its_step_and_another_logical_world_differs() {
 /// same bits on two.
 #[test]
 fn fixed_tree_on_one_gpu_repeats_resumes_and_differs_from_the_chain() {
-    if !can_run(1) {
+    if !can_run(1, true) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -284,7 +203,7 @@ fn fixed_tree_on_one_gpu_repeats_resumes_and_differs_from_the_chain() {
         assert!(ok(&o).contains("stopped at step 3"));
         let resumed = train(&c, &["--resume", c.to_str().unwrap()], &[]);
         assert_eq!(world_digest(&resumed, 1), first, "L = {l}: stop + resume");
-        if missing(2).is_none() {
+        if missing(2, true).is_none() {
             let o = train(
                 &dir.path().join(format!("two{l}")),
                 &[&base[..], &["--world", "2"]].concat(),
@@ -299,7 +218,7 @@ fn fixed_tree_on_one_gpu_repeats_resumes_and_differs_from_the_chain() {
 
 #[test]
 fn two_gpus_give_the_bits_of_one_at_the_same_logical_world() {
-    if !can_run(2) {
+    if !can_run(2, true) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -364,7 +283,7 @@ fn two_gpus_give_the_bits_of_one_at_the_same_logical_world() {
 
 #[test]
 fn two_gpu_faults_and_too_many_ranks_are_clear_errors() {
-    if !can_run(2) {
+    if !can_run(2, true) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -431,7 +350,7 @@ fn without_a_gpu_the_error_says_what_is_missing() {
 
 #[test]
 fn on_one_gpu_sigterm_checkpoints_at_a_step_and_the_continuation_is_bit_identical() {
-    if !can_run(1) {
+    if !can_run(1, true) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -476,7 +395,7 @@ fn on_one_gpu_sigterm_checkpoints_at_a_step_and_the_continuation_is_bit_identica
 /// resumes unsharded on one GPU onto the unbroken bits.
 #[test]
 fn the_sharded_optimizer_keeps_the_bits_on_one_and_two_gpus() {
-    if !can_run(1) {
+    if !can_run(1, true) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -489,7 +408,7 @@ fn the_sharded_optimizer_keeps_the_bits_on_one_and_two_gpus() {
     );
     assert_eq!(world_digest(&o, 1), one, "P = 1: the unsharded path");
     assert!(text(&o.stderr).contains("stays whole"));
-    if !can_run(2) {
+    if !can_run(2, true) {
         return;
     }
     let run = dir.path().join("two-zero");

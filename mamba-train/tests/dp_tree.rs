@@ -18,7 +18,8 @@ use mamba_train::model::cpu::CpuModel;
 use mamba_train::train::{RunConfig, Trainer};
 
 use common::{
-    bin, err, last_line_digest, ok, text, train_by_definition, train_by_definition_with, TINY,
+    bin, err, last_line_digest, ok, train_by_definition, train_by_definition_with, world_digest,
+    TINY,
 };
 
 const TREE: &[&str] = &["--contract", "fixed-tree"];
@@ -47,17 +48,6 @@ fn metrics(dir: &Path) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect()
-}
-
-/// Rank 0's digest, after checking every other rank printed the same.
-fn world_digest(o: &Output, world: usize) -> String {
-    let d = last_line_digest(&ok(o));
-    let stderr = text(&o.stderr);
-    for r in 1..world {
-        let line = format!("[rank {r} of {world}] weights-digest: {d}");
-        assert!(stderr.contains(&line), "missing {line:?} in:\n{stderr}");
-    }
-    d
 }
 
 fn resolve(extra: &[&str]) -> RunConfig {

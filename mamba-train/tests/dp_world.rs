@@ -19,7 +19,7 @@ use mamba_train::cli::{resolve::resolve_run, Cli, Command as Sub};
 use mamba_train::model::cpu::CpuModel;
 use mamba_train::train::Trainer;
 
-use common::{bin, err, last_line_digest, ok, text, train_by_definition};
+use common::{bin, err, last_line_digest, ok, text, train_by_definition, world_digest};
 
 /// A tiny selective-copy run: 1 block of width 16, rows of 12 tokens.
 const TINY: &[&str] = &[
@@ -67,18 +67,6 @@ fn digest(stdout: &str) -> String {
         "one summary on stdout:\n{stdout}"
     );
     hex
-}
-
-/// A successful world run: rank 0's digest, after checking that every
-/// other rank reported the same digest on stderr.
-fn world_digest(o: &Output, world: usize) -> String {
-    let d = digest(&ok(o));
-    let stderr = text(&o.stderr);
-    for r in 1..world {
-        let line = format!("[rank {r} of {world}] weights-digest: {d}");
-        assert!(stderr.contains(&line), "missing {line:?} in:\n{stderr}");
-    }
-    d
 }
 
 /// The in-process reference: the engine stepped by the fixed-order

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 mod common;
 
-use common::{bin, last_line_digest, ok, text};
+use common::{bin, last_line_digest, ok, text, world_digest};
 use mamba_train::checkpoint;
 
 /// A small real Mamba whose arena spans five norm chunks (16384 elements
@@ -47,17 +47,6 @@ fn train(out: &Path, extra: &[&str]) -> Output {
         .arg(out)
         .output()
         .expect("the mamba-train binary runs")
-}
-
-/// Rank 0's digest after checking that every other rank printed the same.
-fn world_digest(o: &Output, world: usize) -> String {
-    let d = last_line_digest(&ok(o));
-    let stderr = text(&o.stderr);
-    for r in 1..world {
-        let line = format!("[rank {r} of {world}] weights-digest: {d}");
-        assert!(stderr.contains(&line), "missing {line:?} in:\n{stderr}");
-    }
-    d
 }
 
 /// What a checkpoint directory holds, file by file: each file's SHA-256,

@@ -12,6 +12,7 @@ pub mod flags;
 pub mod generate;
 pub mod plan;
 pub mod progress;
+mod rank_setup;
 pub mod report;
 pub mod resolve;
 mod resolve_data;

@@ -7,8 +7,8 @@
 
 pub mod bpe;
 
-use std::path::PathBuf;
-use std::process::Output;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 /// A tiny selective-copy run: 1 block of width 16, a few tokens per row.
 pub const TINY: &[&str] = &[
@@ -73,6 +73,40 @@ pub fn last_line_digest(stdout: &str) -> String {
         .unwrap_or_else(|| panic!("last line is not the digest: {last:?}\n{stdout}"));
     assert_eq!(hex.len(), 64, "{hex}");
     hex.to_string()
+}
+
+/// `mamba-train train` with `base` flags, then `extra`, `--out out` and the
+/// environment `env` added; its output.
+pub fn run_train(base: &[&str], out: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(bin());
+    c.arg("train").args(base).args(extra).arg("--out").arg(out);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("the mamba-train binary runs")
+}
+
+/// The digest of a successful world of `world` ranks (stdout's last line,
+/// its only summary), after checking that every other rank printed the same on stderr and
+/// that no rank's communicator failed to shut down in order.
+pub fn world_digest(o: &Output, world: usize) -> String {
+    let stdout = ok(o);
+    let hex = last_line_digest(&stdout);
+    assert_eq!(
+        stdout.matches("weights-digest:").count(),
+        1,
+        "one summary on stdout:\n{stdout}"
+    );
+    let stderr = text(&o.stderr);
+    assert!(
+        !stderr.contains("did not shut down cleanly"),
+        "every rank's communicator must shut down in order:\n{stderr}"
+    );
+    for r in 1..world {
+        let line = format!("[rank {r} of {world}] weights-digest: {hex}");
+        assert!(stderr.contains(&line), "missing {line:?} in:\n{stderr}");
+    }
+    hex
 }
 
 /// Train `t` to the end by the fixed-order contract's definition, with no

@@ -33,6 +33,61 @@ pub fn no_gpu_reason() -> Option<String> {
     None
 }
 
+/// Under `MAMBA_REQUIRE_GPU=1`, whether a test that needs `need` GPUs must
+/// fail on a machine with `have`: always without any GPU; with too few,
+/// only when `MAMBA_REQUIRE_GPUS` (which `run.sh` sets to the machine's
+/// GPU count) is at least `need`, or is unset. So the suite passes on one
+/// GPU with the two-GPU tests skipped and named, and requires them where
+/// two are present.
+pub fn too_few_gpus_fail(need: usize, have: usize) -> bool {
+    let demanded = std::env::var("MAMBA_REQUIRE_GPUS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(usize::MAX);
+    have == 0 || demanded >= need
+}
+
+/// Why this machine cannot run a test of `need` GPUs (with NCCL usable
+/// too when `nccl`, as every `--device cuda` CLI world needs), if it
+/// cannot, and whether that fails the test under `MAMBA_REQUIRE_GPU=1`.
+pub fn missing(need: usize, nccl: bool) -> Option<(String, bool)> {
+    if let Some(r) = no_gpu_reason() {
+        return Some((r, true));
+    }
+    match kernels::device_count() {
+        Ok(n) if n >= need => {}
+        Ok(n) => {
+            return Some((
+                format!(
+                    "needs {need} GPU{}, {n} visible",
+                    if need == 1 { "" } else { "s" }
+                ),
+                too_few_gpus_fail(need, n),
+            ))
+        }
+        Err(e) => return Some((format!("cannot count CUDA devices: {e}"), true)),
+    }
+    if nccl {
+        if let Err(e) = mamba_comm::nccl::preflight() {
+            return Some((format!("NCCL is not usable: {e}"), true));
+        }
+    }
+    None
+}
+
+/// True when the test can run; otherwise prints why it skips, or fails
+/// under `MAMBA_REQUIRE_GPU=1` (see [`too_few_gpus_fail`]).
+pub fn can_run(need: usize, nccl: bool) -> bool {
+    match missing(need, nccl) {
+        None => true,
+        Some((why, fails)) => {
+            assert!(!(fails && gpu_required()), "MAMBA_REQUIRE_GPU=1 but {why}");
+            eprintln!("skipping: {why}");
+            false
+        }
+    }
+}
+
 /// A model on device 0, or `None` after printing why the test is skipped.
 /// Panics instead of skipping when `MAMBA_REQUIRE_GPU=1`.
 pub fn cuda_model(cfg: &ModelConfig) -> Option<CudaModel> {
