@@ -349,7 +349,7 @@ fn rank(args: &Args) -> Result<(), String> {
 
         // FixedOrder on the same buffer.
         r = remake(r, ReduceContract::FixedOrder, world, args.chunk_elems);
-        let plan = r.plan_for(len).map_err(|e| e.to_string())?;
+        let plan = r.plan_for(len, None).map_err(|e| e.to_string())?;
         let cost = plan.cost();
         let fixed = time_reducer(&mut r, &mut arena, warmup, reps)?;
         let serial = if args.serial {
@@ -401,7 +401,7 @@ fn rank(args: &Args) -> Result<(), String> {
             ];
             if args.pipeline {
                 r = remake(r, ReduceContract::FixedOrder, 2 * world, args.chunk_elems);
-                let chunks = r.plan_for(len).map_err(|e| e.to_string())?.chunks();
+                let chunks = r.plan_for(len, None).map_err(|e| e.to_string())?.chunks();
                 pipeline = Some((time_reducer(&mut r, &mut two, warmup, reps)?, chunks));
             }
             for &c in &args.pipeline_chunks {

@@ -186,11 +186,8 @@ impl EmulatedWorld {
         let logical = self.logical_world();
         let len = self.len();
         let plans = (0..world)
-            .map(|r| match owned {
-                None => {
-                    RankPlan::for_contract(opts.contract, r, world, logical, len, opts.chunk_elems)
-                }
-                Some(owned) => RankPlan::ending_at_owners(
+            .map(|r| {
+                RankPlan::ending_at(
                     opts.contract,
                     r,
                     world,
@@ -198,7 +195,7 @@ impl EmulatedWorld {
                     len,
                     opts.chunk_elems,
                     owned,
-                ),
+                )
             })
             .collect::<Result<Vec<_>>>()?;
         let blocks = logical / world;

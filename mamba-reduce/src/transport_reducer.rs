@@ -117,15 +117,17 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
     }
 
     /// The plan this rank runs for `len`-element arenas under the
-    /// contract (fixed order or fixed tree; `NcclSum` has none).
-    pub fn plan_for(&self, len: usize) -> Result<RankPlan> {
-        RankPlan::for_contract(
+    /// contract (fixed order or fixed tree; `NcclSum` has none), ending on
+    /// every rank or, with `owned`, at the owners.
+    pub fn plan_for(&self, len: usize, owned: Option<&[Range<usize>]>) -> Result<RankPlan> {
+        RankPlan::ending_at(
             self.opts.contract,
             self.transport.rank(),
             self.transport.world(),
             self.opts.logical_world,
             len,
             self.opts.chunk_elems,
+            owned,
         )
     }
 
@@ -278,18 +280,7 @@ impl<T: Transport, F: PlanRunner<T>> TransportReducer<T, F> {
             .as_ref()
             .is_none_or(|p| p.len() != len || p.owners() != owned)
         {
-            self.plan = Some(match owned {
-                None => self.plan_for(len)?,
-                Some(owned) => RankPlan::ending_at_owners(
-                    self.opts.contract,
-                    self.transport.rank(),
-                    self.transport.world(),
-                    self.opts.logical_world,
-                    len,
-                    self.opts.chunk_elems,
-                    owned,
-                )?,
-            });
+            self.plan = Some(self.plan_for(len, owned)?);
         }
         let Some(plan) = self.plan.as_ref() else {
             return Err(ReduceError::invariant("plan missing after construction"));

@@ -173,13 +173,7 @@ impl RankPlan {
         len: usize,
         chunk_elems: Option<usize>,
     ) -> Result<Self> {
-        match contract {
-            ReduceContract::FixedOrder => Self::new(rank, world, logical_world, len, chunk_elems),
-            ReduceContract::FixedTree => Self::tree(rank, world, logical_world, len, chunk_elems),
-            ReduceContract::NcclSum => Err(ReduceError::config(
-                "the nccl-sum contract has no plan: the library's all-reduce sums",
-            )),
-        }
+        Self::ending_at(contract, rank, world, logical_world, len, chunk_elems, None)
     }
 
     /// The fixed-tree plan of `rank` in a world of `world` processes

@@ -85,6 +85,29 @@ impl RankPlan {
         chunk_elems: Option<usize>,
         owned: &[Range<usize>],
     ) -> Result<Self> {
+        Self::ending_at(
+            contract,
+            rank,
+            world,
+            logical_world,
+            len,
+            chunk_elems,
+            Some(owned),
+        )
+    }
+
+    /// The plan of `rank` under `contract`, ending on every rank (`owned`
+    /// `None`: [`RankPlan::for_contract`]) or at the owners
+    /// ([`RankPlan::ending_at_owners`]).
+    pub fn ending_at(
+        contract: ReduceContract,
+        rank: usize,
+        world: usize,
+        logical_world: usize,
+        len: usize,
+        chunk_elems: Option<usize>,
+        owned: Option<&[Range<usize>]>,
+    ) -> Result<Self> {
         let dataflow = match contract {
             ReduceContract::FixedOrder if logical_world == world => Dataflow::Sharded,
             ReduceContract::FixedOrder => Dataflow::Pipeline,
@@ -106,7 +129,7 @@ impl RankPlan {
             chunk_elems,
             dataflow,
             CHAIN_DST_LIMIT,
-            Some(owned.to_vec()),
+            owned.map(<[Range<usize>]>::to_vec),
         )
     }
 
