@@ -496,6 +496,53 @@ fn ranks_started_with_different_settings_fail_the_agreement_check() {
     }
 }
 
+/// A rank whose local phase fails tells the world in the step's first
+/// collective: with no supervisor to kill them (ranks started by their
+/// environment, as a launcher that does not tear a world down would), the
+/// peers fail at once naming it, not after the communication timeout with
+/// a transport error.
+#[test]
+fn a_rank_that_fails_locally_takes_its_peers_down_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let rdv = dir.path().join("rdv");
+    let rdv = rdv.to_str().unwrap();
+    let ranks: Vec<_> = ["0", "1", "2"]
+        .iter()
+        .map(|rank| {
+            let env = [
+                ("MAMBA_RANK", *rank),
+                ("MAMBA_WORLD_SIZE", "3"),
+                ("MAMBA_JOB_ID", "local-failure"),
+                ("MAMBA_RENDEZVOUS_DIR", rdv),
+                ("MAMBA_TEST_FAIL_LOCAL", "1:2"),
+            ];
+            command(
+                &dir.path().join(format!("out{rank}")),
+                &["--steps", "4", "--comm-timeout", "600"],
+                &env,
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for (r, c) in ranks.into_iter().enumerate() {
+        let e = err(&c.wait_with_output().unwrap());
+        if r == 1 {
+            assert!(
+                e.contains("injected local failure on rank 1 in step 2"),
+                "rank 1 reports its own error: {e}"
+            );
+        } else {
+            assert!(
+                e.contains("rank 1 failed") && e.contains("local part of step 2"),
+                "rank {r} names rank 1: {e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn world_flags_are_checked_with_clear_errors() {
     let dir = tempfile::tempdir().unwrap();

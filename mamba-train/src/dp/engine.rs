@@ -50,7 +50,9 @@ pub struct DpOptions {
 ///    micro-batches `rank*L/P .. (rank+1)*L/P`, in logical order, each into
 ///    its own arena (under fixed-tree, each finished gradient is folded
 ///    into the block's [`TreeAccumulator`] right away);
-/// 2. [`Reducer::any`]: did any rank see a non-finite loss or gradient?
+/// 2. [`Reducer::any`]: did any rank see a non-finite loss or gradient,
+///    or fail in step 1? (A failure is then named to every rank, which
+///    all fail at this step: see [`DataParallel::step`].)
 /// 3. [`Reducer::all_reduce_host_logical`] of the `L` micro losses: the
 ///    logged loss, `sum * fl(1/L)`, identical on every rank and for every P;
 /// 4. unless some rank was non-finite, [`Reducer::reduce_mean`] of the
@@ -221,59 +223,31 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
     }
 
     /// One data-parallel step (see the type's docs). Collective.
+    ///
+    /// A rank whose local phase fails (its forward/backward, its data, a
+    /// device error) still makes the step's first collective call, saying
+    /// so, before it returns its own error: every other rank then fails at
+    /// once with [`mamba_comm::CommError::PeerFailed`] naming it, instead
+    /// of waiting in the next collective until the watchdog (a launcher
+    /// that does not kill a world on the first exit, or ranks on other
+    /// nodes, would otherwise leave them hanging). The common path costs
+    /// nothing extra: the failure rides on the non-finite check's flag.
     pub fn step(&mut self) -> Result<StepStats> {
         #[cfg(feature = "fault-injection")]
         let hooks = self.opts.hooks;
         #[cfg(feature = "fault-injection")]
         hooks.before_step();
-        let rank = self.rank();
         let logical = self.logical_world();
-        let blocks = self.blocks();
-        let first = rank * blocks;
-        let mut losses = Vec::with_capacity(blocks);
-        let mut finite = true;
+        let mut losses = Vec::with_capacity(self.blocks());
         // Under the tree: the block's sum, once its last leaf is folded.
         let mut block = Vec::new();
-        match &mut self.grads {
-            Gradients::PerRank(locals) => {
-                for (j, arena) in locals.iter_mut().enumerate() {
-                    let loss = self.trainer.micro_gradient((first + j) as u64, arena)?;
-                    #[cfg(feature = "fault-injection")]
-                    if j == 0 {
-                        hooks.after_gradient(rank, &mut self.trainer, arena)?;
-                    }
-                    finite &= loss.is_finite() && self.trainer.backend_mut().all_finite(arena)?;
-                    losses.push([loss]);
-                }
-            }
-            Gradients::Tree(acc) => {
-                for j in 0..blocks {
-                    let mut arena = match acc.take_spare() {
-                        Some(a) => a,
-                        None => {
-                            self.arenas += 1;
-                            self.trainer.backend_mut().zeros()?
-                        }
-                    };
-                    let loss = self
-                        .trainer
-                        .micro_gradient((first + j) as u64, &mut arena)?;
-                    #[cfg(feature = "fault-injection")]
-                    if j == 0 {
-                        hooks.after_gradient(rank, &mut self.trainer, &mut arena)?;
-                    }
-                    // Checked before it is folded, as each per-rank arena.
-                    finite &= loss.is_finite() && self.trainer.backend_mut().all_finite(&arena)?;
-                    losses.push([loss]);
-                    let fold = self.reducer.local_fold().ok_or_else(|| {
-                        TrainError::Config("the reducer stopped offering its fold".to_string())
-                    })?;
-                    acc.push(fold, arena).map_err(reduce_err)?;
-                }
-                block.push(acc.finish().map_err(reduce_err)?);
-            }
+        let local = self.local_phase(&mut losses, &mut block);
+        let failed = local.is_err();
+        let finite = *local.as_ref().unwrap_or(&false);
+        let skip = self.reducer.any(!finite || failed).map_err(reduce_err)?;
+        if skip && self.reducer.any(failed).map_err(reduce_err)? {
+            return Err(self.local_failure(local.err())?);
         }
-        let skip = self.reducer.any(!finite).map_err(reduce_err)?;
         let rows: Vec<&[f32]> = losses.iter().map(|l| &l[..]).collect();
         let sum = self
             .reducer
@@ -328,12 +302,100 @@ impl<B: Backend, R: Reducer<Buffer = B::Arena>> DataParallel<B, R> {
             stats.grad_norm = f64::NAN;
         }
         #[cfg(feature = "fault-injection")]
-        hooks.after_step(rank, stats.step, &mut self.trainer)?;
+        hooks.after_step(self.rank(), stats.step, &mut self.trainer)?;
         let every = self.opts.replica_check_every;
         if every > 0 && stats.step % every == 0 {
             self.replica_check(&format!("after step {}", stats.step))?;
         }
         Ok(stats)
+    }
+
+    /// Step 1 of a step on this rank: the loss and gradient of each of its
+    /// logical micro-batches, in logical order, into `losses` and the
+    /// gradient arenas (under the tree, folded into `block`). Whether every
+    /// loss and gradient was finite.
+    fn local_phase(
+        &mut self,
+        losses: &mut Vec<[f32; 1]>,
+        block: &mut Vec<B::Arena>,
+    ) -> Result<bool> {
+        #[cfg(feature = "fault-injection")]
+        let hooks = self.opts.hooks;
+        let rank = self.rank();
+        let blocks = self.blocks();
+        let first = rank * blocks;
+        let mut finite = true;
+        match &mut self.grads {
+            Gradients::PerRank(locals) => {
+                for (j, arena) in locals.iter_mut().enumerate() {
+                    let loss = self.trainer.micro_gradient((first + j) as u64, arena)?;
+                    #[cfg(feature = "fault-injection")]
+                    if j == 0 {
+                        hooks.after_gradient(rank, &mut self.trainer, arena)?;
+                    }
+                    finite &= loss.is_finite() && self.trainer.backend_mut().all_finite(arena)?;
+                    losses.push([loss]);
+                }
+            }
+            Gradients::Tree(acc) => {
+                for j in 0..blocks {
+                    let mut arena = match acc.take_spare() {
+                        Some(a) => a,
+                        None => {
+                            self.arenas += 1;
+                            self.trainer.backend_mut().zeros()?
+                        }
+                    };
+                    let loss = self
+                        .trainer
+                        .micro_gradient((first + j) as u64, &mut arena)?;
+                    #[cfg(feature = "fault-injection")]
+                    if j == 0 {
+                        hooks.after_gradient(rank, &mut self.trainer, &mut arena)?;
+                    }
+                    // Checked before it is folded, as each per-rank arena.
+                    finite &= loss.is_finite() && self.trainer.backend_mut().all_finite(&arena)?;
+                    losses.push([loss]);
+                    let fold = self.reducer.local_fold().ok_or_else(|| {
+                        TrainError::Config("the reducer stopped offering its fold".to_string())
+                    })?;
+                    acc.push(fold, arena).map_err(reduce_err)?;
+                }
+                block.push(acc.finish().map_err(reduce_err)?);
+            }
+        }
+        Ok(finite)
+    }
+
+    /// Some rank's local phase failed (every rank knows it from the flags):
+    /// find which (one small all-gather, on this path only) and return the
+    /// error this rank ends the step with: its own if it is one of them,
+    /// else the lowest failed rank's name. Collective.
+    fn local_failure(&mut self, own: Option<TrainError>) -> Result<TrainError> {
+        let mine = [if own.is_some() { 1.0f32 } else { 0.0 }];
+        let all = self.reducer.all_gather_host(&mine).map_err(reduce_err)?;
+        let failed: Vec<usize> = (0..all.len()).filter(|&r| all[r] != 0.0).collect();
+        if let Some(e) = own {
+            return Ok(e);
+        }
+        let step = self.trainer.step() + 1;
+        let rank = failed.first().copied().unwrap_or(0);
+        let others = match failed.len() {
+            0 | 1 => String::new(),
+            n => format!(
+                " (and {} more rank{})",
+                n - 1,
+                if n == 2 { "" } else { "s" }
+            ),
+        };
+        Ok(TrainError::Comm(mamba_comm::CommError::PeerFailed {
+            rank,
+            detail: format!(
+                "its local part of step {step} (forward/backward, data or device) failed{others}; \
+                 its own error says why. This rank stops at the same step instead of waiting \
+                 for it in the next collective"
+            ),
+        }))
     }
 
     /// Compare every rank's weights digest and step through the reducer's

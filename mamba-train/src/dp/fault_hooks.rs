@@ -12,6 +12,7 @@
 //! | `MAMBA_TEST_INJECT_NAN` | `RANK:STEP` | during step `STEP` (1-based, as in the metrics), rank `RANK` makes element 0 of its first local gradient a NaN |
 //! | `MAMBA_TEST_PERTURB_WEIGHTS` | `RANK:STEP` | after step `STEP`, rank `RANK` adds 1 to weight 0 (its replica then differs) |
 //! | `MAMBA_TEST_STEP_DELAY_MS` | `MS` | every rank sleeps `MS` milliseconds per step (so a test can kill a rank mid-run) |
+//! | `MAMBA_TEST_FAIL_LOCAL` | `RANK:STEP` | during step `STEP`, rank `RANK`'s local phase fails (after its first micro-batch gradient) with an error of its own |
 
 use std::time::Duration;
 
@@ -26,6 +27,8 @@ pub const INJECT_NAN: &str = "MAMBA_TEST_INJECT_NAN";
 pub const PERTURB_WEIGHTS: &str = "MAMBA_TEST_PERTURB_WEIGHTS";
 /// Slow every step down: `MS`.
 pub const STEP_DELAY_MS: &str = "MAMBA_TEST_STEP_DELAY_MS";
+/// Fail one rank's local phase: `RANK:STEP`.
+pub const FAIL_LOCAL: &str = "MAMBA_TEST_FAIL_LOCAL";
 
 /// `RANK:STEP`: one rank at one (1-based) step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +55,8 @@ pub struct FaultHooks {
     pub perturb_weights: Option<RankStep>,
     /// [`STEP_DELAY_MS`].
     pub step_delay: Option<Duration>,
+    /// [`FAIL_LOCAL`].
+    pub fail_local: Option<RankStep>,
 }
 
 impl FaultHooks {
@@ -87,6 +92,7 @@ impl FaultHooks {
             inject_nan: rank_step(INJECT_NAN)?,
             perturb_weights: rank_step(PERTURB_WEIGHTS)?,
             step_delay,
+            fail_local: rank_step(FAIL_LOCAL)?,
         })
     }
 
@@ -104,7 +110,7 @@ impl FaultHooks {
 
     /// After this rank's first micro-batch gradient of a step: the NaN
     /// injection (element 0 of `grads`, through the host, so it works on
-    /// every backend).
+    /// every backend), or the local failure.
     pub(crate) fn after_gradient<B: Backend>(
         &self,
         rank: usize,
@@ -112,6 +118,11 @@ impl FaultHooks {
         grads: &mut B::Arena,
     ) -> Result<()> {
         let number = trainer.step() + 1;
+        if self.fail_local.is_some_and(|h| h.fires(rank, number)) {
+            return Err(TrainError::Data(format!(
+                "injected local failure on rank {rank} in step {number} ({FAIL_LOCAL})"
+            )));
+        }
         if self.inject_nan.is_some_and(|h| h.fires(rank, number)) {
             let backend = trainer.backend_mut();
             let mut host = backend.to_host(grads)?.into_owned();
