@@ -74,11 +74,11 @@ fn big_simultaneous_sends_do_not_deadlock() {
     let n = 4 << 20;
     let got = socket_world(2, Duration::from_secs(20), move |mut t| {
         let peer = 1 - t.rank();
-        let out = vec![t.rank() as f32 + 0.5; n];
+        let mut out = vec![t.rank() as f32 + 0.5; n];
         let mut inb = vec![0.0f32; n];
-        t.group(|t| {
-            t.send(&out, 0..n, peer)?;
-            t.recv(&mut inb, 0..n, peer)
+        t.group(&mut [&mut out, &mut inb], |g| {
+            g.send(0, 0..n, peer)?;
+            g.recv(1, 0..n, peer)
         })
         .expect("exchange");
         inb.iter().all(|&x| x == peer as f32 + 0.5)

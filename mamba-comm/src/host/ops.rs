@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::engine::HostTransport;
 use super::fault::Fault;
 use super::message::{Msg, OpCode, Payload, Wire};
+use crate::transport::Group;
 use crate::{CommError, Result, Transport};
 
 /// Typed receives and the collectives, on the engine's `post` and `take`.
@@ -142,9 +143,13 @@ impl Transport for HostTransport {
 
     /// Runs `body` eagerly: sends are queued at once and never block,
     /// receives complete in program order (see the module docs).
-    fn group<R>(&mut self, body: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+    fn group<R>(
+        &mut self,
+        buffers: &mut [&mut Vec<f32>],
+        body: impl FnOnce(&mut Group<'_, '_, Self>) -> Result<R>,
+    ) -> Result<R> {
         self.ensure_usable("group")?;
-        body(self)
+        body(&mut Group::new(self, buffers))
     }
 
     fn send(&mut self, buf: &Vec<f32>, range: Range<usize>, peer: usize) -> Result<()> {
