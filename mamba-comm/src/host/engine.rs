@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
 use super::fault::Fault;
-use super::link::Writers;
+use super::link::{Wanted, Writers};
 use super::message::{Event, Msg, OpCode};
 use super::HostOptions;
 use crate::{CommError, Result};
@@ -45,6 +45,10 @@ pub struct HostTransport {
     /// Messages already taken from the inbox, per source rank, in arrival
     /// order (which is send order: each link is FIFO).
     pending: Vec<VecDeque<Msg>>,
+    /// Data messages taken from each peer so far: the index of the next
+    /// one (what a socket link's gate is told, see
+    /// [`Gate`](super::link::Gate)).
+    taken: Vec<u64>,
     /// Peers that said goodbye.
     departed: Vec<bool>,
     /// Events handed to each peer's outbox (compared with
@@ -105,6 +109,7 @@ impl HostTransport {
             inbox,
             outbox,
             pending: (0..world).map(|_| VecDeque::new()).collect(),
+            taken: vec![0; world],
             departed: vec![false; world],
             queued: vec![0; world],
             poisoned: None,
@@ -177,7 +182,18 @@ impl HostTransport {
         }
         self.wait_flushed(Instant::now() + self.opts.timeout.min(ABORT_FLUSH_LIMIT));
         self.poisoned = Some(text);
+        self.close_gates();
         fault.err
+    }
+
+    /// Socket worlds: this rank takes nothing more; release link readers
+    /// that hold a large frame for a receive that will never come.
+    fn close_gates(&self) {
+        if let Some(w) = &self.writers {
+            for link in w.links.iter().flatten() {
+                link.gate.close();
+            }
+        }
     }
 
     /// Socket worlds: wait until every live writer has flushed what was
@@ -303,6 +319,11 @@ impl HostTransport {
                     self.rank
                 ),
             )),
+            Event::Refused { from, detail } => Err(Fault::transport(
+                op,
+                format!("{detail} (noticed by rank {} during {op})", self.rank),
+                from,
+            )),
             Event::Closed { from, detail } => {
                 if self.departed[from] {
                     // The end of stream after an orderly goodbye.
@@ -317,16 +338,33 @@ impl HostTransport {
         }
     }
 
-    /// Wait for the next message from `peer`, which must belong to `code`.
+    /// Wait for the next message from `peer`, which must belong to `code`
+    /// and is expected to carry at most `limit` values: in a socket world
+    /// the link's reader refuses a larger frame from `peer` before reading
+    /// its payload (see [`Gate`](super::link::Gate)).
     pub(super) fn take(
         &mut self,
         peer: usize,
         op: &str,
         code: OpCode,
+        limit: usize,
         deadline: Instant,
     ) -> Result<Msg, Fault> {
+        if let Some(link) = self
+            .writers
+            .as_ref()
+            .and_then(|w| w.links.get(peer))
+            .and_then(Option::as_ref)
+        {
+            link.gate.want(Wanted {
+                index: self.taken[peer],
+                op: code,
+                limit,
+            });
+        }
         loop {
             if let Some(msg) = self.pending[peer].pop_front() {
+                self.taken[peer] += 1;
                 if msg.op != code {
                     return Err(Fault::transport(
                         op,
@@ -403,6 +441,7 @@ impl HostTransport {
             }
         }
         self.outbox.clear();
+        self.close_gates();
         let Some(writers) = self.writers.take() else {
             return Ok(());
         };

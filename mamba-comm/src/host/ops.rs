@@ -22,7 +22,7 @@ impl HostTransport {
         len: usize,
         deadline: Instant,
     ) -> Result<Vec<T>, Fault> {
-        let msg = self.take(peer, op, code, deadline)?;
+        let msg = self.take(peer, op, code, len, deadline)?;
         match T::values(msg.payload) {
             Ok(v) if v.len() == len => Ok(v),
             Ok(v) => Err(self.size_mismatch(peer, op, T::KIND, len, &T::payload(v))),
@@ -102,7 +102,7 @@ impl HostTransport {
         code: OpCode,
         deadline: Instant,
     ) -> Result<(), Fault> {
-        let msg = self.take(peer, op, code, deadline)?;
+        let msg = self.take(peer, op, code, 0, deadline)?;
         match msg.payload {
             Payload::Empty => Ok(()),
             other => Err(self.size_mismatch(peer, op, "no", 0, &other)),
