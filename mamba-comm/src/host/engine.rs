@@ -20,6 +20,7 @@ use super::fault::Fault;
 use super::link::{Wanted, Writers};
 use super::message::{Event, Msg, OpCode};
 use super::HostOptions;
+use crate::flight::{CallKind, FlightRecorder};
 use crate::{CommError, Result};
 
 /// Longest time a drop/shutdown waits for queued bytes to reach the sockets.
@@ -58,6 +59,11 @@ pub struct HostTransport {
     poisoned: Option<String>,
     writers: Option<Writers>,
     left: bool,
+    /// This rank's flight recorder (see [`crate::flight`]).
+    pub(super) flight: FlightRecorder,
+    /// The recorder's entry of the open group: its operations count into
+    /// it instead of being calls of their own.
+    pub(super) group_call: Option<u64>,
 }
 
 impl std::fmt::Debug for HostTransport {
@@ -82,16 +88,24 @@ impl HostTransport {
         }
         let (txs, rxs): (Vec<Sender<Event>>, Vec<Receiver<Event>>) =
             (0..world).map(|_| unbounded()).unzip();
-        Ok(rxs
-            .into_iter()
+        rxs.into_iter()
             .enumerate()
             .map(|(rank, inbox)| {
                 let outbox = (0..world)
                     .map(|p| (p != rank).then(|| txs[p].clone()))
                     .collect();
-                HostTransport::from_parts(rank, world, opts.clone(), inbox, outbox, None)
+                let flight = FlightRecorder::from_env(rank, world, None)?;
+                Ok(HostTransport::from_parts(
+                    rank,
+                    world,
+                    opts.clone(),
+                    inbox,
+                    outbox,
+                    None,
+                    flight,
+                ))
             })
-            .collect())
+            .collect()
     }
 
     pub(crate) fn from_parts(
@@ -101,6 +115,7 @@ impl HostTransport {
         inbox: Receiver<Event>,
         outbox: Vec<Option<Sender<Event>>>,
         writers: Option<Writers>,
+        flight: FlightRecorder,
     ) -> HostTransport {
         HostTransport {
             rank,
@@ -115,6 +130,8 @@ impl HostTransport {
             poisoned: None,
             writers,
             left: false,
+            flight,
+            group_call: None,
         }
     }
 
@@ -152,15 +169,31 @@ impl HostTransport {
         Ok(())
     }
 
-    /// Run one communicating operation: refuse if unusable; on error poison
-    /// the transport and tell every peer who is to blame.
+    /// Run one communicating operation, `call` = (kind, bytes this rank
+    /// moves, peer) for the flight recorder (inside a group: counted into
+    /// the group's entry): refuse if unusable; on error poison the
+    /// transport, tell every peer who is to blame and dump the recorder.
     pub(super) fn op<R>(
         &mut self,
         op: &str,
+        call: (CallKind, usize, Option<usize>),
         f: impl FnOnce(&mut Self) -> Result<R, Fault>,
     ) -> Result<R> {
         self.ensure_usable(op)?;
-        f(self).map_err(|fault| self.fail(fault))
+        let (kind, bytes, peer) = call;
+        let bytes = bytes as u64;
+        let seq = match self.group_call {
+            Some(g) => {
+                self.flight.add(g, bytes, peer);
+                None
+            }
+            None => Some(self.flight.begin(kind, bytes, peer)),
+        };
+        let res = f(self);
+        if let Some(s) = seq {
+            self.flight.finish(s, res.is_ok());
+        }
+        res.map_err(|fault| self.fail(fault))
     }
 
     fn fail(&mut self, fault: Fault) -> CommError {
@@ -181,6 +214,7 @@ impl HostTransport {
             }
         }
         self.wait_flushed(Instant::now() + self.opts.timeout.min(ABORT_FLUSH_LIMIT));
+        self.flight.dump(&text);
         self.poisoned = Some(text);
         self.close_gates();
         fault.err

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::engine::HostTransport;
 use super::fault::Fault;
 use super::message::{Msg, OpCode, Payload, Wire};
+use crate::flight::CallKind;
 use crate::transport::Group;
 use crate::{CommError, Result, Transport};
 
@@ -149,11 +150,17 @@ impl Transport for HostTransport {
         body: impl FnOnce(&mut Group<'_, '_, Self>) -> Result<R>,
     ) -> Result<R> {
         self.ensure_usable("group")?;
-        body(&mut Group::new(self, buffers))
+        let seq = self.flight.begin(CallKind::Group, 0, None);
+        self.group_call = Some(seq);
+        let res = body(&mut Group::new(self, buffers));
+        self.group_call = None;
+        self.flight.finish(seq, res.is_ok());
+        res
     }
 
     fn send(&mut self, buf: &Vec<f32>, range: Range<usize>, peer: usize) -> Result<()> {
-        self.op("send", |t| {
+        let call = (CallKind::Send, range.len() * 4, Some(peer));
+        self.op("send", call, |t| {
             t.check_peer(peer, "send to")?;
             t.check_range("send", &range, buf.len())?;
             let msg = Msg {
@@ -165,7 +172,8 @@ impl Transport for HostTransport {
     }
 
     fn recv(&mut self, buf: &mut Vec<f32>, range: Range<usize>, peer: usize) -> Result<()> {
-        self.op("recv", |t| {
+        let call = (CallKind::Recv, range.len() * 4, Some(peer));
+        self.op("recv", call, |t| {
             t.check_peer(peer, "recv from")?;
             t.check_range("recv", &range, buf.len())?;
             let deadline = t.deadline(Instant::now());
@@ -176,7 +184,8 @@ impl Transport for HostTransport {
     }
 
     fn broadcast(&mut self, buf: &mut Vec<f32>, range: Range<usize>, root: usize) -> Result<()> {
-        self.op("broadcast", |t| {
+        let call = (CallKind::Broadcast, range.len() * 4, Some(root));
+        self.op("broadcast", call, |t| {
             if root >= t.world {
                 return Err(Fault::config(
                     t.rank,
@@ -212,7 +221,8 @@ impl Transport for HostTransport {
     /// adds contributions in ascending rank order).
     fn all_reduce_sum_f32(&mut self, buf: &mut Vec<f32>, range: Range<usize>) -> Result<()> {
         const OP: &str = "all_reduce_sum_f32";
-        self.op(OP, |t| {
+        let call = (CallKind::AllReduceSum, range.len() * 4, None);
+        self.op(OP, call, |t| {
             t.check_range(OP, &range, buf.len())?;
             t.star_all_reduce(
                 OP,
@@ -226,7 +236,8 @@ impl Transport for HostTransport {
 
     fn all_reduce_max_i32(&mut self, values: &mut [i32]) -> Result<()> {
         const OP: &str = "all_reduce_max_i32";
-        self.op(OP, |t| {
+        let call = (CallKind::AllReduceMax, values.len() * 4, None);
+        self.op(OP, call, |t| {
             t.star_all_reduce(
                 OP,
                 Instant::now(),
@@ -239,7 +250,7 @@ impl Transport for HostTransport {
 
     fn barrier(&mut self) -> Result<()> {
         const OP: &str = "barrier";
-        self.op(OP, |t| {
+        self.op(OP, (CallKind::Barrier, 0, None), |t| {
             let start = Instant::now();
             if t.world == 1 {
                 return Ok(());

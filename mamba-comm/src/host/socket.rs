@@ -29,6 +29,7 @@ use super::link::{LinkStats, Writers};
 use super::message::{decode_gated, encode, Event, OpCode};
 use super::HostOptions;
 use crate::bootstrap::random_bytes;
+use crate::flight::FlightRecorder;
 use crate::{CommError, Rendezvous, Result};
 
 const MAGIC: &[u8; 8] = b"MAMBAHT1";
@@ -95,6 +96,7 @@ impl HostTransport {
             )));
         }
         let (inbox_tx, inbox_rx) = unbounded();
+        let flight = FlightRecorder::from_env(rank, world, rdv.shared_dir())?;
         if world == 1 {
             return Ok(HostTransport::from_parts(
                 0,
@@ -103,6 +105,7 @@ impl HostTransport {
                 inbox_rx,
                 vec![None],
                 None,
+                flight,
             ));
         }
         let deadline = Instant::now() + opts.timeout;
@@ -190,6 +193,7 @@ impl HostTransport {
             inbox_rx,
             outbox,
             Some(writers),
+            flight,
         ))
     }
 }

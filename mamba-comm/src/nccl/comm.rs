@@ -17,6 +17,7 @@ use super::core::{CommCore, Place};
 use super::cuda::{cuda_error, device_ptr, open_device, raw_stream};
 use super::op::{NcclElement, Op};
 use super::{check_version, library, unique_id, NcclOptions, NcclVersion};
+use crate::flight::{CallKind, FlightRecorder};
 use crate::transport::Group;
 use crate::{CommError, Rendezvous, Result, Transport};
 
@@ -78,6 +79,11 @@ pub struct NcclComm {
     ctx: Arc<CudaContext>,
     version: NcclVersion,
     options: NcclOptions,
+    /// This rank's flight recorder (see [`crate::flight`]).
+    pub(super) flight: FlightRecorder,
+    /// The recorder's entry of the open group or window: operations
+    /// inside count into it.
+    pub(super) flight_open: Option<u64>,
     _slot: ProcessSlot,
 }
 
@@ -146,12 +152,15 @@ impl NcclComm {
                 format!("NCCL placed this rank on CUDA device {got}; expected device {device}"),
             ));
         }
+        let flight = FlightRecorder::from_env(rank, world, rdv.shared_dir())?;
         Ok(NcclComm {
             core,
             stream,
             ctx,
             version,
             options: opts,
+            flight,
+            flight_open: None,
             _slot: slot,
         })
     }
@@ -221,18 +230,33 @@ impl NcclComm {
     ) -> Result<R> {
         self.bind("group")?;
         self.core.group_begin()?;
+        // Inside a window, the window's entry counts the group's operations.
+        let own = self.flight_open.is_none();
+        let seq = self.flight.begin_if(own, CallKind::Group);
+        if own {
+            self.flight_open = Some(seq);
+        }
         let result = catch_unwind(AssertUnwindSafe(|| body(&mut Group::new(self, buffers))));
         let completion = StreamCompletion {
             stream: &self.stream,
         };
-        match result {
+        let res = match result {
             Ok(result) => self.core.group_finish(&completion, result),
             Err(panic) => {
                 let failed = Err(CommError::config("the group body panicked"));
                 let _ = self.core.group_finish::<R>(&completion, failed);
+                if own {
+                    self.flight_open = None;
+                    self.flight.finish(seq, false);
+                }
                 resume_unwind(panic)
             }
+        };
+        if own {
+            self.flight_open = None;
+            self.flight.finish(seq, res.is_ok());
         }
+        self.note_failure(res)
     }
 
     /// In-place i32 max of host values (the i32 all-reduce behind
@@ -264,11 +288,45 @@ impl NcclComm {
     /// run the operation as a core window (or group member), then surface
     /// CUDA errors. The element count and type come from the view, so they
     /// always match the memory NCCL is given. An empty view makes no call.
-    fn launch<T: NcclElement>(&mut self, name: &'static str, mut op: Op<'_, T>) -> Result<()> {
-        let (n, kind) = op.shape();
+    fn launch<T: NcclElement>(&mut self, name: &'static str, op: Op<'_, T>) -> Result<()> {
+        let (n, _) = op.shape();
         if n == 0 {
             return Ok(());
         }
+        let bytes = (n * std::mem::size_of::<T>()) as u64;
+        let peer = match &op {
+            Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(*peer),
+            Op::Broadcast { root, .. } => Some(*root),
+            Op::AllReduce { .. } => None,
+        };
+        let seq = match self.flight_open {
+            Some(open) => {
+                self.flight.add(open, bytes, peer);
+                None
+            }
+            None => Some(self.flight.begin(call_kind(name), bytes, peer)),
+        };
+        let res = self.enqueue(name, op);
+        if let Some(s) = seq {
+            self.flight.finish(s, res.is_ok());
+        }
+        self.note_failure(res)
+    }
+
+    /// Dump the flight recorder when `res` is an error that aborted the
+    /// communicator (a watchdog expiry, a peer's failure, any abort).
+    pub(super) fn note_failure<R>(&mut self, res: Result<R>) -> Result<R> {
+        if let Err(e) = &res {
+            if self.core.is_aborted() {
+                self.flight.dump(&e.to_string());
+            }
+        }
+        res
+    }
+
+    /// [`NcclComm::launch`] without the recorder.
+    fn enqueue<T: NcclElement>(&mut self, name: &'static str, mut op: Op<'_, T>) -> Result<()> {
+        let (n, kind) = op.shape();
         self.bind(name)?;
         let (ptr, record) = match &mut op {
             Op::Send { src, .. } => src.device_ptr(&self.stream),
@@ -405,5 +463,18 @@ impl Drop for NcclComm {
     /// communicator runs on the right device; never panics.
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
+    }
+}
+
+/// The recorder's kind of the operation `name` (as [`NcclComm::launch`]
+/// is called).
+fn call_kind(name: &str) -> CallKind {
+    match name {
+        "send" => CallKind::Send,
+        "recv" => CallKind::Recv,
+        "broadcast" => CallKind::Broadcast,
+        "all_reduce_sum_f32" => CallKind::AllReduceSum,
+        "barrier" => CallKind::Barrier,
+        _ => CallKind::AllReduceMax,
     }
 }

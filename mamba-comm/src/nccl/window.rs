@@ -7,6 +7,7 @@ use cudarc::driver::CudaSlice;
 
 use super::comm::NcclComm;
 use super::completion::StreamCompletion;
+use crate::flight::CallKind;
 use crate::transport::Group;
 use crate::{CommError, Result};
 
@@ -120,6 +121,8 @@ impl NcclComm {
     {
         self.bind("window")?;
         self.core.window_begin()?;
+        let seq = self.flight.begin(CallKind::Window, 0, None);
+        self.flight_open = Some(seq);
         let result = catch_unwind(AssertUnwindSafe(|| {
             body(&mut Window {
                 comm: &mut *self,
@@ -135,16 +138,26 @@ impl NcclComm {
                 let _ = self
                     .core
                     .window_finish(&completion, Some("the window body panicked"));
+                self.flight_open = None;
+                self.flight.finish(seq, false);
                 resume_unwind(panic)
             }
         };
         let text = result.as_ref().err().map(|e| e.to_string());
         let end = self.core.window_finish(&completion, text.as_deref());
+        let end = end.and_then(|()| match &result {
+            Ok(_) => self.check_cuda("window"),
+            Err(_) => Ok(()),
+        });
+        self.flight_open = None;
+        self.flight.finish(seq, end.is_ok() && result.is_ok());
+        if let (Err(e), true) = (&end, self.core.is_aborted()) {
+            self.flight.dump(&e.to_string());
+        } else if let (Err(e), true) = (&result, self.core.is_aborted()) {
+            self.flight.dump(&e.to_string());
+        }
         match (result, end) {
-            (Ok(v), Ok(())) => {
-                self.check_cuda("window")?;
-                Ok(v)
-            }
+            (Ok(v), Ok(())) => Ok(v),
             (Err(e), Ok(())) => Err(e),
             // The abort's error repeats the body's.
             (_, Err(e)) => Err(e.into()),
