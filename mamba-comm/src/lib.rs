@@ -6,10 +6,13 @@
 //!   host transport;
 //! - [`rendezvous::Rendezvous`]: how ranks of one launch meet;
 //! - the NCCL communicator, the host transport, the launcher bootstrap and the
-//!   self-spawn supervisor.
+//!   self-spawn supervisor;
+//! - [`flight`]: the flight recorder (every rank's last collective calls,
+//!   written out on failure and read by the supervisor).
 
 pub mod bootstrap;
 pub mod error;
+pub mod flight;
 pub mod host;
 pub mod nccl;
 mod poll;

@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use crate::Result;
+use crate::{CommError, Result};
 
 /// A communicator over `world()` ranks that moves f32 buffers.
 ///
@@ -51,7 +51,20 @@ pub trait Transport {
     /// Run `body` as one group: its point-to-point operations are matched as
     /// a unit and the group is complete (data delivered, deadline enforced)
     /// when this returns `Ok`. The group is closed even when `body` fails.
-    fn group<R>(&mut self, body: impl FnOnce(&mut Self) -> Result<R>) -> Result<R>
+    ///
+    /// `buffers` are lent to the group for the whole call; `body` names them
+    /// by index ([`Group::send`], [`Group::recv`]). This is what makes a
+    /// group sound on NCCL, which reads and writes the memory only when the
+    /// group closes: a buffer created or dropped inside `body` cannot be
+    /// handed to the group (the body has no way to name it), and a lent
+    /// buffer cannot be dropped or moved before `group` returns (it is
+    /// borrowed). The body cannot allocate, upload or download either: a
+    /// [`Group`] offers only sends and receives.
+    fn group<R>(
+        &mut self,
+        buffers: &mut [&mut Self::Buffer],
+        body: impl FnOnce(&mut Group<'_, '_, Self>) -> Result<R>,
+    ) -> Result<R>
     where
         Self: Sized;
 
@@ -69,4 +82,144 @@ pub trait Transport {
     /// Return once every rank has entered the barrier (or fail at the
     /// deadline).
     fn barrier(&mut self) -> Result<()>;
+}
+
+/// The body's view of one [`Transport::group`]: the point-to-point
+/// operations of the group, over the buffers lent to it.
+///
+/// Invariant: every buffer an operation names was lent to the group call
+/// (or to the NCCL window the group runs in) and stays borrowed until that
+/// call returns, so NCCL's deferred reads and writes always hit live memory.
+/// The transport itself is not reachable through a `Group`, so nothing else
+/// (allocation, host copies, nested groups, collectives) can run inside it.
+///
+/// Correct use (a ring exchange over the host transport):
+///
+/// ```
+/// use std::time::Duration;
+/// use mamba_comm::host::{HostOptions, HostTransport};
+/// use mamba_comm::Transport;
+///
+/// let world = HostTransport::thread_world(2, HostOptions::with_timeout(Duration::from_secs(10)))?;
+/// let handles: Vec<_> = world
+///     .into_iter()
+///     .map(|mut t| {
+///         std::thread::spawn(move || {
+///             let peer = 1 - t.rank();
+///             let mut out = vec![t.rank() as f32; 4];
+///             let mut inb = vec![0.0f32; 4];
+///             t.group(&mut [&mut out, &mut inb], |g| {
+///                 g.send(0, 0..4, peer)?;
+///                 g.recv(1, 0..4, peer)
+///             })?;
+///             Ok::<_, mamba_comm::CommError>(inb)
+///         })
+///     })
+///     .collect();
+/// for (rank, h) in handles.into_iter().enumerate() {
+///     assert_eq!(h.join().unwrap()?, vec![(1 - rank) as f32; 4]);
+/// }
+/// # Ok::<(), mamba_comm::CommError>(())
+/// ```
+///
+/// The use-after-free this prevents does not compile: a lent buffer cannot
+/// be dropped (or moved into the body) while the group runs,
+///
+/// ```compile_fail,E0505
+/// use mamba_comm::Transport;
+/// fn misuse<T: Transport>(t: &mut T) -> mamba_comm::Result<()> {
+///     let mut b = t.alloc(4)?;
+///     t.group(&mut [&mut b], |g| {
+///         g.send(0, 0..4, 1)?;
+///         drop(b); // freed before the group's kernel runs
+///         Ok(())
+///     })
+/// }
+/// ```
+///
+/// and a buffer made inside the body cannot be sent at all (operations
+/// take the index of a lent buffer, and the body cannot reach the
+/// transport to allocate):
+///
+/// ```compile_fail,E0499
+/// use mamba_comm::Transport;
+/// fn misuse<T: Transport>(t: &mut T) -> mamba_comm::Result<()> {
+///     t.group(&mut [], |g| {
+///         let fresh = t.alloc(4)?;
+///         g.send(0, 0..4, 1)
+///     })
+/// }
+/// ```
+pub struct Group<'g, 'b, T: Transport> {
+    transport: &'g mut T,
+    buffers: &'g mut [&'b mut T::Buffer],
+}
+
+impl<T: Transport> std::fmt::Debug for Group<'_, '_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("rank", &self.transport.rank())
+            .field("buffers", &self.buffers.len())
+            .finish()
+    }
+}
+
+impl<'g, 'b, T: Transport> Group<'g, 'b, T> {
+    /// The handle an implementation of [`Transport::group`] gives its body,
+    /// after opening the group on `transport`. Building one outside a group
+    /// is harmless: its operations then run one by one, each complete when
+    /// it returns.
+    pub fn new(transport: &'g mut T, buffers: &'g mut [&'b mut T::Buffer]) -> Self {
+        Group { transport, buffers }
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.transport.rank()
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.transport.world()
+    }
+
+    /// Number of buffers lent to the group.
+    pub fn buffers(&self) -> usize {
+        self.buffers.len()
+    }
+
+    /// Number of elements of lent buffer `buf`.
+    pub fn buffer_len(&self, buf: usize) -> Result<usize> {
+        Ok(T::buffer_len(self.lent(buf)?))
+    }
+
+    /// Send `range` of lent buffer `buf` to `peer` (see
+    /// [`Transport::send`]).
+    pub fn send(&mut self, buf: usize, range: Range<usize>, peer: usize) -> Result<()> {
+        let n = self.buffers.len();
+        let b = self.buffers.get(buf).ok_or_else(|| not_lent(buf, n))?;
+        self.transport.send(b, range, peer)
+    }
+
+    /// Receive `range.len()` elements from `peer` into `range` of lent
+    /// buffer `buf` (see [`Transport::recv`]).
+    pub fn recv(&mut self, buf: usize, range: Range<usize>, peer: usize) -> Result<()> {
+        let n = self.buffers.len();
+        let b = self.buffers.get_mut(buf).ok_or_else(|| not_lent(buf, n))?;
+        self.transport.recv(b, range, peer)
+    }
+
+    fn lent(&self, buf: usize) -> Result<&T::Buffer> {
+        self.buffers
+            .get(buf)
+            .map(|b| &**b)
+            .ok_or_else(|| not_lent(buf, self.buffers.len()))
+    }
+}
+
+fn not_lent(buf: usize, lent: usize) -> CommError {
+    CommError::config(format!(
+        "group operation names buffer {buf}, but {lent} buffer(s) were lent to the group \
+         (pass every buffer the group uses to `group`, and name it by its index)"
+    ))
 }

@@ -74,11 +74,11 @@ fn big_simultaneous_sends_do_not_deadlock() {
     let n = 4 << 20;
     let got = socket_world(2, Duration::from_secs(20), move |mut t| {
         let peer = 1 - t.rank();
-        let out = vec![t.rank() as f32 + 0.5; n];
+        let mut out = vec![t.rank() as f32 + 0.5; n];
         let mut inb = vec![0.0f32; n];
-        t.group(|t| {
-            t.send(&out, 0..n, peer)?;
-            t.recv(&mut inb, 0..n, peer)
+        t.group(&mut [&mut out, &mut inb], |g| {
+            g.send(0, 0..n, peer)?;
+            g.recv(1, 0..n, peer)
         })
         .expect("exchange");
         inb.iter().all(|&x| x == peer as f32 + 0.5)
@@ -186,6 +186,58 @@ fn a_message_larger_than_the_receivers_bound_is_refused_naming_the_peer() {
         .expect_err("rank 1 must refuse the frame");
     assert!(
         e.contains("rank 0") && e.contains("1000 values") && e.contains("100"),
+        "{e}"
+    );
+}
+
+/// A large message queued behind small ones of other collectives is read
+/// for its own receive (the pattern of a trainer's step: small flags and
+/// loss values, then the arena), not compared with whichever receive
+/// happens to wait when it arrives.
+#[test]
+fn a_large_message_behind_small_ones_reaches_its_own_receive() {
+    let n = 100_000;
+    let got = socket_world(2, Duration::from_secs(10), move |mut t| {
+        let mut flags = [t.rank() as i32];
+        let mut big = vec![t.rank() as f32 + 0.5; n];
+        if t.rank() == 0 {
+            t.send(&vec![7.0; 2], 0..2, 1).expect("small");
+            t.send(&big, 0..n, 1).expect("large");
+        } else {
+            // Let both frames arrive before any receive is posted.
+            thread::sleep(Duration::from_millis(100));
+            let mut small = vec![0.0f32; 2];
+            t.recv(&mut small, 0..2, 0).expect("small");
+            assert_eq!(small, vec![7.0; 2]);
+            t.recv(&mut big, 0..n, 0).expect("large");
+        }
+        t.all_reduce_max_i32(&mut flags).expect("max");
+        (flags[0], big.iter().all(|&x| x == 0.5))
+    });
+    assert_eq!(got, vec![(1, true), (1, true)]);
+}
+
+/// A peer whose large message is longer than the receive it belongs to is
+/// refused before its payload is read, naming the peer and both lengths.
+#[test]
+fn a_large_message_longer_than_its_receive_is_refused_naming_the_peer() {
+    let n = 100_000;
+    let results = socket_world(2, Duration::from_secs(10), move |mut t| {
+        let mut v = vec![0.5f32; n];
+        if t.rank() == 0 {
+            t.send(&v, 0..n, 1).map_err(|e| e.to_string())?;
+            // Its peer fails; whatever this rank sees, it must end.
+            let _ = t.barrier();
+            Ok(())
+        } else {
+            t.recv(&mut v, 0..10, 0).map_err(|e| e.to_string())
+        }
+    });
+    let e = results[1]
+        .clone()
+        .expect_err("rank 1 must refuse the frame");
+    assert!(
+        e.contains("rank 0") && e.contains("100000 values") && e.contains("at most 10"),
         "{e}"
     );
 }

@@ -86,11 +86,11 @@ fn ring_exchange_in_a_group_with_subranges() {
     let world = 5;
     let results = run_world(world, Duration::from_secs(10), move |mut t| {
         let (r, w) = (t.rank(), t.world());
-        let send = vec![r as f32; 8];
+        let mut send = vec![r as f32; 8];
         let mut recv = vec![-1.0f32; 8];
-        t.group(|t| {
-            t.send(&send, 2..6, (r + 1) % w)?;
-            t.recv(&mut recv, 4..8, (r + w - 1) % w)
+        t.group(&mut [&mut send, &mut recv], |g| {
+            g.send(0, 2..6, (r + 1) % w)?;
+            g.recv(1, 4..8, (r + w - 1) % w)
         })
         .expect("group");
         recv
@@ -288,10 +288,10 @@ fn recv_first_on_both_sides_fails_at_the_deadline_instead_of_hanging() {
     let results = run_world(2, Duration::from_millis(200), move |mut t| {
         let peer = 1 - t.rank();
         let mut buf = vec![0.0f32; 2];
-        let send = vec![1.0f32; 2];
-        t.group(|t| {
-            t.recv(&mut buf, 0..2, peer)?;
-            t.send(&send, 0..2, peer)
+        let mut send = vec![1.0f32; 2];
+        t.group(&mut [&mut buf, &mut send], |g| {
+            g.recv(0, 0..2, peer)?;
+            g.send(1, 0..2, peer)
         })
     });
     assert!(results.iter().all(|r| r.is_err()));

@@ -109,8 +109,11 @@ fn world_of_one() {
     assert!(matches!(e, CommError::Config(_)), "{e}");
     let e = comm.all_reduce_sum_f32(&mut buf, 5..n + 1).unwrap_err();
     assert!(matches!(e, CommError::Config(_)), "{e}");
-    let e = comm.group(|c| c.download(&buf, 0, &mut out)).unwrap_err();
-    assert!(e.to_string().contains("inside a group"), "{e}");
+    // A group names only the buffers lent to it.
+    let e = comm
+        .group(&mut [&mut buf], |g| g.recv(1, 0..n, 0))
+        .unwrap_err();
+    assert!(e.to_string().contains("1 buffer(s) were lent"), "{e}");
     assert!(!comm.is_aborted());
 
     // The communicator moves to another thread, works there, and comes back.

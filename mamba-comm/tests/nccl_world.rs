@@ -191,9 +191,9 @@ fn two_rank_world_rank_side() {
     let mut src = comm.alloc(m).expect("alloc");
     comm.upload(&mine, &mut src, 0).expect("upload");
     let mut dst = comm.alloc(m).expect("alloc");
-    comm.group(|c| {
-        c.send(&src, 3..m - 2, peer)?;
-        c.recv(&mut dst, 3..m - 2, peer)
+    comm.group(&mut [&mut src, &mut dst], |g| {
+        g.send(0, 3..m - 2, peer)?;
+        g.recv(1, 3..m - 2, peer)
     })
     .expect("exchange");
     let mut got = vec![0.0f32; m];
@@ -211,6 +211,36 @@ fn two_rank_world_rank_side() {
             .all(|v| v.to_bits() == 0),
         "outside the range"
     );
+
+    // A window of two groups over lent buffers, one wait at its end. The
+    // first sends dst (the peer's bits in 3..m-2) and receives into src,
+    // which then holds this rank's own bits there; the second, ordered
+    // after it on the stream, sends that src and receives into dst, which
+    // holds the peer's again.
+    comm.window(&mut [&mut src, &mut dst], |w| {
+        w.group(|g| {
+            g.send(1, 0..m, peer)?;
+            g.recv(0, 0..m, peer)
+        })?;
+        w.group(|g| {
+            g.send(0, 0..m, peer)?;
+            g.recv(1, 0..m, peer)
+        })
+    })
+    .expect("window");
+    comm.download(&src, 0, &mut got).expect("download");
+    assert_eq!(
+        bits(&got[3..m - 2]),
+        bits(&mine[3..m - 2]),
+        "window group 1"
+    );
+    comm.download(&dst, 0, &mut got).expect("download");
+    assert_eq!(
+        bits(&got[3..m - 2]),
+        bits(&theirs[3..m - 2]),
+        "window group 2"
+    );
+    comm.upload(&mine, &mut src, 0).expect("upload");
 
     // One-way send/recv outside a group.
     if rank == 0 {

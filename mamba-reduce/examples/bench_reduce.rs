@@ -501,28 +501,28 @@ fn transfers(
         })
         .collect::<Result<_, CommError>>()?;
     let shift = |r: std::ops::Range<usize>, by: usize| r.start + by..r.end + by;
-    c.window(|c| {
+    c.window(&mut [&mut *arena, &mut *scratch], |w| {
         for (start, shards) in &pieces {
             let own = shards.range(rank);
             let slot = shards.max_shard_len();
-            c.group(|g| {
+            w.group(|g| {
                 for peer in (0..world).filter(|&p| p != rank) {
-                    g.send(arena, shift(shards.range(peer), *start), peer)?;
+                    g.send(0, shift(shards.range(peer), *start), peer)?;
                 }
                 for peer in (0..world).filter(|&p| p != rank) {
                     let at = start + peer * slot;
-                    g.recv(scratch, at..at + own.len(), peer)?;
+                    g.recv(1, at..at + own.len(), peer)?;
                 }
                 Ok(())
             })?;
         }
         for (start, shards) in &pieces {
-            c.group(|g| {
+            w.group(|g| {
                 for peer in (0..world).filter(|&p| p != rank) {
-                    g.send(arena, shift(shards.range(rank), *start), peer)?;
+                    g.send(0, shift(shards.range(rank), *start), peer)?;
                 }
                 for peer in (0..world).filter(|&p| p != rank) {
-                    g.recv(arena, shift(shards.range(peer), *start), peer)?;
+                    g.recv(0, shift(shards.range(peer), *start), peer)?;
                 }
                 Ok(())
             })?;

@@ -8,6 +8,7 @@
 //! plan order on both sides, which is how NCCL and the host transport match
 //! them.
 
+use mamba_comm::transport::Group;
 use mamba_comm::{CommError, Transport};
 
 use crate::fold::{ChainTerm, FoldOps};
@@ -46,7 +47,7 @@ where
 
 /// The step's messages as one `Transport::group` (nothing when it has
 /// none), every send issued before every receive.
-pub(crate) fn run_group<T: Transport>(
+fn run_group<T: Transport>(
     transport: &mut T,
     step: &Step,
     locals: &mut [T::Buffer],
@@ -55,27 +56,47 @@ pub(crate) fn run_group<T: Transport>(
     if step.comm.is_empty() {
         return Ok(());
     }
-    transport.group(|t| {
-        for op in &step.comm {
-            if let CommOp::Send { buf, range, peer } = op {
-                t.send(
-                    buf_ref(locals, scratch, *buf).map_err(comm_bug)?,
-                    range.clone(),
-                    *peer,
-                )?;
-            }
+    let n = locals.len();
+    transport.group(&mut lend(locals, scratch), |g| step_messages(g, step, n))?;
+    Ok(())
+}
+
+/// The buffers a plan names, lent to a group in [`lent_index`] order:
+/// the local arenas, then the scratch.
+pub(crate) fn lend<'a, B>(locals: &'a mut [B], scratch: &'a mut B) -> Vec<&'a mut B> {
+    locals.iter_mut().chain(std::iter::once(scratch)).collect()
+}
+
+/// Where [`lend`] puts the buffer `id` of a plan with `locals` local
+/// arenas (a local arena the plan should not name is an error, never the
+/// scratch's index).
+fn lent_index(id: BufId, locals: usize) -> mamba_comm::Result<usize> {
+    match id {
+        BufId::Local(j) if j < locals => Ok(j),
+        BufId::Local(j) => Err(CommError::config(format!(
+            "plan names local arena {j} of {locals} (a bug in mamba-reduce)"
+        ))),
+        BufId::Scratch => Ok(locals),
+    }
+}
+
+/// Issue the step's messages in `g` (over buffers lent by [`lend`] from
+/// `locals` local arenas and the scratch): every send, then every receive.
+pub(crate) fn step_messages<T: Transport>(
+    g: &mut Group<'_, '_, T>,
+    step: &Step,
+    locals: usize,
+) -> mamba_comm::Result<()> {
+    for op in &step.comm {
+        if let CommOp::Send { buf, range, peer } = op {
+            g.send(lent_index(*buf, locals)?, range.clone(), *peer)?;
         }
-        for op in &step.comm {
-            if let CommOp::Recv { buf, range, peer } = op {
-                t.recv(
-                    buf_mut(locals, scratch, *buf).map_err(comm_bug)?,
-                    range.clone(),
-                    *peer,
-                )?;
-            }
+    }
+    for op in &step.comm {
+        if let CommOp::Recv { buf, range, peer } = op {
+            g.recv(lent_index(*buf, locals)?, range.clone(), *peer)?;
         }
-        Ok(())
-    })?;
+    }
     Ok(())
 }
 
@@ -125,29 +146,6 @@ pub(crate) fn check_buffers<T: Transport>(
         )));
     }
     Ok(())
-}
-
-fn comm_bug(e: ReduceError) -> CommError {
-    CommError::config(e.to_string())
-}
-
-fn buf_ref<'a, B>(locals: &'a [B], scratch: &'a B, id: BufId) -> Result<&'a B> {
-    match id {
-        BufId::Scratch => Ok(scratch),
-        BufId::Local(j) => locals.get(j).ok_or_else(|| {
-            ReduceError::invariant(format!("plan names local arena {j} of {}", locals.len()))
-        }),
-    }
-}
-
-fn buf_mut<'a, B>(locals: &'a mut [B], scratch: &'a mut B, id: BufId) -> Result<&'a mut B> {
-    let n = locals.len();
-    match id {
-        BufId::Scratch => Ok(scratch),
-        BufId::Local(j) => locals
-            .get_mut(j)
-            .ok_or_else(|| ReduceError::invariant(format!("plan names local arena {j} of {n}"))),
-    }
 }
 
 /// A shared reference to `read` and a mutable one to `write`, which must be

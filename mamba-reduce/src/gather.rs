@@ -40,16 +40,16 @@ pub fn all_gather_ranges<T: Transport>(
         return Ok(());
     }
     let mine = owned[rank].clone();
-    t.group(|t| {
+    t.group(&mut [&mut *buf], |g| {
         // Sends before receives: portable on both transports.
         for peer in (0..world).filter(|&p| p != rank) {
             if !mine.is_empty() {
-                t.send(buf, mine.clone(), peer)?;
+                g.send(0, mine.clone(), peer)?;
             }
         }
         for peer in (0..world).filter(|&p| p != rank) {
             if !owned[peer].is_empty() {
-                t.recv(buf, owned[peer].clone(), peer)?;
+                g.recv(0, owned[peer].clone(), peer)?;
             }
         }
         Ok(())

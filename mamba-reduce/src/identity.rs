@@ -285,12 +285,12 @@ pub fn all_gather<T: Transport>(
     };
     let buf = cache.insert(buf);
     t.upload(values, buf, rank * n)?;
-    t.group(|t| {
+    t.group(&mut [&mut *buf], |g| {
         for peer in (0..world).filter(|&p| p != rank) {
-            t.send(buf, rank * n..(rank + 1) * n, peer)?;
+            g.send(0, rank * n..(rank + 1) * n, peer)?;
         }
         for peer in (0..world).filter(|&p| p != rank) {
-            t.recv(buf, peer * n..(peer + 1) * n, peer)?;
+            g.recv(0, peer * n..(peer + 1) * n, peer)?;
         }
         Ok(())
     })?;

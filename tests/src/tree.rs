@@ -169,10 +169,10 @@ impl Reducer for TreeReducer {
             for (parent, child) in tree_pairs(world) {
                 if rank == child {
                     let t = &mut self.transport;
-                    t.group(|t| t.send(first, 0..len, parent))?;
+                    t.group(&mut [&mut *first], |g| g.send(0, 0..len, parent))?;
                 } else if rank == parent {
                     let (t, buf) = (&mut self.transport, &mut self.incoming);
-                    t.group(|t| t.recv(buf, 0..len, child))?;
+                    t.group(&mut [buf], |g| g.recv(0, 0..len, child))?;
                     add_into(first, &self.incoming);
                 }
             }

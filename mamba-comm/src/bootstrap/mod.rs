@@ -46,6 +46,9 @@ pub mod vars {
     pub const MAMBA_SEED: &str = "MAMBA_SEED";
     /// Logical world size L.
     pub const MAMBA_LOGICAL_WORLD: &str = "MAMBA_LOGICAL_WORLD";
+    /// `0`/`off` turns the flight recorder off (default on; see
+    /// [`crate::flight`]).
+    pub const MAMBA_FLIGHT_RECORDER: &str = "MAMBA_FLIGHT_RECORDER";
     /// Port of the TCP store served by rank 0 (default: `MASTER_PORT`).
     pub const MAMBA_STORE_PORT: &str = "MAMBA_STORE_PORT";
     /// torchrun: global rank.

@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
 use super::fault::Fault;
-use super::link::Writers;
+use super::link::{Wanted, Writers};
 use super::message::{Event, Msg, OpCode};
 use super::HostOptions;
+use crate::flight::{CallKind, FlightRecorder};
 use crate::{CommError, Result};
 
 /// Longest time a drop/shutdown waits for queued bytes to reach the sockets.
@@ -45,6 +46,10 @@ pub struct HostTransport {
     /// Messages already taken from the inbox, per source rank, in arrival
     /// order (which is send order: each link is FIFO).
     pending: Vec<VecDeque<Msg>>,
+    /// Data messages taken from each peer so far: the index of the next
+    /// one (what a socket link's gate is told, see
+    /// [`Gate`](super::link::Gate)).
+    taken: Vec<u64>,
     /// Peers that said goodbye.
     departed: Vec<bool>,
     /// Events handed to each peer's outbox (compared with
@@ -54,6 +59,11 @@ pub struct HostTransport {
     poisoned: Option<String>,
     writers: Option<Writers>,
     left: bool,
+    /// This rank's flight recorder (see [`crate::flight`]).
+    pub(super) flight: FlightRecorder,
+    /// The recorder's entry of the open group: its operations count into
+    /// it instead of being calls of their own.
+    pub(super) group_call: Option<u64>,
 }
 
 impl std::fmt::Debug for HostTransport {
@@ -78,16 +88,24 @@ impl HostTransport {
         }
         let (txs, rxs): (Vec<Sender<Event>>, Vec<Receiver<Event>>) =
             (0..world).map(|_| unbounded()).unzip();
-        Ok(rxs
-            .into_iter()
+        rxs.into_iter()
             .enumerate()
             .map(|(rank, inbox)| {
                 let outbox = (0..world)
                     .map(|p| (p != rank).then(|| txs[p].clone()))
                     .collect();
-                HostTransport::from_parts(rank, world, opts.clone(), inbox, outbox, None)
+                let flight = FlightRecorder::from_env(rank, world, None)?;
+                Ok(HostTransport::from_parts(
+                    rank,
+                    world,
+                    opts.clone(),
+                    inbox,
+                    outbox,
+                    None,
+                    flight,
+                ))
             })
-            .collect())
+            .collect()
     }
 
     pub(crate) fn from_parts(
@@ -97,6 +115,7 @@ impl HostTransport {
         inbox: Receiver<Event>,
         outbox: Vec<Option<Sender<Event>>>,
         writers: Option<Writers>,
+        flight: FlightRecorder,
     ) -> HostTransport {
         HostTransport {
             rank,
@@ -105,11 +124,14 @@ impl HostTransport {
             inbox,
             outbox,
             pending: (0..world).map(|_| VecDeque::new()).collect(),
+            taken: vec![0; world],
             departed: vec![false; world],
             queued: vec![0; world],
             poisoned: None,
             writers,
             left: false,
+            flight,
+            group_call: None,
         }
     }
 
@@ -147,15 +169,31 @@ impl HostTransport {
         Ok(())
     }
 
-    /// Run one communicating operation: refuse if unusable; on error poison
-    /// the transport and tell every peer who is to blame.
+    /// Run one communicating operation, `call` = (kind, bytes this rank
+    /// moves, peer) for the flight recorder (inside a group: counted into
+    /// the group's entry): refuse if unusable; on error poison the
+    /// transport, tell every peer who is to blame and dump the recorder.
     pub(super) fn op<R>(
         &mut self,
         op: &str,
+        call: (CallKind, usize, Option<usize>),
         f: impl FnOnce(&mut Self) -> Result<R, Fault>,
     ) -> Result<R> {
         self.ensure_usable(op)?;
-        f(self).map_err(|fault| self.fail(fault))
+        let (kind, bytes, peer) = call;
+        let bytes = bytes as u64;
+        let seq = match self.group_call {
+            Some(g) => {
+                self.flight.add(g, bytes, peer);
+                None
+            }
+            None => Some(self.flight.begin(kind, bytes, peer)),
+        };
+        let res = f(self);
+        if let Some(s) = seq {
+            self.flight.finish(s, res.is_ok());
+        }
+        res.map_err(|fault| self.fail(fault))
     }
 
     fn fail(&mut self, fault: Fault) -> CommError {
@@ -176,8 +214,20 @@ impl HostTransport {
             }
         }
         self.wait_flushed(Instant::now() + self.opts.timeout.min(ABORT_FLUSH_LIMIT));
+        self.flight.dump(&text);
         self.poisoned = Some(text);
+        self.close_gates();
         fault.err
+    }
+
+    /// Socket worlds: this rank takes nothing more; release link readers
+    /// that hold a large frame for a receive that will never come.
+    fn close_gates(&self) {
+        if let Some(w) = &self.writers {
+            for link in w.links.iter().flatten() {
+                link.gate.close();
+            }
+        }
     }
 
     /// Socket worlds: wait until every live writer has flushed what was
@@ -303,6 +353,11 @@ impl HostTransport {
                     self.rank
                 ),
             )),
+            Event::Refused { from, detail } => Err(Fault::transport(
+                op,
+                format!("{detail} (noticed by rank {} during {op})", self.rank),
+                from,
+            )),
             Event::Closed { from, detail } => {
                 if self.departed[from] {
                     // The end of stream after an orderly goodbye.
@@ -317,16 +372,33 @@ impl HostTransport {
         }
     }
 
-    /// Wait for the next message from `peer`, which must belong to `code`.
+    /// Wait for the next message from `peer`, which must belong to `code`
+    /// and is expected to carry at most `limit` values: in a socket world
+    /// the link's reader refuses a larger frame from `peer` before reading
+    /// its payload (see [`Gate`](super::link::Gate)).
     pub(super) fn take(
         &mut self,
         peer: usize,
         op: &str,
         code: OpCode,
+        limit: usize,
         deadline: Instant,
     ) -> Result<Msg, Fault> {
+        if let Some(link) = self
+            .writers
+            .as_ref()
+            .and_then(|w| w.links.get(peer))
+            .and_then(Option::as_ref)
+        {
+            link.gate.want(Wanted {
+                index: self.taken[peer],
+                op: code,
+                limit,
+            });
+        }
         loop {
             if let Some(msg) = self.pending[peer].pop_front() {
+                self.taken[peer] += 1;
                 if msg.op != code {
                     return Err(Fault::transport(
                         op,
@@ -403,6 +475,7 @@ impl HostTransport {
             }
         }
         self.outbox.clear();
+        self.close_gates();
         let Some(writers) = self.writers.take() else {
             return Ok(());
         };

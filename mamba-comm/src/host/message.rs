@@ -105,6 +105,10 @@ pub(crate) enum Event {
     /// The connection to the peer broke (socket closed without a goodbye,
     /// write failed). Always an error: the peer died or the network failed.
     Closed { from: usize, detail: String },
+    /// The link's reader refused a frame from the peer before reading its
+    /// payload (it claimed more values than the receive it belongs to
+    /// expects) and stopped reading. Always an error naming the peer.
+    Refused { from: usize, detail: String },
 }
 
 const TAG_MSG: u8 = 1;
@@ -133,8 +137,9 @@ fn read_pieces(r: &mut impl Read, len: usize) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Serialise an event sent by this rank. `Closed` is never sent (it is
-/// produced locally when a connection breaks) and encodes to nothing.
+/// Serialise an event sent by this rank. `Closed` and `Refused` are never
+/// sent (they are produced locally by a link's reader) and encode to
+/// nothing.
 ///
 /// Layout: `tag u8`, then for `Msg`: `op u8, payload kind u8, count u64 LE,
 /// values LE`; for `Abort`: `culprit u32 LE, detail len u32 LE, utf-8`;
@@ -179,7 +184,7 @@ pub(crate) fn encode(event: &Event, out: &mut Vec<u8>) {
             out.extend_from_slice(&(n as u32).to_le_bytes());
             out.extend_from_slice(&bytes[..n]);
         }
-        Event::Closed { .. } => {}
+        Event::Closed { .. } | Event::Refused { .. } => {}
     }
 }
 
@@ -205,6 +210,17 @@ fn bad(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }
 
+/// Read one event sent by peer `from`, admitting every data frame: see
+/// [`decode_gated`].
+#[cfg(test)]
+pub(crate) fn decode(
+    r: &mut impl Read,
+    from: usize,
+    max_values: usize,
+) -> io::Result<Option<Event>> {
+    decode_gated(r, from, max_values, &mut |_, _| None)
+}
+
 /// Read one event sent by peer `from`. `Ok(None)` is a clean end of stream
 /// at a frame boundary; a stream that ends inside a frame is an error.
 ///
@@ -212,10 +228,16 @@ fn bad(what: String) -> io::Error {
 /// [`HostOptions::max_values`](super::HostOptions::max_values)) is refused
 /// before any of it is read, and the payload is read in pieces, so a peer
 /// that lies about a length makes this rank allocate only what it sent.
-pub(crate) fn decode(
+///
+/// Every data frame's header (operation, claimed count) is shown to `admit`
+/// before its payload is read; when `admit` answers `Some(detail)` the
+/// payload is not read and the result is [`Event::Refused`] with that
+/// detail (the stream is then inside a frame: read no further).
+pub(crate) fn decode_gated(
     r: &mut impl Read,
     from: usize,
     max_values: usize,
+    admit: &mut dyn FnMut(OpCode, u64) -> Option<String>,
 ) -> io::Result<Option<Event>> {
     let mut tag = [0u8; 1];
     loop {
@@ -239,6 +261,9 @@ pub(crate) fn decode(
                      ({max_values}, HostOptions::max_values): the ranks run different \
                      programs, or the peer does not speak this protocol"
                 )));
+            }
+            if let Some(detail) = admit(op, count) {
+                return Ok(Some(Event::Refused { from, detail }));
             }
             let count = count as usize;
             let payload = match kind {

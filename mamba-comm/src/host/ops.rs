@@ -7,6 +7,8 @@ use std::time::Instant;
 use super::engine::HostTransport;
 use super::fault::Fault;
 use super::message::{Msg, OpCode, Payload, Wire};
+use crate::flight::CallKind;
+use crate::transport::Group;
 use crate::{CommError, Result, Transport};
 
 /// Typed receives and the collectives, on the engine's `post` and `take`.
@@ -21,7 +23,7 @@ impl HostTransport {
         len: usize,
         deadline: Instant,
     ) -> Result<Vec<T>, Fault> {
-        let msg = self.take(peer, op, code, deadline)?;
+        let msg = self.take(peer, op, code, len, deadline)?;
         match T::values(msg.payload) {
             Ok(v) if v.len() == len => Ok(v),
             Ok(v) => Err(self.size_mismatch(peer, op, T::KIND, len, &T::payload(v))),
@@ -101,7 +103,7 @@ impl HostTransport {
         code: OpCode,
         deadline: Instant,
     ) -> Result<(), Fault> {
-        let msg = self.take(peer, op, code, deadline)?;
+        let msg = self.take(peer, op, code, 0, deadline)?;
         match msg.payload {
             Payload::Empty => Ok(()),
             other => Err(self.size_mismatch(peer, op, "no", 0, &other)),
@@ -142,13 +144,23 @@ impl Transport for HostTransport {
 
     /// Runs `body` eagerly: sends are queued at once and never block,
     /// receives complete in program order (see the module docs).
-    fn group<R>(&mut self, body: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+    fn group<R>(
+        &mut self,
+        buffers: &mut [&mut Vec<f32>],
+        body: impl FnOnce(&mut Group<'_, '_, Self>) -> Result<R>,
+    ) -> Result<R> {
         self.ensure_usable("group")?;
-        body(self)
+        let seq = self.flight.begin(CallKind::Group, 0, None);
+        self.group_call = Some(seq);
+        let res = body(&mut Group::new(self, buffers));
+        self.group_call = None;
+        self.flight.finish(seq, res.is_ok());
+        res
     }
 
     fn send(&mut self, buf: &Vec<f32>, range: Range<usize>, peer: usize) -> Result<()> {
-        self.op("send", |t| {
+        let call = (CallKind::Send, range.len() * 4, Some(peer));
+        self.op("send", call, |t| {
             t.check_peer(peer, "send to")?;
             t.check_range("send", &range, buf.len())?;
             let msg = Msg {
@@ -160,7 +172,8 @@ impl Transport for HostTransport {
     }
 
     fn recv(&mut self, buf: &mut Vec<f32>, range: Range<usize>, peer: usize) -> Result<()> {
-        self.op("recv", |t| {
+        let call = (CallKind::Recv, range.len() * 4, Some(peer));
+        self.op("recv", call, |t| {
             t.check_peer(peer, "recv from")?;
             t.check_range("recv", &range, buf.len())?;
             let deadline = t.deadline(Instant::now());
@@ -171,7 +184,8 @@ impl Transport for HostTransport {
     }
 
     fn broadcast(&mut self, buf: &mut Vec<f32>, range: Range<usize>, root: usize) -> Result<()> {
-        self.op("broadcast", |t| {
+        let call = (CallKind::Broadcast, range.len() * 4, Some(root));
+        self.op("broadcast", call, |t| {
             if root >= t.world {
                 return Err(Fault::config(
                     t.rank,
@@ -207,7 +221,8 @@ impl Transport for HostTransport {
     /// adds contributions in ascending rank order).
     fn all_reduce_sum_f32(&mut self, buf: &mut Vec<f32>, range: Range<usize>) -> Result<()> {
         const OP: &str = "all_reduce_sum_f32";
-        self.op(OP, |t| {
+        let call = (CallKind::AllReduceSum, range.len() * 4, None);
+        self.op(OP, call, |t| {
             t.check_range(OP, &range, buf.len())?;
             t.star_all_reduce(
                 OP,
@@ -221,7 +236,8 @@ impl Transport for HostTransport {
 
     fn all_reduce_max_i32(&mut self, values: &mut [i32]) -> Result<()> {
         const OP: &str = "all_reduce_max_i32";
-        self.op(OP, |t| {
+        let call = (CallKind::AllReduceMax, values.len() * 4, None);
+        self.op(OP, call, |t| {
             t.star_all_reduce(
                 OP,
                 Instant::now(),
@@ -234,7 +250,7 @@ impl Transport for HostTransport {
 
     fn barrier(&mut self) -> Result<()> {
         const OP: &str = "barrier";
-        self.op(OP, |t| {
+        self.op(OP, (CallKind::Barrier, 0, None), |t| {
             let start = Instant::now();
             if t.world == 1 {
                 return Ok(());

@@ -26,9 +26,10 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 
 use super::engine::HostTransport;
 use super::link::{LinkStats, Writers};
-use super::message::{decode, encode, Event};
+use super::message::{decode_gated, encode, Event, OpCode};
 use super::HostOptions;
 use crate::bootstrap::random_bytes;
+use crate::flight::FlightRecorder;
 use crate::{CommError, Rendezvous, Result};
 
 const MAGIC: &[u8; 8] = b"MAMBAHT1";
@@ -95,6 +96,7 @@ impl HostTransport {
             )));
         }
         let (inbox_tx, inbox_rx) = unbounded();
+        let flight = FlightRecorder::from_env(rank, world, rdv.shared_dir())?;
         if world == 1 {
             return Ok(HostTransport::from_parts(
                 0,
@@ -103,6 +105,7 @@ impl HostTransport {
                 inbox_rx,
                 vec![None],
                 None,
+                flight,
             ));
         }
         let deadline = Instant::now() + opts.timeout;
@@ -190,6 +193,7 @@ impl HostTransport {
             inbox_rx,
             outbox,
             Some(writers),
+            flight,
         ))
     }
 }
@@ -370,19 +374,54 @@ fn writer(
     }
 }
 
+/// Frames of at most this many values are read as they arrive, before
+/// their receive is posted (what keeps small collectives pipelined); a
+/// larger frame waits at the link's [`Gate`](super::link::Gate) until the
+/// receive it belongs to says how much it expects.
+const EAGER_VALUES: u64 = 1 << 16;
+
 /// Feed every event from `peer` into the inbox; a broken or closed
 /// connection becomes `Event::Closed` (ignored by the engine after a
-/// goodbye).
+/// goodbye). A data frame of more than [`EAGER_VALUES`] values is read
+/// only once the engine waits for it and only if it carries at most what
+/// that receive expects; otherwise it becomes `Event::Refused` naming the
+/// peer, nothing of its payload is read, and the reader stops.
 fn reader(
-    stream: TcpStream,
+    stream: impl Read,
     inbox: Sender<Event>,
     peer: usize,
     max_values: usize,
     stats: &LinkStats,
 ) {
     let mut input = BufReader::with_capacity(1 << 16, stream);
+    // Data frames seen on this link: the index of the next one.
+    let mut frames: u64 = 0;
+    let mut admit = |op: OpCode, count: u64| -> Option<String> {
+        let index = frames;
+        frames += 1;
+        if count <= EAGER_VALUES {
+            return None;
+        }
+        match stats.gate.wait_for(index) {
+            None => Some(format!(
+                "rank {peer}'s {} frame of {count} values was not read: this rank's transport \
+                 takes nothing more",
+                op.name()
+            )),
+            Some(w) if count > w.limit as u64 || op != w.op => Some(format!(
+                "rank {peer} sent a {} frame claiming {count} values where the receive it \
+                 belongs to (a {} of at most {} values) expects less: the ranks passed \
+                 different sizes or called different operations (nothing of the frame was \
+                 read or allocated)",
+                op.name(),
+                w.op.name(),
+                w.limit
+            )),
+            Some(_) => None,
+        }
+    };
     loop {
-        let ev = match decode(&mut input, peer, max_values) {
+        let ev = match decode_gated(&mut input, peer, max_values, &mut admit) {
             Ok(Some(ev)) => ev,
             Ok(None) => Event::Closed {
                 from: peer,
@@ -401,7 +440,7 @@ fn reader(
         if matches!(ev, Event::Bye { .. }) {
             stats.peer_left.store(true, Ordering::Release);
         }
-        let last = matches!(ev, Event::Closed { .. });
+        let last = matches!(ev, Event::Closed { .. } | Event::Refused { .. });
         if inbox.send(ev).is_err() || last {
             return;
         }
@@ -411,6 +450,113 @@ fn reader(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::link::Wanted;
+    use crate::host::message::{Msg, Payload};
+    use std::os::unix::net::UnixStream;
+
+    fn frame(values: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let msg = Msg {
+            op: OpCode::P2p,
+            payload: Payload::F32(vec![0.25; values]),
+        };
+        encode(&Event::Msg { from: 0, msg }, &mut out);
+        out
+    }
+
+    /// A hand-crafted frame header (tag, op, kind, count) claiming `count`
+    /// f32 values, with no payload behind it.
+    fn lying_header(count: u64) -> Vec<u8> {
+        let mut h = frame(1)[..11].to_vec();
+        h[3..11].copy_from_slice(&count.to_le_bytes());
+        h
+    }
+
+    fn start_reader(peer: usize) -> (UnixStream, Arc<LinkStats>, Receiver<Event>) {
+        let (ours, theirs) = UnixStream::pair().expect("socket pair");
+        let stats = Arc::new(LinkStats::default());
+        let (tx, rx) = unbounded();
+        let st = stats.clone();
+        thread::spawn(move || reader(theirs, tx, peer, usize::MAX, &st));
+        (ours, stats, rx)
+    }
+
+    #[test]
+    fn a_large_frame_claiming_more_than_its_receive_expects_is_refused_unread() {
+        let (mut wire, stats, inbox) = start_reader(3);
+        wire.write_all(&lying_header(1 << 30)).expect("write");
+        // Held until the receive it belongs to is posted: nothing yet.
+        assert!(inbox.recv_timeout(Duration::from_millis(100)).is_err());
+        stats.gate.want(Wanted {
+            index: 0,
+            op: OpCode::P2p,
+            limit: 10,
+        });
+        match inbox.recv_timeout(Duration::from_secs(5)) {
+            Ok(Event::Refused { from: 3, detail }) => assert!(
+                detail.contains("rank 3")
+                    && detail.contains("1073741824 values")
+                    && detail.contains("at most 10"),
+                "{detail}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // The reader stopped (and closed its end): nothing more arrives.
+        let _ = wire.write_all(&frame(2));
+        assert!(inbox.recv_timeout(Duration::from_millis(100)).is_err());
+    }
+
+    /// The case the first gate (26b7fcb, reverted) got wrong: a large frame
+    /// queued behind small ones belongs to a later receive than the one
+    /// waiting when it arrives.
+    #[test]
+    fn small_frames_pass_at_once_and_a_large_one_waits_for_its_own_receive() {
+        let (wire, stats, inbox) = start_reader(1);
+        let big = EAGER_VALUES as usize + 1;
+        // The large frame fills the socket buffer while it is held: write
+        // from another thread, as a peer's writer thread does.
+        let writer = thread::spawn(move || {
+            let mut wire = wire;
+            wire.write_all(&frame(2)).expect("write");
+            wire.write_all(&frame(big)).expect("write");
+            wire
+        });
+        let first = inbox
+            .recv_timeout(Duration::from_secs(5))
+            .expect("small frame");
+        assert!(matches!(&first, Event::Msg { msg, .. } if msg.payload.len() == 2));
+        // The receive of message 0 (2 values) is the one waiting: the large
+        // frame (message 1) is not compared with it.
+        stats.gate.want(Wanted {
+            index: 0,
+            op: OpCode::P2p,
+            limit: 2,
+        });
+        assert!(inbox.recv_timeout(Duration::from_millis(100)).is_err());
+        stats.gate.want(Wanted {
+            index: 1,
+            op: OpCode::P2p,
+            limit: big,
+        });
+        let second = inbox
+            .recv_timeout(Duration::from_secs(5))
+            .expect("large frame");
+        assert!(matches!(&second, Event::Msg { msg, .. } if msg.payload.len() == big));
+        drop(writer.join().expect("writer"));
+    }
+
+    #[test]
+    fn a_closed_gate_releases_a_held_frame() {
+        let (mut wire, stats, inbox) = start_reader(2);
+        wire.write_all(&lying_header(1 << 20)).expect("write");
+        stats.gate.close();
+        match inbox.recv_timeout(Duration::from_secs(5)) {
+            Ok(Event::Refused { from: 2, detail }) => {
+                assert!(detail.contains("takes nothing more"), "{detail}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn addresses_roundtrip() {

@@ -2,6 +2,7 @@
 //! [`Transport`] interface.
 
 use std::ops::Range;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +17,8 @@ use super::core::{CommCore, Place};
 use super::cuda::{cuda_error, device_ptr, open_device, raw_stream};
 use super::op::{NcclElement, Op};
 use super::{check_version, library, unique_id, NcclOptions, NcclVersion};
+use crate::flight::{CallKind, FlightRecorder};
+use crate::transport::Group;
 use crate::{CommError, Rendezvous, Result, Transport};
 
 /// Set while an [`NcclComm`] exists in this process (one per process).
@@ -58,23 +61,29 @@ impl Drop for ProcessSlot {
 /// completed it (a group returns once the whole group has completed), so
 /// results are ready for any stream when a call returns. The one exception
 /// is a group inside [`NcclComm::window`], which the window's end waits
-/// for.
+/// for ([`Window::group`](super::Window::group)).
 ///
-/// Buffers used inside a [`Transport::group`] body (or a window's groups)
-/// must outlive the `group` (or `window`) call: NCCL runs the group's
-/// operations only when it closes. The types do not enforce this (the
-/// body borrows each buffer only for the one call): a buffer dropped inside
-/// the body is freed on its stream *before* NCCL's kernel is enqueued, a
-/// device-side use-after-free. Allocate a group's buffers outside it.
+/// Buffers used by a group are lent to it: [`Transport::group`] (and
+/// [`NcclComm::window`]) borrow them for the whole call and the body names
+/// them by index, because NCCL reads and writes a group's memory only when
+/// the group closes (a window's, until the window's final wait). A buffer
+/// made or dropped inside a body cannot reach the group, so the
+/// use-after-free of a buffer freed on its stream before NCCL's kernel is
+/// enqueued cannot be written (see [`Group`]).
 ///
 /// After any error the communicator may have been aborted; callers tear the
 /// world down (see [`Transport`]).
 pub struct NcclComm {
-    core: CommCore,
-    stream: Arc<CudaStream>,
+    pub(super) core: CommCore,
+    pub(super) stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     version: NcclVersion,
     options: NcclOptions,
+    /// This rank's flight recorder (see [`crate::flight`]).
+    pub(super) flight: FlightRecorder,
+    /// The recorder's entry of the open group or window: operations
+    /// inside count into it.
+    pub(super) flight_open: Option<u64>,
     _slot: ProcessSlot,
 }
 
@@ -143,12 +152,15 @@ impl NcclComm {
                 format!("NCCL placed this rank on CUDA device {got}; expected device {device}"),
             ));
         }
+        let flight = FlightRecorder::from_env(rank, world, rdv.shared_dir())?;
         Ok(NcclComm {
             core,
             stream,
             ctx,
             version,
             options: opts,
+            flight,
+            flight_open: None,
             _slot: slot,
         })
     }
@@ -189,62 +201,14 @@ impl NcclComm {
         self.core.shutdown()
     }
 
-    /// Run `body` as one collective window with a single wait at its end.
-    ///
-    /// Inside the window, [`Transport::group`] enqueues its group on
-    /// [`NcclComm::stream`] and returns without waiting for it, so `body`
-    /// can queue many groups, and make the stream wait for work on other
-    /// streams of this context (`stream().wait(&event)`), with no host
-    /// round-trip in between. Operations outside groups still wait for the
-    /// stream (and with it for everything queued before them). When `body`
-    /// returns `Ok`, the window waits under the watchdog until the stream
-    /// has completed everything enqueued so far; the deadline is the
-    /// collective timeout counted from the window's start, and on expiry the
-    /// communicator is aborted as for any window.
-    ///
-    /// When `body` fails after a group was enqueued, the communicator is
-    /// aborted (the peers would wait for the rest of the sequence) and the
-    /// error says so; a body that failed before enqueuing anything leaves
-    /// the communicator usable and its error is returned as is.
-    ///
-    /// Buffers used by the window's groups must stay alive until `window`
-    /// returns (NCCL reads and writes them until the final wait), just as a
-    /// group's buffers must outlive the group. Windows do not nest and
-    /// cannot open inside a group.
-    pub fn window<R, E>(
-        &mut self,
-        body: impl FnOnce(&mut Self) -> std::result::Result<R, E>,
-    ) -> std::result::Result<R, E>
-    where
-        E: From<CommError> + std::fmt::Display,
-    {
-        self.bind("window")?;
-        self.core.window_begin()?;
-        let result = body(self);
-        let text = result.as_ref().err().map(|e| e.to_string());
-        let completion = StreamCompletion {
-            stream: &self.stream,
-        };
-        let end = self.core.window_finish(&completion, text.as_deref());
-        match (result, end) {
-            (Ok(v), Ok(())) => {
-                self.check_cuda("window")?;
-                Ok(v)
-            }
-            (Err(e), Ok(())) => Err(e),
-            // The abort's error repeats the body's.
-            (_, Err(e)) => Err(e.into()),
-        }
-    }
-
     /// Make the communicator's context current on the calling thread (the
     /// communicator may have moved threads since the last call).
-    fn bind(&self, op: &'static str) -> Result<()> {
+    pub(super) fn bind(&self, op: &'static str) -> Result<()> {
         self.ctx.bind_to_thread().map_err(cuda_error(op))
     }
 
     /// Surface errors cudarc recorded while tracking buffer events.
-    fn check_cuda(&mut self, op: &'static str) -> Result<()> {
+    pub(super) fn check_cuda(&mut self, op: &'static str) -> Result<()> {
         match self.ctx.check_err() {
             Ok(()) => Ok(()),
             Err(e) => Err(self
@@ -253,20 +217,52 @@ impl NcclComm {
         }
     }
 
-    fn not_in_group(&self, op: &str) -> Result<()> {
-        if self.core.in_group() {
-            return Err(CommError::config(format!(
-                "{op} cannot run inside a group: it reads results on the host, and a group's \
-                 operations only run when the group closes"
-            )));
+    /// Open a group, run `body` over the lent `buffers`, close the group
+    /// (always, also when `body` fails or panics) and, outside a window,
+    /// wait for it. A panicking body is treated as a failed one (the
+    /// communicator is aborted if it had enqueued anything, so NCCL no
+    /// longer uses the buffers the unwinding drops), then the panic
+    /// continues.
+    pub(super) fn run_group<R>(
+        &mut self,
+        buffers: &mut [&mut CudaSlice<f32>],
+        body: impl FnOnce(&mut Group<'_, '_, Self>) -> Result<R>,
+    ) -> Result<R> {
+        self.bind("group")?;
+        self.core.group_begin()?;
+        // Inside a window, the window's entry counts the group's operations.
+        let own = self.flight_open.is_none();
+        let seq = self.flight.begin_if(own, CallKind::Group);
+        if own {
+            self.flight_open = Some(seq);
         }
-        Ok(())
+        let result = catch_unwind(AssertUnwindSafe(|| body(&mut Group::new(self, buffers))));
+        let completion = StreamCompletion {
+            stream: &self.stream,
+        };
+        let res = match result {
+            Ok(result) => self.core.group_finish(&completion, result),
+            Err(panic) => {
+                let failed = Err(CommError::config("the group body panicked"));
+                let _ = self.core.group_finish::<R>(&completion, failed);
+                if own {
+                    self.flight_open = None;
+                    self.flight.finish(seq, false);
+                }
+                resume_unwind(panic)
+            }
+        };
+        if own {
+            self.flight_open = None;
+            self.flight.finish(seq, res.is_ok());
+        }
+        self.note_failure(res)
     }
 
     /// In-place i32 max of host values (the i32 all-reduce behind
     /// `all_reduce_max_i32` and `barrier`).
     fn max_i32(&mut self, op: &'static str, values: &mut [i32]) -> Result<()> {
-        self.not_in_group(op)?;
+        self.core.refuse_host_wait(op)?;
         if values.is_empty() {
             return Ok(());
         }
@@ -292,11 +288,45 @@ impl NcclComm {
     /// run the operation as a core window (or group member), then surface
     /// CUDA errors. The element count and type come from the view, so they
     /// always match the memory NCCL is given. An empty view makes no call.
-    fn launch<T: NcclElement>(&mut self, name: &'static str, mut op: Op<'_, T>) -> Result<()> {
-        let (n, kind) = op.shape();
+    fn launch<T: NcclElement>(&mut self, name: &'static str, op: Op<'_, T>) -> Result<()> {
+        let (n, _) = op.shape();
         if n == 0 {
             return Ok(());
         }
+        let bytes = (n * std::mem::size_of::<T>()) as u64;
+        let peer = match &op {
+            Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(*peer),
+            Op::Broadcast { root, .. } => Some(*root),
+            Op::AllReduce { .. } => None,
+        };
+        let seq = match self.flight_open {
+            Some(open) => {
+                self.flight.add(open, bytes, peer);
+                None
+            }
+            None => Some(self.flight.begin(call_kind(name), bytes, peer)),
+        };
+        let res = self.enqueue(name, op);
+        if let Some(s) = seq {
+            self.flight.finish(s, res.is_ok());
+        }
+        self.note_failure(res)
+    }
+
+    /// Dump the flight recorder when `res` is an error that aborted the
+    /// communicator (a watchdog expiry, a peer's failure, any abort).
+    pub(super) fn note_failure<R>(&mut self, res: Result<R>) -> Result<R> {
+        if let Err(e) = &res {
+            if self.core.is_aborted() {
+                self.flight.dump(&e.to_string());
+            }
+        }
+        res
+    }
+
+    /// [`NcclComm::launch`] without the recorder.
+    fn enqueue<T: NcclElement>(&mut self, name: &'static str, mut op: Op<'_, T>) -> Result<()> {
+        let (n, kind) = op.shape();
         self.bind(name)?;
         let (ptr, record) = match &mut op {
             Op::Send { src, .. } => src.device_ptr(&self.stream),
@@ -346,6 +376,7 @@ impl Transport for NcclComm {
     }
 
     fn upload(&mut self, src: &[f32], dst: &mut CudaSlice<f32>, offset: usize) -> Result<()> {
+        self.core.refuse_host_wait("upload")?;
         let r = checks::span("upload", offset, src.len(), dst.len())?;
         if r.is_empty() {
             return Ok(());
@@ -357,7 +388,7 @@ impl Transport for NcclComm {
     }
 
     fn download(&mut self, src: &CudaSlice<f32>, offset: usize, dst: &mut [f32]) -> Result<()> {
-        self.not_in_group("download")?;
+        self.core.refuse_host_wait("download")?;
         let r = checks::span("download", offset, dst.len(), src.len())?;
         if r.is_empty() {
             return Ok(());
@@ -371,16 +402,14 @@ impl Transport for NcclComm {
         self.stream.synchronize().map_err(cuda_error("download"))
     }
 
-    /// Inside [`NcclComm::window`] the group is only enqueued: it returns
-    /// once NCCL has queued it on the stream, and the window's end waits.
-    fn group<R>(&mut self, body: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
-        self.bind("group")?;
-        self.core.group_begin()?;
-        let result = body(self);
-        let completion = StreamCompletion {
-            stream: &self.stream,
-        };
-        self.core.group_finish(&completion, result)
+    /// Outside a window the group is waited for under the watchdog before
+    /// this returns (inside one, see [`Window::group`](super::Window::group)).
+    fn group<R>(
+        &mut self,
+        buffers: &mut [&mut CudaSlice<f32>],
+        body: impl FnOnce(&mut Group<'_, '_, Self>) -> Result<R>,
+    ) -> Result<R> {
+        self.run_group(buffers, body)
     }
 
     /// An empty range sends nothing (and makes no NCCL call); its matching
@@ -434,5 +463,18 @@ impl Drop for NcclComm {
     /// communicator runs on the right device; never panics.
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
+    }
+}
+
+/// The recorder's kind of the operation `name` (as [`NcclComm::launch`]
+/// is called).
+fn call_kind(name: &str) -> CallKind {
+    match name {
+        "send" => CallKind::Send,
+        "recv" => CallKind::Recv,
+        "broadcast" => CallKind::Broadcast,
+        "all_reduce_sum_f32" => CallKind::AllReduceSum,
+        "barrier" => CallKind::Barrier,
+        _ => CallKind::AllReduceMax,
     }
 }

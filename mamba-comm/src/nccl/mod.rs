@@ -54,7 +54,8 @@
 //! this module drive the same logic with a fake library that hangs, fails
 //! and loses peers on command. Inside: `core` (init, windows, groups,
 //! teardown), `handle` (the only owner of the raw handle), `watchdog` (the
-//! waits), `op` and `comm` (the typed operations on device memory),
+//! waits), `op` and `comm` (the typed operations on device memory), `window`
+//! (several groups, one wait),
 //! `cuda` (device discovery).
 
 mod api;
@@ -68,6 +69,7 @@ mod op;
 mod result;
 mod unique_id;
 mod watchdog;
+mod window;
 
 #[cfg(test)]
 mod fake;
@@ -81,6 +83,7 @@ pub use comm::NcclComm;
 pub use cuda::visible_devices;
 pub use nccl_sys_min::NcclVersion;
 use nccl_sys_min::{Nccl, LIBRARY_ENV};
+pub use window::Window;
 
 use crate::{CommError, Result};
 

@@ -340,4 +340,8 @@ impl Rendezvous for FileRendezvous {
             }
         }
     }
+
+    fn shared_dir(&self) -> Option<&Path> {
+        Some(&self.launch_dir)
+    }
 }

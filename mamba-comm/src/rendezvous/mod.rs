@@ -5,6 +5,7 @@
 //! 128-byte unique id and every other rank fetches it. The host transport
 //! uses it to exchange listening addresses.
 
+use std::path::Path;
 use std::time::Duration;
 
 use crate::Result;
@@ -42,4 +43,10 @@ pub trait Rendezvous: Send + Sync {
     fn fetch(&self, key: &str, len: usize, timeout: Duration) -> Result<Vec<u8>>;
     /// Return once all `world()` ranks have reached the barrier `name`.
     fn barrier(&self, name: &str, timeout: Duration) -> Result<()>;
+    /// The directory this launch's ranks and its supervisor share, if
+    /// there is one (a file rendezvous's launch directory): where the
+    /// [flight recorder](crate::flight) keeps its ring. `None` by default.
+    fn shared_dir(&self) -> Option<&Path> {
+        None
+    }
 }

@@ -8,12 +8,14 @@
 //! / [`Supervisor`] (explicit control), [`test_world()`] (real-process worlds
 //! in `cargo test`).
 
+mod behind;
 mod options;
 mod report;
 mod spawn;
 mod start;
 mod test_world;
 
+pub use behind::{behind, Behind, RankFlight};
 pub use options::SpawnOptions;
 pub use report::{RankExit, RankStatus, WorldReport};
 pub use spawn::{spawn_world, Supervisor};

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
+use super::behind::{observe, rings_text, RankFlight};
 use super::{RankExit, RankStatus, SpawnOptions, WorldReport};
 use crate::bootstrap::{
     default_rendezvous_root, new_launch_id, validate_id, vars, Launcher, ProcessEnv, WorldPlace,
@@ -58,6 +59,9 @@ pub struct Supervisor {
     /// Exit notices from the waiter threads: (rank, when it ended).
     exited: Receiver<(usize, Instant)>,
     exited_tx: Sender<(usize, Instant)>,
+    /// What the ranks looked like when the world failed (see
+    /// [`Supervisor::observe_failure`]).
+    flight: Option<Vec<RankFlight>>,
 }
 
 /// Spawn a world and wait for it: [`Supervisor::spawn`] then
@@ -165,6 +169,7 @@ impl Supervisor {
             opts,
             exited,
             exited_tx,
+            flight: None,
         };
         for rank in 0..world {
             let place = WorldPlace {
@@ -312,6 +317,9 @@ impl Supervisor {
                 Err(RecvTimeoutError::Timeout) => {
                     timed_out =
                         first_failure.is_none() && deadline.is_some_and(|d| Instant::now() >= d);
+                    if first_failure.is_some() || timed_out {
+                        self.observe_failure();
+                    }
                     self.kill_all();
                     killed_all = true;
                 }
@@ -321,6 +329,23 @@ impl Supervisor {
                     self.reap_all();
                 }
             }
+        }
+        if first_failure.is_some() || timed_out {
+            self.observe_failure();
+        }
+        let flight = self.flight.take().unwrap_or_default();
+        let mut report = WorldReport {
+            ranks: self.exits.iter().flatten().cloned().collect(),
+            first_failure,
+            forwarded_stop: forwarded,
+            timed_out,
+            launch_id: self.launch_id.clone(),
+            elapsed: self.started.elapsed(),
+            flight,
+            flight_file: None,
+        };
+        if report.ranks.len() == self.world {
+            report.flight_file = self.keep_rings(&report);
         }
         self.cleanup();
         let ranks: Vec<RankExit> = self.exits.iter_mut().filter_map(Option::take).collect();
@@ -334,14 +359,35 @@ impl Supervisor {
                 ),
             ));
         }
-        Ok(WorldReport {
-            ranks,
-            first_failure,
-            forwarded_stop: forwarded,
-            timed_out,
-            launch_id: self.launch_id.clone(),
-            elapsed: self.started.elapsed(),
-        })
+        report.ranks = ranks;
+        report.elapsed = self.started.elapsed();
+        Ok(report)
+    }
+
+    /// Once, when the world has failed and before anything is killed: every
+    /// rank's process state and flight recorder ring (a stopped or hung
+    /// rank cannot write its own; its memory-mapped ring is in the launch
+    /// directory).
+    fn observe_failure(&mut self) {
+        if self.flight.is_none() {
+            let alive: Vec<bool> = self.children.iter().map(Option::is_some).collect();
+            self.flight = Some(observe(&self.launch_dir, &self.pids, &alive));
+        }
+    }
+
+    /// Keep every rank's ring as text beside the launch directory (which
+    /// `cleanup` removes): `<root>/<job>/flight-<launch>.txt`, written
+    /// atomically; the job's next launch purges it. `None` when no rank
+    /// kept a ring or the file could not be written (the report still
+    /// holds the rings).
+    fn keep_rings(&self, report: &WorldReport) -> Option<PathBuf> {
+        if report.flight.iter().all(|r| r.ring.is_none()) {
+            return None;
+        }
+        let path = self.job_dir.join(format!("flight-{}.txt", self.launch_id));
+        let text = rings_text(&report.flight, &report.headline());
+        crate::flight::write_atomic(&path, text.as_bytes()).ok()?;
+        Some(path)
     }
 
     fn record(&mut self, rank: usize, status: RankStatus, at: Instant) {

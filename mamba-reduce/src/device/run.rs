@@ -33,7 +33,7 @@ use kernels::FoldKernel;
 use mamba_comm::nccl::NcclComm;
 
 use super::DeviceFold;
-use crate::exec::{check_buffers, execute, run_group};
+use crate::exec::{check_buffers, execute, lend, step_messages};
 use crate::fold::ChainTerm;
 use crate::plan::{BufId, ComputeOp, RankPlan};
 use crate::reducer::PlanRunner;
@@ -222,7 +222,8 @@ impl DeviceFold {
         } else {
             &this.kernel
         };
-        let result = comm.window(|c| {
+        let n_locals = locals.len();
+        let result = comm.window(&mut lend(locals, scratch), |w| {
             // The latest step of the other lane each lane already waits for.
             let mut comm_waits: Option<usize> = None;
             let mut lane_waits: Option<usize> = None;
@@ -239,7 +240,7 @@ impl DeviceFold {
                             comm_waits = Some(s);
                         }
                     }
-                    run_group(c, step, locals, scratch)?;
+                    w.group(|g| step_messages(g, step, n_locals))?;
                     if let Some(i) = events.comm[t] {
                         this.events[i]
                             .record(&comm_stream)

@@ -9,6 +9,28 @@ use crate::nccl::result::{completed, nonblocking, Progress};
 use crate::{CommError, Result};
 
 impl CommCore {
+    /// Refuse `op`, a call that waits on the host for the stream (a
+    /// download, an upload from pageable memory, a host-value all-reduce),
+    /// while a group or a window is open: inside a group its data would
+    /// only move when the group closes, and inside a window the stream
+    /// holds enqueued groups, so the copy would wait for them on the host
+    /// with no deadline (a missing peer would hang it forever, out of the
+    /// watchdog's reach). The typed API already keeps such calls out of
+    /// group and window bodies; this is the core's own guard.
+    pub(crate) fn refuse_host_wait(&self, op: &str) -> Result<()> {
+        let inside = if self.group.is_some() {
+            "a group: its operations only run when the group closes"
+        } else if self.window.is_some() {
+            "a window: the stream holds the window's enqueued groups, and the host would wait \
+             for them with no deadline"
+        } else {
+            return Ok(());
+        };
+        Err(CommError::config(format!(
+            "{op} cannot run inside {inside}; move it after the window or group returns"
+        )))
+    }
+
     /// Open a group level (`ncclGroupStart`). Must be paired with
     /// [`CommCore::group_finish`] whatever happens in between.
     pub(crate) fn group_begin(&mut self) -> Result<()> {

@@ -130,11 +130,6 @@ impl CommCore {
         self.slot.raw()
     }
 
-    /// True while a group is open.
-    pub(crate) fn in_group(&self) -> bool {
-        self.group.is_some()
-    }
-
     /// True while a window is open.
     #[cfg(test)]
     pub(crate) fn in_window(&self) -> bool {

@@ -125,6 +125,57 @@ fn a_window_whose_peer_never_takes_part_times_out_from_its_start_and_aborts() {
     no_violations(&fake);
 }
 
+/// A host copy inside a window would wait on the stream for the window's
+/// groups, outside the watchdog: with a missing peer, forever. The core
+/// refuses it at once (a config error naming the window), and the window
+/// still ends at its deadline.
+#[test]
+fn a_host_wait_inside_a_window_or_group_is_refused_at_once() {
+    let fake = FakeNccl::new(Script::default());
+    let ((peer, _peer_stream), (mut core, stream)) = rank1_and_rank0(&fake, SHORT);
+    let start = Instant::now();
+    let err = window(&mut core, &stream, |c| {
+        exchange(c, &stream, 1)?;
+        for op in ["download", "upload", "all_reduce_max_i32"] {
+            let e = c.refuse_host_wait(op).unwrap_err();
+            assert!(matches!(e, CommError::Config(_)), "{e:?}");
+            let text = e.to_string();
+            assert!(
+                text.contains(op) && text.contains("inside a window"),
+                "{text}"
+            );
+        }
+        let e = group(c, &stream, |c| c.refuse_host_wait("download")).unwrap_err();
+        assert!(e.to_string().contains("inside a group"), "{e}");
+        assert!(
+            start.elapsed() < SHORT / 2,
+            "refusing took {:?}",
+            start.elapsed()
+        );
+        Ok(())
+    })
+    .unwrap_err();
+    assert_took_the_deadline(start);
+    assert!(
+        err.to_string().contains("window did not complete within"),
+        "{err}"
+    );
+    drop(core);
+    drop(peer);
+    no_violations(&fake);
+}
+
+#[test]
+fn a_host_wait_outside_windows_and_groups_is_allowed() {
+    let fake = FakeNccl::new(Script::default());
+    let (mut core, stream, _) = solo(&fake, LONG);
+    core.refuse_host_wait("download").expect("no window open");
+    window(&mut core, &stream, |c| all_reduce(c, &stream)).expect("window");
+    core.refuse_host_wait("download")
+        .expect("the window has ended");
+    no_violations(&fake);
+}
+
 #[test]
 fn a_body_failing_after_enqueuing_aborts_after_the_group_closed() {
     let fake = FakeNccl::new(Script::default());
