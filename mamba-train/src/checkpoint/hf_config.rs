@@ -148,6 +148,7 @@ pub fn model_config_from_hf(json: &Value) -> std::result::Result<ModelConfig, St
         d_conv: int("conv_kernel", Some(4))?,
         expand: int("expand", Some(2))?,
         dt_rank,
+        arch: Default::default(),
     };
     check_supported(json, &cfg, true)?;
     Ok(cfg)

@@ -63,6 +63,7 @@ impl CpuModel {
     /// A model of shape `cfg` (validated).
     pub fn new(cfg: ModelConfig) -> Result<Self> {
         cfg.validate()?;
+        cfg.require_mamba1("CpuModel", "Mamba-2 has no CPU model yet")?;
         let layout = ParamLayout::new(&cfg);
         Ok(CpuModel {
             cfg,
