@@ -128,8 +128,7 @@ impl ModelConfig {
 
     /// Number of SSD heads (`d_inner / head_dim`); 0 for Mamba-1.
     pub fn num_heads(&self) -> usize {
-        self.ssd()
-            .map_or(0, |s| self.d_inner() / s.head_dim.max(1))
+        self.ssd().map_or(0, |s| self.d_inner() / s.head_dim.max(1))
     }
 
     /// Refuse a Mamba-2 config in a model that implements Mamba-1 only
@@ -304,12 +303,21 @@ mod arch_tests {
         assert_eq!(c.ssd().unwrap().head_dim, 64);
         assert_eq!(c.num_heads(), 1);
         let json = serde_json::to_string(&c).unwrap();
-        assert!(json.contains(r#""arch":{"mamba2":{"head_dim":64,"n_groups":1,"chunk_size":256}}"#), "{json}");
+        assert!(
+            json.contains(r#""arch":{"mamba2":{"head_dim":64,"n_groups":1,"chunk_size":256}}"#),
+            "{json}"
+        );
         assert_eq!(serde_json::from_str::<ModelConfig>(&json).unwrap(), c);
         c.validate().unwrap();
         assert_eq!(c.arch.name(), "mamba2");
-        let e = c.require_mamba1("the CUDA model", "use the CPU").unwrap_err();
-        assert!(e.to_string().contains("the CUDA model implements Mamba-1 only"), "{e}");
+        let e = c
+            .require_mamba1("the CUDA model", "use the CPU")
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("the CUDA model implements Mamba-1 only"),
+            "{e}"
+        );
         ModelConfig::new(5, 8, 1).require_mamba1("x", "y").unwrap();
         // Tiny widths cap head_dim at d_inner.
         assert_eq!(ModelConfig::mamba2(5, 8, 1).ssd().unwrap().head_dim, 16);

@@ -262,19 +262,30 @@ mod tests {
             next += e.len();
         }
         assert_eq!(next, l.len());
-        let shape = |n: &str| l.get(&format!("backbone.layers.1.{n}")).unwrap().shape.clone();
+        let shape = |n: &str| {
+            l.get(&format!("backbone.layers.1.{n}"))
+                .unwrap()
+                .shape
+                .clone()
+        };
         assert_eq!(shape("mixer.in_proj.weight"), vec![2 * di + 2 * gn + h, 32]);
         assert_eq!(shape("mixer.conv1d.weight"), vec![di + 2 * gn, 1, 4]);
         assert_eq!(shape("mixer.conv1d.bias"), vec![di + 2 * gn]);
         for n in ["mixer.dt_bias", "mixer.A_log", "mixer.D"] {
             assert_eq!(shape(n), vec![h], "{n}");
-            assert_eq!(l.get(&format!("backbone.layers.0.{n}")).unwrap().kind, ParamKind::NoDecay);
+            assert_eq!(
+                l.get(&format!("backbone.layers.0.{n}")).unwrap().kind,
+                ParamKind::NoDecay
+            );
         }
         assert_eq!(shape("mixer.norm.weight"), vec![di]);
         assert_eq!(shape("mixer.out_proj.weight"), vec![32, di]);
         assert_eq!(shape("norm.weight"), vec![32]);
         assert_eq!(l.entries().len(), 2 + 2 * 9);
-        assert_eq!(l.ssd_layers[1].a_log, l.get("backbone.layers.1.mixer.A_log").unwrap().range());
+        assert_eq!(
+            l.ssd_layers[1].a_log,
+            l.get("backbone.layers.1.mixer.A_log").unwrap().range()
+        );
         assert!(l.get("backbone.layers.0.mixer.x_proj.weight").is_none());
     }
 }

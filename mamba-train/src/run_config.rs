@@ -306,14 +306,24 @@ mod tests {
         m2.model.d_state = a.model.d_state;
         assert_ne!(a.fingerprint(), m2.fingerprint());
         let e = a.mismatches(&m2).unwrap_err();
-        assert!(e.contains("arch: checkpoint mamba2, requested mamba1"), "{e}");
+        assert!(
+            e.contains("arch: checkpoint mamba2, requested mamba1"),
+            "{e}"
+        );
         let e = m2.mismatches(&a).unwrap_err();
-        assert!(e.contains("arch: not in the checkpoint, requested mamba2"), "{e}");
+        assert!(
+            e.contains("arch: not in the checkpoint, requested mamba2"),
+            "{e}"
+        );
         let mut q = m2.clone();
         if let crate::config::Arch::Mamba2(s) = &mut q.model.arch {
             s.chunk_size = 7;
         }
-        assert_ne!(q.fingerprint(), m2.fingerprint(), "the chunking decides bits");
+        assert_ne!(
+            q.fingerprint(),
+            m2.fingerprint(),
+            "the chunking decides bits"
+        );
         assert!(q.mismatches(&m2).unwrap_err().contains("chunk_size"));
     }
 }

@@ -51,7 +51,9 @@ enum Rule {
     Uniform(f64),
     Const(f64),
     DtBias,
-    ALog { d_state: usize },
+    ALog {
+        d_state: usize,
+    },
     /// `ln(U(lo, hi))`, Mamba-2's per-head `A_log`.
     LnUniform(f64, f64),
 }
@@ -160,14 +162,22 @@ mod tests {
         let get = |n: &str| &p[lay.get(n).unwrap().range()];
         let a_log = get("backbone.layers.2.mixer.A_log");
         assert_eq!(a_log.len(), 16);
-        assert!(a_log.iter().all(|&a| (0.0..=16f32.ln()).contains(&a)), "{a_log:?}");
-        assert!(a_log.windows(2).any(|w| w[0] != w[1]), "drawn, not constant");
+        assert!(
+            a_log.iter().all(|&a| (0.0..=16f32.ln()).contains(&a)),
+            "{a_log:?}"
+        );
+        assert!(
+            a_log.windows(2).any(|w| w[0] != w[1]),
+            "drawn, not constant"
+        );
         for &b in get("backbone.layers.0.mixer.dt_bias") {
             let dt = (b as f64).exp().ln_1p();
             assert!((DT_MIN * 0.999..=DT_MAX * 1.001).contains(&dt), "{dt}");
         }
         assert!(get("backbone.layers.1.mixer.D").iter().all(|&d| d == 1.0));
-        assert!(get("backbone.layers.1.mixer.norm.weight").iter().all(|&d| d == 1.0));
+        assert!(get("backbone.layers.1.mixer.norm.weight")
+            .iter()
+            .all(|&d| d == 1.0));
         // A Mamba-1 model has no dt_bias or gated norm.
         let m1 = ModelConfig::new(20, 32, 3);
         assert_eq!(rule("backbone.layers.0.mixer.dt_bias", &m1), None);
