@@ -1,7 +1,8 @@
 //! The Mamba-2 CPU reference as a model the one engine trains: f64
 //! gradients against central differences for every parameter tensor, f32
 //! bits independent of the thread count, learning on selective copying,
-//! and the same weights for P = 1, 2, 4 processes (threads) at L = 4.
+//! the same weights for P = 1, 2, 4 processes (threads) at L = 4, and
+//! checkpoints with the Hugging Face Mamba-2 names that resume bit for bit.
 
 mod cuda_common;
 
@@ -9,8 +10,9 @@ use std::time::Duration;
 
 use cuda_common::batch;
 use mamba_comm::host::{HostOptions, HostTransport};
+use mamba_train::checkpoint;
 use mamba_train::config::{Arch, SsdConfig};
-use mamba_train::data::{SelectiveCopyConfig, TaskSpec};
+use mamba_train::data::{Dataset, SelectiveCopyConfig, TaskSpec};
 use mamba_train::dp::{self, DataParallel, DpOptions};
 use mamba_train::model::cpu::Mamba2Model;
 use mamba_train::optim::{AdamWConfig, Schedule};
@@ -265,4 +267,49 @@ fn one_two_or_four_ranks_at_l_4_give_the_same_weights() {
     assert_eq!(world_digest(&r, 4), one, "P = 4");
     // The logical world is part of the run: L = 2 is another run.
     assert_ne!(world_digest(&run_config(4, 2), 1), one);
+}
+
+/// `steps` more steps of `t` in a one-process world.
+fn steps(t: Trainer<Mamba2Model>, n: u64) -> Trainer<Mamba2Model> {
+    let mut w = dp::host::local(t, DpOptions::default()).unwrap();
+    for _ in 0..n {
+        if w.finished() {
+            break;
+        }
+        w.step().unwrap();
+    }
+    w.into_parts().0
+}
+
+#[test]
+fn checkpoints_carry_the_mamba2_names_and_resume_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run_config(6, 2);
+    let want = steps(trainer(&r), u64::MAX).weights_digest().unwrap();
+    let mut first = steps(trainer(&r), 2);
+    let saved = first.save_checkpoint(dir.path(), 2).unwrap();
+    drop(first);
+
+    let bytes = std::fs::read(saved.join(checkpoint::WEIGHTS_FILE)).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let lay = mamba_train::ParamLayout::new(&r.model);
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    let mut want_names: Vec<String> = lay.entries().iter().map(|e| e.name.clone()).collect();
+    want_names.sort();
+    assert_eq!(names, want_names);
+    let t = st.tensor("backbone.layers.1.mixer.in_proj.weight").unwrap();
+    assert_eq!(t.shape(), [2 * 32 + 2 * 16 + 4, 16]);
+    assert!(names.iter().any(|n| n == "backbone.layers.0.mixer.dt_bias"));
+    let hf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(saved.join(checkpoint::HF_CONFIG_FILE)).unwrap())
+            .unwrap();
+    assert_eq!(hf["model_type"], "mamba2");
+
+    let ck = checkpoint::load(dir.path()).unwrap();
+    assert_eq!(ck.state.run.model, r.model, "the architecture round-trips");
+    let data = Dataset::new(r.task.clone(), r.batch).unwrap();
+    let model = || Mamba2Model::new(r.model.clone()).unwrap();
+    let resumed = Trainer::resume(model(), r.clone(), data, ck).unwrap();
+    assert_eq!(steps(resumed, u64::MAX).weights_digest().unwrap(), want);
 }
