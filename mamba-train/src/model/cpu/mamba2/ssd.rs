@@ -558,16 +558,9 @@ mod tests {
         d: Vec<f64>,
     }
 
-    fn case(
-        nseq: usize,
-        l: usize,
-        h: usize,
-        p: usize,
-        n: usize,
-        g: usize,
-        q: usize,
-        seed: u64,
-    ) -> Case {
+    /// `shape` is `[nseq, l, h, p, n, g, q]`.
+    fn case(shape: [usize; 7], seed: u64) -> Case {
+        let [nseq, l, h, p, n, g, q] = shape;
         let mut r = Rng::new(seed);
         let ld_u = h * p + 2 * g * n;
         let dm = SsdDims {
@@ -660,7 +653,7 @@ mod tests {
             let nseq = 1 + r.below(3) as usize;
             // 1, 3, one that rarely divides l, exactly l, above l.
             for q in [1, 3, 5, l, l + 4] {
-                let c = case(nseq, l, h, p, n, g, q, 100 + trial);
+                let c = case([nseq, l, h, p, n, g, q], 100 + trial);
                 let want = c.y(false);
                 let got = c.y(true);
                 let err = max_rel_diff(&got, &want);
@@ -676,7 +669,7 @@ mod tests {
 
     #[test]
     fn a_wrong_decay_mask_is_caught() {
-        let c = case(2, 11, 2, 3, 4, 1, 4, 7);
+        let c = case([2, 11, 2, 3, 4, 1, 4], 7);
         let want = c.y(false);
         assert!(
             max_rel_diff(&c.y_here(), &want) < CHUNKED_TOL,
@@ -711,14 +704,14 @@ mod tests {
         let step = 1e-5;
         let mut worst = 0.0f64;
         for (q, g) in [(1, 1), (3, 2), (4, 1), (7, 2), (10, 1)] {
-            let c = case(2, 7, 4, 2, 3, g, q, 40 + q as u64);
+            let c = case([2, 7, 4, 2, 3, g, q], 40 + q as u64);
             let mut r = Rng::new(9);
             let w: Vec<f64> = (0..2 * 7 * 4 * 2).map(|_| r.normal()).collect();
             let (_, du, ddt, da, dd) = loss_and_grads(&c, &w);
             let loss = |c: &Case| -> f64 { c.y(true).iter().zip(&w).map(|(a, b)| a * b).sum() };
             let mut check = |name: &str, analytic: &[f64], get: fn(&mut Case) -> &mut Vec<f64>| {
                 let mut cc = c.clone();
-                for k in 0..analytic.len() {
+                for (k, &want) in analytic.iter().enumerate() {
                     let v0 = get(&mut cc)[k];
                     get(&mut cc)[k] = v0 + step;
                     let up = loss(&cc);
@@ -726,12 +719,11 @@ mod tests {
                     let down = loss(&cc);
                     get(&mut cc)[k] = v0;
                     let fd = (up - down) / (2.0 * step);
-                    let err = (fd - analytic[k]).abs() / (1.0 + fd.abs());
+                    let err = (fd - want).abs() / (1.0 + fd.abs());
                     worst = worst.max(err);
                     assert!(
                         err < 1e-7,
-                        "q {q} g {g} d{name}[{k}]: analytic {} fd {fd}",
-                        analytic[k]
+                        "q {q} g {g} d{name}[{k}]: analytic {want} fd {fd}"
                     );
                 }
             };
@@ -745,7 +737,7 @@ mod tests {
 
     #[test]
     fn f32_scan_bits_do_not_depend_on_the_thread_count() {
-        let c = case(3, 37, 4, 4, 8, 2, 8, 3);
+        let c = case([3, 37, 4, 4, 8, 2, 8], 3);
         let f = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
         let (u, dt, a, d) = (f(&c.u), f(&c.dt), f(&c.a()), f(&c.d));
         let dy: Vec<f32> = f(&c.y(true));
