@@ -77,7 +77,7 @@ fn check_supported(
 /// `out_proj` rescaled by `1/sqrt(n_layer)`, the reference's dt constants);
 /// `dtype` is the key transformers 5 writes.
 /// A Mamba-2 config gets the `Mamba2Config` of
-/// [`super::hf_mamba2_config`] instead.
+/// `checkpoint::hf_mamba2_config` instead.
 pub fn hf_config_json(cfg: &ModelConfig) -> Value {
     if let Some(s) = cfg.ssd() {
         return super::hf_mamba2_config::mamba2_config_json(cfg, s);

@@ -1,6 +1,6 @@
 //! The Mamba-2 language model on the CPU (Hugging Face `Mamba2ForCausalLM`,
 //! the `torch_forward` path), forward and backward by hand over the flat
-//! arena, generic over the same [`Float`] as the Mamba-1 reference beside
+//! arena, generic over the same `Float` as the Mamba-1 reference beside
 //! it: f32 for training, f64 for gradient checks, one program.
 //!
 //! Model: embedding; `n_layer` blocks of `x + Mixer(RMSNorm(x))`; final
@@ -8,7 +8,7 @@
 //! other than [`IGNORE`](crate::model::IGNORE). Mixer: in_proj (no bias) to
 //! z, x, B, C, dt; causal depthwise conv1d (with bias) + SiLU over x, B, C;
 //! `dt = softplus(dt + dt_bias)`; `A = -exp(A_log)` one scalar per head; the
-//! chunked SSD scan ([`ssd`]) over `d_inner / head_dim` heads, B and C shared
+//! chunked SSD scan (`ssd`) over `d_inner / head_dim` heads, B and C shared
 //! by the heads of a group; `y + D x`; gated RMSNorm `norm(y * silu(z))`
 //! over all of `d_inner` (transformers' `MambaRMSNormGated`); out_proj (no
 //! bias). Shapes and names: [`crate::params::SsdLayerOffsets`].
