@@ -1,11 +1,19 @@
 //! Model shape. Field names follow the Mamba reference; `checkpoint::hf_config::hf_config_json`
 //! writes the Hugging Face `MambaConfig` spelling.
+//!
+//! One [`ModelConfig`] describes both architectures: [`Arch::Mamba1`] (the
+//! default) and [`Arch::Mamba2`] (the SSD mixer, with its own
+//! [`SsdConfig`]). The engine reads the model's shape only here (through
+//! [`crate::train::RunConfig::model`]), so a new architecture needs no
+//! second trainer. A Mamba-1 config serializes and fingerprints exactly as
+//! before the architecture existed: the `arch` field is left out of its
+//! JSON, and an absent field reads back as Mamba-1.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
 
-/// Shape of a Mamba-1 language model.
+/// Shape of a Mamba language model (Mamba-1 or Mamba-2, by [`Self::arch`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// Vocabulary size (rows of the tied embedding / LM head).
@@ -21,7 +29,61 @@ pub struct ModelConfig {
     /// `d_inner = expand * d_model`.
     pub expand: usize,
     /// Rank of the dt projection; the reference uses `ceil(d_model / 16)`.
+    /// Mamba-2 has no dt projection and ignores it (Hugging Face's
+    /// `Mamba2Config.time_step_rank` is likewise unused by its model).
     pub dt_rank: usize,
+    /// The block architecture; Mamba-1 when absent from the JSON, and never
+    /// written for Mamba-1 (so Mamba-1 configs keep their old bytes).
+    #[serde(default, skip_serializing_if = "Arch::is_mamba1")]
+    pub arch: Arch,
+}
+
+/// Which mixer the blocks use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// The selective scan of Mamba (`MambaForCausalLM`).
+    #[default]
+    Mamba1,
+    /// The state-space-duality mixer of Mamba-2 (`Mamba2ForCausalLM`).
+    Mamba2(SsdConfig),
+}
+
+impl Arch {
+    /// Whether this is Mamba-1 (the default, never serialized).
+    pub fn is_mamba1(&self) -> bool {
+        matches!(self, Arch::Mamba1)
+    }
+    /// The name the command line and checkpoints use (`mamba1`, `mamba2`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Arch::Mamba1 => "mamba1",
+            Arch::Mamba2(_) => "mamba2",
+        }
+    }
+}
+
+/// The Mamba-2 fields of a [`ModelConfig`] (Hugging Face `Mamba2Config`
+/// spelling). The number of heads is derived: `d_inner / head_dim`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SsdConfig {
+    /// Channels per head (`head_dim`, P); divides `d_inner`.
+    pub head_dim: usize,
+    /// Groups of heads sharing one B and one C (`n_groups`, G); divides the
+    /// number of heads.
+    pub n_groups: usize,
+    /// Tokens per chunk of the SSD scan (`chunk_size`, Q). It decides the
+    /// summation order of the scan, so it is part of the run's identity.
+    pub chunk_size: usize,
+}
+
+impl SsdConfig {
+    /// The reference defaults: `head_dim` 64, one group, chunks of 256.
+    pub const DEFAULT: SsdConfig = SsdConfig {
+        head_dim: 64,
+        n_groups: 1,
+        chunk_size: 256,
+    };
 }
 
 /// RMSNorm epsilon (the reference's `layer_norm_epsilon`).
@@ -39,6 +101,45 @@ impl ModelConfig {
             d_conv: 4,
             expand: 2,
             dt_rank: d_model.div_ceil(16),
+            arch: Arch::Mamba1,
+        }
+    }
+
+    /// A Mamba-2 config with the reference defaults (d_state 128, d_conv 4,
+    /// expand 2, and [`SsdConfig::DEFAULT`] but with `head_dim` capped at
+    /// `d_inner` so that tiny models stay valid: `min(64, 2 * d_model)`).
+    pub fn mamba2(vocab_size: usize, d_model: usize, n_layer: usize) -> Self {
+        let mut c = ModelConfig::new(vocab_size, d_model, n_layer);
+        c.d_state = 128;
+        c.arch = Arch::Mamba2(SsdConfig {
+            head_dim: SsdConfig::DEFAULT.head_dim.min(c.d_inner().max(1)),
+            ..SsdConfig::DEFAULT
+        });
+        c
+    }
+
+    /// The Mamba-2 fields, when this is a Mamba-2 config.
+    pub fn ssd(&self) -> Option<&SsdConfig> {
+        match &self.arch {
+            Arch::Mamba1 => None,
+            Arch::Mamba2(s) => Some(s),
+        }
+    }
+
+    /// Number of SSD heads (`d_inner / head_dim`); 0 for Mamba-1.
+    pub fn num_heads(&self) -> usize {
+        self.ssd().map_or(0, |s| self.d_inner() / s.head_dim.max(1))
+    }
+
+    /// Refuse a Mamba-2 config in a model that implements Mamba-1 only
+    /// (`what`, e.g. "the CUDA model", and `instead`, what to use), rather
+    /// than running it as something else.
+    pub fn require_mamba1(&self, what: &str, instead: &str) -> Result<()> {
+        match self.arch {
+            Arch::Mamba1 => Ok(()),
+            Arch::Mamba2(_) => Err(TrainError::Config(format!(
+                "{what} implements Mamba-1 only, and this config is Mamba-2; {instead}"
+            ))),
         }
     }
 
@@ -62,6 +163,36 @@ impl ModelConfig {
             if v == 0 {
                 return Err(TrainError::setting(name, "must be at least 1, got 0"));
             }
+        }
+        let Some(s) = self.ssd() else { return Ok(()) };
+        for (name, v) in [
+            ("head_dim", s.head_dim),
+            ("n_groups", s.n_groups),
+            ("chunk_size", s.chunk_size),
+        ] {
+            if v == 0 {
+                return Err(TrainError::setting(name, "must be at least 1, got 0"));
+            }
+        }
+        if self.d_inner() % s.head_dim != 0 {
+            return Err(TrainError::setting(
+                "head_dim",
+                format!(
+                    "must divide d_inner = expand x d_model = {}, got {}",
+                    self.d_inner(),
+                    s.head_dim
+                ),
+            ));
+        }
+        if self.num_heads() % s.n_groups != 0 {
+            return Err(TrainError::setting(
+                "n_groups",
+                format!(
+                    "must divide the number of heads d_inner / head_dim = {}, got {}",
+                    self.num_heads(),
+                    s.n_groups
+                ),
+            ));
         }
         Ok(())
     }
@@ -145,5 +276,75 @@ mod precision_tests {
             Precision::F32.name(),
             "checkpoints name f32 as the enum does"
         );
+    }
+}
+
+#[cfg(test)]
+mod arch_tests {
+    use super::*;
+
+    #[test]
+    fn mamba1_json_has_no_arch_and_old_json_reads_as_mamba1() {
+        let c = ModelConfig::new(50, 32, 2);
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(
+            json,
+            r#"{"vocab_size":50,"d_model":32,"n_layer":2,"d_state":16,"d_conv":4,"expand":2,"dt_rank":2}"#
+        );
+        let back: ModelConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, c);
+        assert!(back.arch.is_mamba1() && back.ssd().is_none() && back.num_heads() == 0);
+    }
+
+    #[test]
+    fn mamba2_round_trips_with_its_fields_and_defaults() {
+        let c = ModelConfig::mamba2(50, 32, 2);
+        assert_eq!(c.d_state, 128);
+        assert_eq!(c.ssd().unwrap().head_dim, 64);
+        assert_eq!(c.num_heads(), 1);
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(
+            json.contains(r#""arch":{"mamba2":{"head_dim":64,"n_groups":1,"chunk_size":256}}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<ModelConfig>(&json).unwrap(), c);
+        c.validate().unwrap();
+        assert_eq!(c.arch.name(), "mamba2");
+        let e = c
+            .require_mamba1("the CUDA model", "use the CPU")
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("the CUDA model implements Mamba-1 only"),
+            "{e}"
+        );
+        ModelConfig::new(5, 8, 1).require_mamba1("x", "y").unwrap();
+        // Tiny widths cap head_dim at d_inner.
+        assert_eq!(ModelConfig::mamba2(5, 8, 1).ssd().unwrap().head_dim, 16);
+    }
+
+    #[test]
+    fn mamba2_shapes_that_cannot_work_are_named() {
+        let with = |f: &dyn Fn(&mut SsdConfig)| {
+            let mut c = ModelConfig::mamba2(50, 32, 2);
+            if let Arch::Mamba2(s) = &mut c.arch {
+                s.head_dim = 16;
+                f(s);
+            }
+            c.validate().map_err(|e| e.to_string())
+        };
+        assert!(with(&|_| {}).is_ok(), "4 heads of 16");
+        let e = with(&|s| s.head_dim = 24).unwrap_err();
+        assert!(e.contains("head_dim") && e.contains("64"), "{e}");
+        let e = with(&|s| s.n_groups = 3).unwrap_err();
+        assert!(e.contains("n_groups") && e.contains('4'), "{e}");
+        assert!(with(&|s| s.n_groups = 4).is_ok());
+        for f in [
+            &(|s: &mut SsdConfig| s.chunk_size = 0) as &dyn Fn(&mut SsdConfig),
+            &|s| s.n_groups = 0,
+            &|s| s.head_dim = 0,
+        ] {
+            assert!(with(f).unwrap_err().contains("at least 1"));
+        }
     }
 }

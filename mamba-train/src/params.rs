@@ -64,6 +64,30 @@ pub struct LayerOffsets {
     pub out_proj: Range<usize>,
 }
 
+/// Offsets of one Mamba-2 block's tensors (Hugging Face `Mamba2Block`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SsdLayerOffsets {
+    /// `norm.weight` `[d_model]` (the block's pre-norm).
+    pub norm: Range<usize>,
+    /// `mixer.in_proj.weight` `[2*d_inner + 2*G*N + H, d_model]`: rows z,
+    /// then x, B, C (the conv's input), then dt.
+    pub in_proj: Range<usize>,
+    /// `mixer.conv1d.weight` `[d_inner + 2*G*N, 1, d_conv]`.
+    pub conv_w: Range<usize>,
+    /// `mixer.conv1d.bias` `[d_inner + 2*G*N]`.
+    pub conv_b: Range<usize>,
+    /// `mixer.dt_bias` `[H]`.
+    pub dt_bias: Range<usize>,
+    /// `mixer.A_log` `[H]`.
+    pub a_log: Range<usize>,
+    /// `mixer.D` `[H]`.
+    pub d: Range<usize>,
+    /// `mixer.norm.weight` `[d_inner]` (the gated RMSNorm).
+    pub norm_gated: Range<usize>,
+    /// `mixer.out_proj.weight` `[d_model, d_inner]`.
+    pub out_proj: Range<usize>,
+}
+
 /// The arena layout of a model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamLayout {
@@ -71,8 +95,10 @@ pub struct ParamLayout {
     total: usize,
     /// Range of `backbone.embeddings.weight` (`[vocab, d_model]`).
     pub embedding: Range<usize>,
-    /// Per-block offsets.
+    /// Per-block offsets of a Mamba-1 model (empty for Mamba-2).
     pub layers: Vec<LayerOffsets>,
+    /// Per-block offsets of a Mamba-2 model (empty for Mamba-1).
+    pub ssd_layers: Vec<SsdLayerOffsets>,
     /// Range of `backbone.norm_f.weight`.
     pub norm_f: Range<usize>,
 }
@@ -80,7 +106,9 @@ pub struct ParamLayout {
 impl ParamLayout {
     /// The layout of `cfg`: embedding, then each block's tensors in the order
     /// norm, in_proj, conv1d.weight, conv1d.bias, x_proj, dt_proj.weight,
-    /// dt_proj.bias, A_log, D, out_proj, then norm_f.
+    /// dt_proj.bias, A_log, D, out_proj, then norm_f. A Mamba-2 block's
+    /// order is norm, in_proj, conv1d.weight, conv1d.bias, dt_bias, A_log,
+    /// D, norm (gated), out_proj (the order of the data flow).
     pub fn new(cfg: &ModelConfig) -> Self {
         let mut entries = Vec::new();
         let mut total = 0usize;
@@ -108,8 +136,36 @@ impl ParamLayout {
             vec![cfg.vocab_size, d],
             ParamKind::Matrix,
         );
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
+        let mut layers = Vec::new();
+        let mut ssd_layers = Vec::new();
+        let heads = cfg.num_heads();
+        let n_layer_mamba1 = if cfg.ssd().is_some() { 0 } else { cfg.n_layer };
+        if let Some(ssd) = cfg.ssd() {
+            let (h, conv_dim) = (heads, di + 2 * ssd.n_groups * n);
+            for i in 0..cfg.n_layer {
+                let p = |s: &str| format!("backbone.layers.{i}.{s}");
+                ssd_layers.push(SsdLayerOffsets {
+                    norm: push(p("norm.weight"), vec![d], ParamKind::NoDecay),
+                    in_proj: push(
+                        p("mixer.in_proj.weight"),
+                        vec![di + conv_dim + h, d],
+                        ParamKind::Matrix,
+                    ),
+                    conv_w: push(
+                        p("mixer.conv1d.weight"),
+                        vec![conv_dim, 1, k],
+                        ParamKind::Matrix,
+                    ),
+                    conv_b: push(p("mixer.conv1d.bias"), vec![conv_dim], ParamKind::NoDecay),
+                    dt_bias: push(p("mixer.dt_bias"), vec![h], ParamKind::NoDecay),
+                    a_log: push(p("mixer.A_log"), vec![h], ParamKind::NoDecay),
+                    d: push(p("mixer.D"), vec![h], ParamKind::NoDecay),
+                    norm_gated: push(p("mixer.norm.weight"), vec![di], ParamKind::NoDecay),
+                    out_proj: push(p("mixer.out_proj.weight"), vec![d, di], ParamKind::Matrix),
+                });
+            }
+        }
+        for i in 0..n_layer_mamba1 {
             let p = |s: &str| format!("backbone.layers.{i}.{s}");
             layers.push(LayerOffsets {
                 norm: push(p("norm.weight"), vec![d], ParamKind::NoDecay),
@@ -138,6 +194,7 @@ impl ParamLayout {
             total,
             embedding,
             layers,
+            ssd_layers,
             norm_f,
         }
     }
@@ -185,5 +242,50 @@ mod tests {
             l.get("lm_head.weight").is_none(),
             "the LM head is tied to the embedding"
         );
+    }
+
+    #[test]
+    fn mamba2_layout_has_the_hugging_face_names_and_shapes() {
+        let mut cfg = ModelConfig::mamba2(50, 32, 2);
+        cfg.d_state = 8;
+        if let crate::config::Arch::Mamba2(s) = &mut cfg.arch {
+            s.head_dim = 16;
+            s.n_groups = 2;
+        }
+        let (di, h, gn) = (64, 4, 16);
+        let l = ParamLayout::new(&cfg);
+        assert!(l.layers.is_empty());
+        assert_eq!(l.ssd_layers.len(), 2);
+        let mut next = 0;
+        for e in l.entries() {
+            assert_eq!(e.offset, next, "{} is not contiguous", e.name);
+            next += e.len();
+        }
+        assert_eq!(next, l.len());
+        let shape = |n: &str| {
+            l.get(&format!("backbone.layers.1.{n}"))
+                .unwrap()
+                .shape
+                .clone()
+        };
+        assert_eq!(shape("mixer.in_proj.weight"), vec![2 * di + 2 * gn + h, 32]);
+        assert_eq!(shape("mixer.conv1d.weight"), vec![di + 2 * gn, 1, 4]);
+        assert_eq!(shape("mixer.conv1d.bias"), vec![di + 2 * gn]);
+        for n in ["mixer.dt_bias", "mixer.A_log", "mixer.D"] {
+            assert_eq!(shape(n), vec![h], "{n}");
+            assert_eq!(
+                l.get(&format!("backbone.layers.0.{n}")).unwrap().kind,
+                ParamKind::NoDecay
+            );
+        }
+        assert_eq!(shape("mixer.norm.weight"), vec![di]);
+        assert_eq!(shape("mixer.out_proj.weight"), vec![32, di]);
+        assert_eq!(shape("norm.weight"), vec![32]);
+        assert_eq!(l.entries().len(), 2 + 2 * 9);
+        assert_eq!(
+            l.ssd_layers[1].a_log,
+            l.get("backbone.layers.1.mixer.A_log").unwrap().range()
+        );
+        assert!(l.get("backbone.layers.0.mixer.x_proj.weight").is_none());
     }
 }

@@ -15,6 +15,9 @@ pub const CONTRACTS: [ReduceContract; 3] = [
     ReduceContract::NcclSum,
     ReduceContract::FixedTree,
 ];
+/// The setting name of the architecture in comparisons.
+const ARCH: &str = "arch";
+
 /// The default contract: the fixed-order fold, whose bits do not depend on
 /// the number of processes.
 pub const DEFAULT_CONTRACT: ReduceContract = ReduceContract::FixedOrder;
@@ -130,6 +133,16 @@ impl RunConfig {
             ("steps", s.total_steps.to_string()),
             ("min_lr_frac", s.min_lr_frac.to_string()),
         ]);
+        // Mamba-2's fields only for Mamba-2, so that every Mamba-1 run keeps
+        // the fingerprint it had before architectures existed.
+        if let Some(ssd) = m.ssd() {
+            v.extend([
+                (ARCH, m.arch.name().to_string()),
+                ("head_dim", ssd.head_dim.to_string()),
+                ("n_groups", ssd.n_groups.to_string()),
+                ("chunk_size", ssd.chunk_size.to_string()),
+            ]);
+        }
         v
     }
 
@@ -157,6 +170,15 @@ impl RunConfig {
                 Some((_, got)) if got == want => {}
                 Some((_, got)) => diffs.push(format!("{name}: checkpoint {got}, requested {want}")),
                 None => diffs.push(format!("{name}: not in the checkpoint, requested {want}")),
+            }
+        }
+        // A Mamba-1 request lists no `arch`; a Mamba-2 checkpoint does.
+        if !mine.iter().any(|(n, _)| *n == ARCH) {
+            if let Some((_, got)) = theirs.iter().find(|(n, _)| *n == ARCH) {
+                diffs.push(format!(
+                    "{ARCH}: checkpoint {got}, requested {}",
+                    self.model.arch.name()
+                ));
             }
         }
         if diffs.is_empty() {
@@ -274,5 +296,34 @@ mod tests {
         let mut c = a.clone();
         c.schedule.peak_lr = 2e-2;
         assert_ne!(a.fingerprint(), c.fingerprint());
+    }
+
+    #[test]
+    fn the_architecture_joins_the_identity_only_for_mamba2() {
+        let a = sample();
+        let mut m2 = a.clone();
+        m2.model = ModelConfig::mamba2(a.model.vocab_size, 16, 1);
+        m2.model.d_state = a.model.d_state;
+        assert_ne!(a.fingerprint(), m2.fingerprint());
+        let e = a.mismatches(&m2).unwrap_err();
+        assert!(
+            e.contains("arch: checkpoint mamba2, requested mamba1"),
+            "{e}"
+        );
+        let e = m2.mismatches(&a).unwrap_err();
+        assert!(
+            e.contains("arch: not in the checkpoint, requested mamba2"),
+            "{e}"
+        );
+        let mut q = m2.clone();
+        if let crate::config::Arch::Mamba2(s) = &mut q.model.arch {
+            s.chunk_size = 7;
+        }
+        assert_ne!(
+            q.fingerprint(),
+            m2.fingerprint(),
+            "the chunking decides bits"
+        );
+        assert!(q.mismatches(&m2).unwrap_err().contains("chunk_size"));
     }
 }

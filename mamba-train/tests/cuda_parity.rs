@@ -189,6 +189,7 @@ fn fixed_cases() -> Vec<(String, ModelConfig, usize, usize)> {
         d_conv: k,
         expand: e,
         dt_rank: r,
+        arch: Default::default(),
     };
     vec![
         ("defaults, T 37".into(), ModelConfig::new(50, 32, 2), 2, 37),

@@ -112,6 +112,7 @@ fn a_shifted_position_or_a_corrupted_state_differs_far_beyond_rounding() {
         d_conv: 4,
         expand: 2,
         dt_rank: 2,
+        arch: Default::default(),
     };
     let params = perturbed(&cfg, 5);
     let toks = tokens(&cfg, 20, 5);

@@ -34,6 +34,7 @@ fn odd_config() -> ModelConfig {
         d_conv: 3,
         expand: 3,
         dt_rank: 4,
+        arch: Default::default(),
     }
 }
 

@@ -20,6 +20,7 @@ fn small() -> ModelConfig {
         d_conv: 3,
         expand: 2,
         dt_rank: 2,
+        arch: Default::default(),
     }
 }
 
@@ -114,6 +115,7 @@ fn f64_gradients_match_central_differences_for_odd_shapes() {
         d_conv: 10,
         expand: 3,
         dt_rank: 1,
+        arch: Default::default(),
     };
     let worst = check_every_tensor(cfg, 3, 8);
     eprintln!("worst error / tolerance = {worst:.3}");
@@ -129,6 +131,7 @@ fn f32_gradients_track_the_f64_twin() {
         d_conv: 4,
         expand: 2,
         dt_rank: 2,
+        arch: Default::default(),
     };
     let model = CpuModel::new(cfg.clone()).unwrap();
     let b = batch(&cfg, 3, 20, 8);

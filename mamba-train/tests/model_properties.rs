@@ -38,6 +38,7 @@ fn logits_at_t_do_not_depend_on_later_tokens() {
         d_conv: 4,
         expand: 2,
         dt_rank: 1,
+        arch: Default::default(),
     };
     let model = CpuModel::new(cfg).unwrap();
     let p = model.init_params(4);
@@ -189,6 +190,7 @@ fn every_tensor_is_initialised() {
         d_conv: 2,
         expand: 3,
         dt_rank: 5,
+        arch: Default::default(),
     };
     let model = CpuModel::new(cfg.clone()).unwrap();
     let p = model.init_params(0);
@@ -225,6 +227,7 @@ fn gradient_bits_do_not_depend_on_the_thread_count() {
         d_conv: 4,
         expand: 2,
         dt_rank: 3,
+        arch: Default::default(),
     };
     let model = CpuModel::new(cfg).unwrap();
     let p = model.init_params(31);

@@ -142,6 +142,7 @@ fn forward_matches_a_naive_transcription_of_the_reference() {
         d_conv: 4,
         expand: 2,
         dt_rank: 2,
+        arch: Default::default(),
     };
     let model = CpuModel::new(cfg.clone()).unwrap();
     // Perturbed reference init so that every parameter matters.

@@ -17,6 +17,7 @@ fn portable_avx2_and_avx512_paths_give_the_same_bits() {
         d_conv: 4,
         expand: 2,
         dt_rank: 3,
+        arch: Default::default(),
     };
     let model = CpuModel::new(cfg).unwrap();
     let p = model.init_params(77);

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use crate::config::{ModelConfig, RMS_EPS};
 
 /// [`RMS_EPS`] as the decimal it stands for.
-const LAYER_NORM_EPSILON: f64 = 1e-5;
+pub(super) const LAYER_NORM_EPSILON: f64 = 1e-5;
 const _: () = assert!(LAYER_NORM_EPSILON as f32 == RMS_EPS);
 
 /// Fields whose value this model fixes: `(name, the only value supported)`.
@@ -76,7 +76,12 @@ fn check_supported(
 /// weights were made with ([`crate::model::init`]: embeddings N(0, 0.02),
 /// `out_proj` rescaled by `1/sqrt(n_layer)`, the reference's dt constants);
 /// `dtype` is the key transformers 5 writes.
+/// A Mamba-2 config gets the `Mamba2Config` of
+/// `checkpoint::hf_mamba2_config` instead.
 pub fn hf_config_json(cfg: &ModelConfig) -> Value {
+    if let Some(s) = cfg.ssd() {
+        return super::hf_mamba2_config::mamba2_config_json(cfg, s);
+    }
     json!({
         "architectures": ["MambaForCausalLM"],
         "model_type": "mamba",
@@ -148,6 +153,7 @@ pub fn model_config_from_hf(json: &Value) -> std::result::Result<ModelConfig, St
         d_conv: int("conv_kernel", Some(4))?,
         expand: int("expand", Some(2))?,
         dt_rank,
+        arch: Default::default(),
     };
     check_supported(json, &cfg, true)?;
     Ok(cfg)
@@ -156,6 +162,9 @@ pub fn model_config_from_hf(json: &Value) -> std::result::Result<ModelConfig, St
 /// Check that a `config.json` describes `cfg`; on a mismatch, say which
 /// Hugging Face field differs and both values.
 pub fn check_hf_config(json: &Value, cfg: &ModelConfig) -> std::result::Result<(), String> {
+    if let Some(s) = cfg.ssd() {
+        return super::hf_mamba2_config::check_mamba2_config(json, cfg, s);
+    }
     match json.get("model_type").and_then(Value::as_str) {
         Some("mamba") => {}
         other => {

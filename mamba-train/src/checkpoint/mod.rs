@@ -4,7 +4,7 @@
 //! ```text
 //! checkpoints/LATEST                 name of the newest complete checkpoint
 //! checkpoints/step-00000200/
-//!     config.json                    Hugging Face MambaConfig
+//!     config.json                    Hugging Face MambaConfig (Mamba2Config)
 //!     model.safetensors              weights, Hugging Face names and shapes, F32
 //!     optimizer.safetensors          exp_avg.<name>, exp_avg_sq.<name>
 //!     tokenizer.json                 the run's tokenizer, when it has one
@@ -28,6 +28,7 @@
 
 pub mod atomic;
 pub mod hf_config;
+mod hf_mamba2_config;
 pub mod state;
 pub mod tensors;
 

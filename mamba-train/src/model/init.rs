@@ -20,6 +20,16 @@
 //! - `dt_proj.bias`: `dt + ln(-expm1(-dt))` (inverse softplus) with
 //!   `dt = max(exp(U(0,1) * (ln 0.1 - ln 1e-3) + ln 1e-3), 1e-4)`;
 //! - `A_log[c, n] = ln(n + 1)`; `D = 1`; norm weights = 1.
+//!
+//! Mamba-2 (the `Mamba2` module of state-spaces/mamba, `A_init_range`
+//! (1, 16)), with the same embedding, in_proj, conv1d, out_proj and norm
+//! rules:
+//! - `dt_bias[h]`: the inverse softplus of the same log-uniform dt;
+//! - `A_log[h] = ln(U(1, 16))`; `D[h] = 1`; `mixer.norm.weight` = 1.
+//!
+//! (Hugging Face's `Mamba2PreTrainedModel` differs in two places that
+//! `from_pretrained` overwrites anyway: `A_log[h] = ln(h + 1)` and a zero
+//! conv bias.)
 
 use crate::config::ModelConfig;
 use crate::params::ParamLayout;
@@ -41,8 +51,15 @@ enum Rule {
     Uniform(f64),
     Const(f64),
     DtBias,
-    ALog { d_state: usize },
+    ALog {
+        d_state: usize,
+    },
+    /// `ln(U(lo, hi))`, Mamba-2's per-head `A_log`.
+    LnUniform(f64, f64),
 }
+
+/// Mamba-2's `A_init_range`: `-A` is drawn uniformly from it.
+pub const SSD_A_INIT_RANGE: (f64, f64) = (1.0, 16.0);
 
 /// The rule for a Hugging Face tensor name, or `None` for a name the model
 /// does not have.
@@ -59,10 +76,14 @@ fn rule(name: &str, cfg: &ModelConfig) -> Option<Rule> {
         "mixer.x_proj.weight" => Rule::Uniform(inv_sqrt(cfg.d_inner())),
         "mixer.dt_proj.weight" => Rule::Uniform(inv_sqrt(cfg.dt_rank)),
         "mixer.dt_proj.bias" => Rule::DtBias,
-        "mixer.A_log" => Rule::ALog {
+        "mixer.A_log" if cfg.ssd().is_none() => Rule::ALog {
             d_state: cfg.d_state,
         },
         "mixer.D" => Rule::Const(1.0),
+        // Mamba-2 only.
+        "mixer.dt_bias" if cfg.ssd().is_some() => Rule::DtBias,
+        "mixer.A_log" => Rule::LnUniform(SSD_A_INIT_RANGE.0, SSD_A_INIT_RANGE.1),
+        "mixer.norm.weight" if cfg.ssd().is_some() => Rule::Const(1.0),
         "mixer.out_proj.weight" => {
             Rule::Uniform(inv_sqrt(cfg.d_inner()) / (cfg.n_layer as f64).sqrt())
         }
@@ -97,6 +118,9 @@ pub fn init_params(cfg: &ModelConfig, layout: &ParamLayout, seed: u64) -> Vec<f3
                 let dt = (rng.next_f64() * (hi - lo) + lo).exp().max(DT_FLOOR);
                 *v = inverse_softplus(dt) as f32;
             }),
+            Rule::LnUniform(lo, hi) => out
+                .iter_mut()
+                .for_each(|v| *v = (rng.next_f64() * (hi - lo) + lo).ln() as f32),
             Rule::ALog { d_state } => {
                 for (j, v) in out.iter_mut().enumerate() {
                     *v = (((j % d_state) + 1) as f64).ln() as f32;
@@ -122,6 +146,42 @@ mod tests {
             rule("backbone.layers.12.mixer.D", &cfg),
             Some(Rule::Const(1.0))
         );
+    }
+
+    #[test]
+    fn mamba2_tensors_follow_the_reference_rules() {
+        let mut cfg = ModelConfig::mamba2(20, 32, 3);
+        if let crate::config::Arch::Mamba2(s) = &mut cfg.arch {
+            s.head_dim = 4; // 16 heads: enough draws to see the ranges
+        }
+        let lay = ParamLayout::new(&cfg);
+        for e in lay.entries() {
+            assert!(rule(&e.name, &cfg).is_some(), "{}", e.name);
+        }
+        let p = init_params(&cfg, &lay, 7);
+        let get = |n: &str| &p[lay.get(n).unwrap().range()];
+        let a_log = get("backbone.layers.2.mixer.A_log");
+        assert_eq!(a_log.len(), 16);
+        assert!(
+            a_log.iter().all(|&a| (0.0..=16f32.ln()).contains(&a)),
+            "{a_log:?}"
+        );
+        assert!(
+            a_log.windows(2).any(|w| w[0] != w[1]),
+            "drawn, not constant"
+        );
+        for &b in get("backbone.layers.0.mixer.dt_bias") {
+            let dt = (b as f64).exp().ln_1p();
+            assert!((DT_MIN * 0.999..=DT_MAX * 1.001).contains(&dt), "{dt}");
+        }
+        assert!(get("backbone.layers.1.mixer.D").iter().all(|&d| d == 1.0));
+        assert!(get("backbone.layers.1.mixer.norm.weight")
+            .iter()
+            .all(|&d| d == 1.0));
+        // A Mamba-1 model has no dt_bias or gated norm.
+        let m1 = ModelConfig::new(20, 32, 3);
+        assert_eq!(rule("backbone.layers.0.mixer.dt_bias", &m1), None);
+        assert_eq!(rule("backbone.layers.0.mixer.norm.weight", &m1), None);
     }
 
     #[test]

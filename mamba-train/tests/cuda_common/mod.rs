@@ -176,6 +176,7 @@ pub fn random_case(seed: u64) -> (ModelConfig, usize, usize) {
         d_conv: pick(1, 5),
         expand: pick(1, 3),
         dt_rank: pick(1, 6),
+        arch: Default::default(),
     };
     (cfg, pick(1, 3), pick(1, 45))
 }

@@ -71,6 +71,10 @@ impl CpuDecoder {
     /// its layout's length), at position 0.
     pub fn new(cfg: ModelConfig, params: Vec<f32>) -> Result<Self> {
         cfg.validate()?;
+        cfg.require_mamba1(
+            "the recurrent decoder",
+            "Mamba-2 decoding is not implemented in this build",
+        )?;
         let layout = ParamLayout::new(&cfg);
         crate::model::check_arena_len(&cfg, &layout, "params arena", params.len())?;
         let (e, k) = (cfg.d_inner(), cfg.d_conv);

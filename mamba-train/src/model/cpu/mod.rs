@@ -29,6 +29,7 @@ mod conv;
 mod decode;
 mod float;
 mod gemm;
+pub mod mamba2;
 mod net;
 mod ops;
 mod scan;
@@ -37,6 +38,7 @@ mod workspace;
 
 pub use decode::CpuDecoder;
 pub use float::{exp_f32, ln_1p_f32, EXP_F32_HI, EXP_F32_LO};
+pub use mamba2::Mamba2Model;
 pub use simd::{set_max_simd, SimdLevel};
 
 use std::sync::Mutex;
@@ -63,6 +65,7 @@ impl CpuModel {
     /// A model of shape `cfg` (validated).
     pub fn new(cfg: ModelConfig) -> Result<Self> {
         cfg.validate()?;
+        cfg.require_mamba1("CpuModel", "use mamba2::Mamba2Model")?;
         let layout = ParamLayout::new(&cfg);
         Ok(CpuModel {
             cfg,

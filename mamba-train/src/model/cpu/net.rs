@@ -321,7 +321,7 @@ pub(crate) fn backward<F: Float>(
 }
 
 /// Two disjoint mutable sub-slices, `a` before `b`.
-fn two_mut<F>(
+pub(super) fn two_mut<F>(
     s: &mut [F],
     a: std::ops::Range<usize>,
     b: std::ops::Range<usize>,

@@ -129,6 +129,10 @@ impl CudaModel {
         stream: Arc<CudaStream>,
     ) -> Result<Self> {
         cfg.validate()?;
+        cfg.require_mamba1(
+            "the CUDA model",
+            "Mamba-2 runs on the CPU only in this build",
+        )?;
         if cfg.d_state > MAX_D_STATE {
             return Err(TrainError::Config(format!(
                 "d_state {} is above the CUDA scan's limit of {MAX_D_STATE}",
