@@ -460,33 +460,54 @@ fn a_torchrun_style_launch_trains_the_same_bits() {
     );
 }
 
+/// A world whose `world` ranks are started by their environment alone (no
+/// supervisor: as a launcher that does not tear a world down would), in
+/// `dir`, job `job`, with `env` added to every rank and `flags(rank)` as
+/// each rank's train flags; every rank's output, in rank order.
+fn env_launched_world(
+    dir: &Path,
+    world: usize,
+    job: &str,
+    env: &[(&str, &str)],
+    flags: impl Fn(usize) -> Vec<String>,
+) -> Vec<Output> {
+    let rdv = dir.join("rdv");
+    let rdv = rdv.to_str().unwrap();
+    let world_size = world.to_string();
+    let children: Vec<_> = (0..world)
+        .map(|rank| {
+            let rank_text = rank.to_string();
+            let mut all = vec![
+                ("MAMBA_RANK", rank_text.as_str()),
+                ("MAMBA_WORLD_SIZE", world_size.as_str()),
+                ("MAMBA_JOB_ID", job),
+                ("MAMBA_RENDEZVOUS_DIR", rdv),
+            ];
+            all.extend_from_slice(env);
+            let flags = flags(rank);
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            command(&dir.join(format!("out{rank}")), &flags, &all)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
 #[test]
 fn ranks_started_with_different_settings_fail_the_agreement_check() {
     let dir = tempfile::tempdir().unwrap();
-    let rdv = dir.path().join("rdv");
-    let rdv = rdv.to_str().unwrap();
-    let ranks: Vec<_> = [("0", "0"), ("1", "7")]
-        .iter()
-        .map(|(rank, seed)| {
-            let env = [
-                ("MAMBA_RANK", *rank),
-                ("MAMBA_WORLD_SIZE", "2"),
-                ("MAMBA_JOB_ID", "agreement"),
-                ("MAMBA_RENDEZVOUS_DIR", rdv),
-            ];
-            command(
-                &dir.path().join(format!("out{rank}")),
-                &["--steps", "3", "--seed", seed],
-                &env,
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-        })
-        .collect();
-    for (r, c) in ranks.into_iter().enumerate() {
-        let e = err(&c.wait_with_output().unwrap());
+    let outs = env_launched_world(dir.path(), 2, "agreement", &[], |rank| {
+        let seed = if rank == 0 { "0" } else { "7" };
+        ["--steps", "3", "--seed", seed].map(String::from).to_vec()
+    });
+    for (r, o) in outs.iter().enumerate() {
+        let e = err(o);
         assert!(
             e.contains(&format!("[rank {r} of 2] error:"))
                 && e.contains("disagree")
@@ -497,38 +518,24 @@ fn ranks_started_with_different_settings_fail_the_agreement_check() {
 }
 
 /// A rank whose local phase fails tells the world in the step's first
-/// collective: with no supervisor to kill them (ranks started by their
-/// environment, as a launcher that does not tear a world down would), the
-/// peers fail at once naming it, not after the communication timeout with
-/// a transport error.
+/// collective: with no supervisor to kill them, the peers fail at once
+/// naming it, not after the communication timeout with a transport error.
 #[test]
 fn a_rank_that_fails_locally_takes_its_peers_down_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    let rdv = dir.path().join("rdv");
-    let rdv = rdv.to_str().unwrap();
-    let ranks: Vec<_> = ["0", "1", "2"]
-        .iter()
-        .map(|rank| {
-            let env = [
-                ("MAMBA_RANK", *rank),
-                ("MAMBA_WORLD_SIZE", "3"),
-                ("MAMBA_JOB_ID", "local-failure"),
-                ("MAMBA_RENDEZVOUS_DIR", rdv),
-                ("MAMBA_TEST_FAIL_LOCAL", "1:2"),
-            ];
-            command(
-                &dir.path().join(format!("out{rank}")),
-                &["--steps", "4", "--comm-timeout", "600"],
-                &env,
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-        })
-        .collect();
-    for (r, c) in ranks.into_iter().enumerate() {
-        let e = err(&c.wait_with_output().unwrap());
+    let outs = env_launched_world(
+        dir.path(),
+        3,
+        "local-failure",
+        &[("MAMBA_TEST_FAIL_LOCAL", "1:2")],
+        |_| {
+            ["--steps", "4", "--comm-timeout", "600"]
+                .map(String::from)
+                .to_vec()
+        },
+    );
+    for (r, o) in outs.iter().enumerate() {
+        let e = err(o);
         if r == 1 {
             assert!(
                 e.contains("injected local failure on rank 1 in step 2"),
