@@ -48,41 +48,19 @@ mod common;
 mod cuda_common;
 
 use common::{bin, err, ok, run_train, world_digest};
-use cuda_common::{batch, can_run, digest, perturbed, rel_l2};
+use cuda_common::{batch, can_run, digest, perturbed, rel_l2, CUDA_TINY};
 use mamba_train::config::Precision;
 use mamba_train::model::cpu::CpuModel;
 use mamba_train::model::cuda::CudaModel;
 use mamba_train::train::Trainer;
 use mamba_train::ModelConfig;
 
-/// The tiny selective-copy model of `cuda_train.rs`.
-const TINY: &[&str] = &[
-    "--device",
-    "cuda",
-    "--d-model",
-    "32",
-    "--layers",
-    "2",
-    "--batch",
-    "8",
-    "--seq-len",
-    "32",
-    "--memorize",
-    "8",
-    "--alphabet",
-    "8",
-    "--eval-batches",
-    "1",
-    "--comm-timeout",
-    "60",
-];
-
 fn train_with(base: &[&str], out: &Path, extra: &[&str]) -> Output {
     run_train(base, out, extra, &[])
 }
 
 fn train(out: &Path, extra: &[&str]) -> Output {
-    train_with(TINY, out, extra)
+    train_with(CUDA_TINY, out, extra)
 }
 
 // ------------------------------------------------------------- CPU tests
@@ -616,7 +594,7 @@ fn ranks_in_different_precisions_fail_the_agreement_check() {
         .map(|(rank, p)| {
             Command::new(bin())
                 .arg("train")
-                .args(TINY)
+                .args(CUDA_TINY)
                 .args(["--steps", "3", "--precision", p, "--out"])
                 .arg(dir.path().join(format!("out{rank}")))
                 .env("MAMBA_RANK", rank)

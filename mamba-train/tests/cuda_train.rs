@@ -22,33 +22,10 @@ mod cuda_common;
 use common::{
     bin, err, ok, run_train, send_signal, stopped_after_step, text, wait_for_steps, world_digest,
 };
-use cuda_common::{can_run, missing};
-
-/// A tiny selective-copy model on the GPU: 2 blocks of width 32, 8 rows of
-/// 32 tokens with 8 answers each, vocabulary 10.
-const TINY: &[&str] = &[
-    "--device",
-    "cuda",
-    "--d-model",
-    "32",
-    "--layers",
-    "2",
-    "--batch",
-    "8",
-    "--seq-len",
-    "32",
-    "--memorize",
-    "8",
-    "--alphabet",
-    "8",
-    "--eval-batches",
-    "1",
-    "--comm-timeout",
-    "60",
-];
+use cuda_common::{can_run, missing, CUDA_TINY};
 
 fn train(out: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
-    run_train(TINY, out, extra, env)
+    run_train(CUDA_TINY, out, extra, env)
 }
 
 fn metrics(dir: &Path) -> Vec<serde_json::Value> {
@@ -361,7 +338,7 @@ fn on_one_gpu_sigterm_checkpoints_at_a_step_and_the_continuation_is_bit_identica
     let run = dir.path().join("run");
     let mut child = Command::new(bin())
         .arg("train")
-        .args(TINY)
+        .args(CUDA_TINY)
         .args(["--steps", "20", "--out"])
         .arg(&run)
         .env("MAMBA_TEST_STEP_DELAY_MS", "100")

@@ -33,6 +33,29 @@ pub fn no_gpu_reason() -> Option<String> {
     None
 }
 
+/// A tiny selective-copy model on the GPU for CLI tests: 2 blocks of width
+/// 32, 8 rows of 32 tokens with 8 answers each, vocabulary 10.
+pub const CUDA_TINY: &[&str] = &[
+    "--device",
+    "cuda",
+    "--d-model",
+    "32",
+    "--layers",
+    "2",
+    "--batch",
+    "8",
+    "--seq-len",
+    "32",
+    "--memorize",
+    "8",
+    "--alphabet",
+    "8",
+    "--eval-batches",
+    "1",
+    "--comm-timeout",
+    "60",
+];
+
 /// Under `MAMBA_REQUIRE_GPU=1`, whether a test that needs `need` GPUs must
 /// fail on a machine with `have`: always without any GPU; with too few,
 /// only when `MAMBA_REQUIRE_GPUS` (which `run.sh` sets to the machine's
