@@ -118,10 +118,36 @@ impl WorldReport {
         behind(&self.flight)
     }
 
-    /// One line saying what happened: for a failed world, the rank that
-    /// was behind and the call it never reached when the flight recorders
-    /// tell (a stopped or hung rank, rather than the healthy rank that
-    /// noticed it first), else the first failure.
+    /// The first failed rank when it died by a signal the supervisor did
+    /// not send (a kill -9, the OOM killer): it noticed nothing, it is the
+    /// cause, and the flight recorders' "behind" (whoever had completed the
+    /// fewest calls when the world was torn down) must not outrank it.
+    fn died_first(&self) -> Option<usize> {
+        self.first_failure.filter(|&r| {
+            self.ranks.get(r).is_some_and(|e| {
+                matches!(e.status, RankStatus::Signaled(_)) && !e.killed_by_supervisor
+            })
+        })
+    }
+
+    /// The rank a failed world is blamed on, and the "behind" finding when
+    /// that is what names it: a rank that died first by a signal, else the
+    /// rank the flight recorders show behind, else the first failure.
+    fn blamed(&self) -> (Option<usize>, Option<Behind>) {
+        if let Some(r) = self.died_first() {
+            return (Some(r), None);
+        }
+        match self.behind() {
+            Some(b) => (Some(b.rank), Some(b)),
+            None => (self.first_failure, None),
+        }
+    }
+
+    /// One line saying what happened: for a failed world, a rank that died
+    /// first by a signal; else the rank that was behind and the call it
+    /// never reached when the flight recorders tell (a stopped or hung
+    /// rank, rather than the healthy rank that noticed it first); else the
+    /// first failure.
     pub fn headline(&self) -> String {
         if let Some(signal) = self.stopped_by() {
             return format!("the world stopped on request (signal {signal})");
@@ -129,9 +155,10 @@ impl WorldReport {
         if self.success() {
             return format!("all {} ranks succeeded", self.ranks.len());
         }
-        let mut s = match self.behind() {
+        let (blamed, behind) = self.blamed();
+        let mut s = match behind {
             Some(b) => b.sentence(),
-            None => match self.first_failure.and_then(|r| self.ranks.get(r)) {
+            None => match blamed.and_then(|r| self.ranks.get(r)) {
                 Some(e) => format!(
                     "rank {} failed first: its process (pid {}) {} after {:?}",
                     e.rank, e.pid, e.status, e.at
@@ -149,16 +176,15 @@ impl WorldReport {
     }
 
     /// `Ok` on success; otherwise the error a caller should surface:
-    /// [`CommError::PeerFailed`] naming the rank that was behind (see
-    /// [`WorldReport::headline`]) or else the first failed rank, a
+    /// [`CommError::PeerFailed`] naming the rank the headline blames (see
+    /// [`WorldReport::headline`]), a
     /// transport error for a world that hit its deadline, or
     /// [`CommError::Stopped`] for a world that stopped on request.
     pub fn check(&self) -> Result<()> {
         if let Some(signal) = self.stopped_by() {
             return Err(CommError::Stopped { signal });
         }
-        let blamed = self.behind().map(|b| b.rank).or(self.first_failure);
-        if let Some(r) = blamed {
+        if let (Some(r), _) = self.blamed() {
             let e = &self.ranks[r];
             return Err(CommError::PeerFailed {
                 rank: r,
