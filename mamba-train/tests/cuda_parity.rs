@@ -10,7 +10,7 @@
 //! Tolerances, relative L2 (`||gpu - ref|| / ||ref||`), per quantity: the
 //! GPU's f32 error may be at most 8x the CPU's own f32 error on the same
 //! quantity (both programs round the same operations, in different orders:
-//! cuBLAS blocking, the chunked scan's `h = P h_in + S`, fixed-tree column
+//! cuBLAS blocking, the scan's sums over states and channels, fixed-tree column
 //! sums), and never needs to be below a floor:
 //! - logits: floor 5e-6 (observed ~2e-7 in a CPU emulation of the kernels);
 //! - loss: floor 5e-6 relative (one fixed-order mean of per-row losses);

@@ -60,11 +60,12 @@ fn a_two_process_run_at_logical_world_four_keeps_its_pinned_digest() {
 }
 
 /// `--device cuda` with [`CUDA_FLAGS`] on one NVIDIA H200 (CUDA 13.0,
-/// driver 580, this build's kernels), as the build of 5800479 produced it.
-/// The CUDA model's bits are promised run to run on the same GPU model
-/// and build, not across GPU models: on another GPU the test checks run to
-/// run identity only and prints the digest.
-const CUDA_H200: &str = "c923d3158631f3f3372ee25f36a692e082a8232e5565d0090093da8365bd0cbe";
+/// driver 580, this build's kernels), as the build with the serial-in-time
+/// scan kernels produced it (twice in one run, 2026-12-01; the chunked scan
+/// before it gave c923d315...). The CUDA model's bits are promised run to
+/// run on the same GPU model and build, not across GPU models: on another
+/// GPU the test checks run to run identity only and prints the digest.
+const CUDA_H200: &str = "ca8d735d9c2a34e4ecbc994bae48e49ecaa515ae32f17cb94ee734c160d3986f";
 
 /// A tiny selective-copy model on one GPU at logical world 2 (so the
 /// reducer's fold and scale run too), 40 steps.

@@ -66,7 +66,7 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 25] = [
+const SYMBOLS: [(usize, &str); 21] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -82,11 +82,7 @@ const SYMBOLS: [(usize, &str); 25] = [
     (0, "mamba_ce_fwd_bwd"),
     (0, "mamba_loss_mean"),
     (0, "mamba_cast_bf16"),
-    (1, "mamba_scan_fwd_local"),
-    (1, "mamba_scan_fwd_combine"),
-    (1, "mamba_scan_fwd_out"),
-    (1, "mamba_scan_bwd_local"),
-    (1, "mamba_scan_bwd_combine"),
+    (1, "mamba_scan_fwd"),
     (1, "mamba_scan_bwd"),
     (1, "mamba_scan_dbc_reduce"),
     (2, "mamba_adamw"),
@@ -111,11 +107,7 @@ struct Functions {
     ce_fwd_bwd: CudaFunction,
     loss_mean: CudaFunction,
     cast_bf16: CudaFunction,
-    scan_fwd_local: CudaFunction,
-    scan_fwd_combine: CudaFunction,
-    scan_fwd_out: CudaFunction,
-    scan_bwd_local: CudaFunction,
-    scan_bwd_combine: CudaFunction,
+    scan_fwd: CudaFunction,
     scan_bwd: CudaFunction,
     scan_dbc_reduce: CudaFunction,
     adamw: CudaFunction,
@@ -170,11 +162,7 @@ impl MambaKernels {
             ce_fwd_bwd: next()?,
             loss_mean: next()?,
             cast_bf16: next()?,
-            scan_fwd_local: next()?,
-            scan_fwd_combine: next()?,
-            scan_fwd_out: next()?,
-            scan_bwd_local: next()?,
-            scan_bwd_combine: next()?,
+            scan_fwd: next()?,
             scan_bwd: next()?,
             scan_dbc_reduce: next()?,
             adamw: next()?,

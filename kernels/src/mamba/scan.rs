@@ -1,13 +1,14 @@
-//! Launchers of `kernels/cuda/mamba_scan.cu`: the chunked selective scan.
+//! Launchers of `kernels/cuda/mamba_scan.cu`: the selective scan.
 //!
 //! The algorithm, its formulas and the thread layout are described at the
-//! top of the `.cu` file. In short: time is cut into chunks of
-//! [`SCAN_CHUNK`] steps; the forward pass computes each chunk's affine map
-//! (in parallel over chunks), chains the maps serially to get every chunk's
-//! entry state (`hin`, kept for the backward pass: `1/SCAN_CHUNK` of the
-//! `(B, T, D, N)` states), then recomputes each chunk from its entry state
-//! to produce `y` and the gated `out`. The backward pass chains the adjoint
-//! the same way in reverse and recomputes each chunk's states in registers.
+//! top of the `.cu` file. In short: each thread holds 8 states of one
+//! channel of one sequence in registers and walks time in order. The
+//! forward pass (one launch) keeps the state every chunk of [`SCAN_CHUNK`]
+//! steps enters with (`hin`: `1/SCAN_CHUNK` of the `(B, T, D, N)` states)
+//! and writes `y` and the gated `out`; the backward pass walks the chunks in
+//! reverse, recomputes each one's states from `hin` into shared memory and
+//! carries the adjoint across them, then two fixed-order reductions finish
+//! d B / d C (over channel groups) and d A_log (over the batch).
 
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
 
@@ -43,10 +44,6 @@ pub struct ScanForward<'a, 'b> {
     pub z: &'a CudaView<'a, f32>,
     /// Leading dimension of `z`.
     pub ldz: usize,
-    /// Scratch, [`ScanShape::state_len`] elements each.
-    pub scratch_s: &'a mut CudaViewMut<'b, f32>,
-    /// Scratch, [`ScanShape::state_len`] elements.
-    pub scratch_p: &'a mut CudaViewMut<'b, f32>,
     /// Out: chunk entry states, [`ScanShape::state_len`] elements; keep for
     /// [`MambaKernels::scan_backward`].
     pub hin: &'a mut CudaViewMut<'b, f32>,
@@ -62,11 +59,8 @@ pub struct ScanBackward<'a, 'b> {
     pub dy: &'a CudaView<'a, f32>,
     /// The forward pass's chunk entry states.
     pub hin: &'a CudaView<'a, f32>,
-    /// Scratch, [`ScanShape::state_len`] elements.
-    pub scratch_g: &'a mut CudaViewMut<'b, f32>,
-    /// Scratch, [`ScanShape::state_len`] elements.
-    pub scratch_p: &'a mut CudaViewMut<'b, f32>,
-    /// Scratch, [`ScanShape::state_len`] elements (per-chunk d A partials).
+    /// Scratch, [`ScanShape::da_partial_len`] elements (per-sequence d A
+    /// partials).
     pub scratch_da: &'a mut CudaViewMut<'b, f32>,
     /// Scratch, [`ScanShape::dbc_partial_len`] elements.
     pub scratch_dbc: &'a mut CudaViewMut<'b, f32>,
@@ -100,7 +94,7 @@ impl MambaKernels {
         Ok((rd, shape.state_len()))
     }
 
-    /// The forward selective scan (three launches; see the module docs).
+    /// The forward selective scan (one launch; see the module docs).
     pub fn scan_forward(
         &self,
         stream: &CudaStream,
@@ -112,8 +106,6 @@ impl MambaKernels {
         let (rd, sl) = self.scan_checks(K, stream, &shape, &inp)?;
         let (rows, d) = (shape.rows(), shape.d_inner);
         check::matrix(K, "z", buf.z.len(), rows, d, buf.ldz)?;
-        check::len(K, "scratch_s", buf.scratch_s.len(), sl)?;
-        check::len(K, "scratch_p", buf.scratch_p.len(), sl)?;
         check::len(K, "hin", buf.hin.len(), sl)?;
         check::len(K, "y", buf.y.len(), rd)?;
         check::len(K, "out", buf.out.len(), rd)?;
@@ -125,58 +117,10 @@ impl MambaKernels {
             check::long(K, "ldbc", inp.ldbc)?,
             check::long(K, "ldz", buf.ldz)?,
         );
-
         let launch = Launch {
-            kernel: "mamba_scan_fwd_local",
-            func: &self.f.scan_fwd_local,
-            grid: Grid::Checked(lp.chunk_grid),
-            block: BLOCK as u32,
-        };
-        let mut args = [
-            Arg::In(inp.u),
-            Arg::In(inp.dt),
-            Arg::In(inp.bc),
-            Arg::I64(ldbc),
-            Arg::In(inp.a_log),
-            Arg::Out(&mut *buf.scratch_s),
-            Arg::Out(&mut *buf.scratch_p),
-            Arg::I32(lp.t),
-            Arg::I32(lp.di),
-            Arg::I32(lp.ni),
-            Arg::I32(lp.np),
-        ];
-        // SAFETY: matches mamba_scan_fwd_local(const float* u, const float*
-        // dt, const float* bc, long long ldbc, const float* a_log, float* S,
-        // float* P, int T, int D, int N, int np); check_inputs and the
-        // checks above bound every index (rows < batch*seq_len, states <
-        // state_len).
-        unsafe { self.launch(stream, launch, &mut args) }?;
-
-        let launch = Launch {
-            kernel: "mamba_scan_fwd_combine",
-            func: &self.f.scan_fwd_combine,
-            grid: Grid::Checked(lp.flat_grid),
-            block: FLAT,
-        };
-        let (s, p) = (buf.scratch_s.as_view(), buf.scratch_p.as_view());
-        let mut args = [
-            Arg::In(&s),
-            Arg::In(&p),
-            Arg::Out(&mut *buf.hin),
-            Arg::I32(lp.bi),
-            Arg::I32(lp.nch),
-            Arg::I64(lp.dn),
-        ];
-        // SAFETY: matches mamba_scan_fwd_combine(const float* S, const float*
-        // P, float* Hin, int B, int nch, long long DN); indices below
-        // state_len.
-        unsafe { self.launch(stream, launch, &mut args) }?;
-
-        let hin = buf.hin.as_view();
-        let launch = Launch {
-            kernel: "mamba_scan_fwd_out",
-            func: &self.f.scan_fwd_out,
-            grid: Grid::Checked(lp.chunk_grid),
+            kernel: "mamba_scan_fwd",
+            func: &self.f.scan_fwd,
+            grid: Grid::Checked(lp.fwd_grid),
             block: BLOCK as u32,
         };
         let mut args = [
@@ -188,22 +132,25 @@ impl MambaKernels {
             Arg::In(inp.d),
             Arg::In(buf.z),
             Arg::I64(ldz),
-            Arg::In(&hin),
+            Arg::Out(&mut *buf.hin),
             Arg::Out(&mut *buf.y),
             Arg::Out(&mut *buf.out),
             Arg::I32(lp.t),
             Arg::I32(lp.di),
             Arg::I32(lp.ni),
-            Arg::I32(lp.np),
+            Arg::I32(lp.sp),
         ];
-        // SAFETY: matches mamba_scan_fwd_out(u, dt, bc, long long ldbc,
-        // a_log, dpar, z, long long ldz, Hin, float* y, float* out, int T,
-        // int D, int N, int np); extents checked above.
+        // SAFETY: matches mamba_scan_fwd(const float* u, const float* dt,
+        // const float* bc, long long ldbc, const float* a_log, const float*
+        // dpar, const float* z, long long ldz, float* Hin, float* y, float*
+        // out, int T, int D, int N, int sp); check_inputs and the checks above
+        // bound every index (rows < batch*seq_len, channels < d_inner, states
+        // < state_len); the grid's y extent is the batch.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
-    /// The backward selective scan (four launches plus the d A_log
-    /// reduction; see the module docs).
+    /// The backward selective scan (one launch, the d B / d C group sum and
+    /// the d A_log batch sum; see the module docs).
     pub fn scan_backward(
         &self,
         stream: &CudaStream,
@@ -216,9 +163,7 @@ impl MambaKernels {
         let (rows, d, n) = (shape.rows(), shape.d_inner, shape.d_state);
         check::len(K, "dy", buf.dy.len(), rd)?;
         check::len(K, "hin", buf.hin.len(), sl)?;
-        check::len(K, "scratch_g", buf.scratch_g.len(), sl)?;
-        check::len(K, "scratch_p", buf.scratch_p.len(), sl)?;
-        check::len(K, "scratch_da", buf.scratch_da.len(), sl)?;
+        check::len(K, "scratch_da", buf.scratch_da.len(), shape.da_partial_len())?;
         check::len(
             K,
             "scratch_dbc",
@@ -233,63 +178,13 @@ impl MambaKernels {
             return Ok(());
         }
         let lp = shape.launch(K)?;
-        let bwd_grid = grid(
-            K,
-            (shape.groups(), shape.chunks(), shape.batch),
-            BLOCK as u32,
-        )?;
         let ldbc = check::long(K, "ldbc", inp.ldbc)?;
-        let (rounds, groups) = (shape.rounds() as i32, shape.groups() as i32);
         let rows_l = check::long(K, "rows", rows)?;
 
         let launch = Launch {
-            kernel: "mamba_scan_bwd_local",
-            func: &self.f.scan_bwd_local,
-            grid: Grid::Checked(lp.chunk_grid),
-            block: BLOCK as u32,
-        };
-        let mut args = [
-            Arg::In(inp.dt),
-            Arg::In(inp.bc),
-            Arg::I64(ldbc),
-            Arg::In(inp.a_log),
-            Arg::In(buf.dy),
-            Arg::Out(&mut *buf.scratch_g),
-            Arg::Out(&mut *buf.scratch_p),
-            Arg::I32(lp.t),
-            Arg::I32(lp.di),
-            Arg::I32(lp.ni),
-            Arg::I32(lp.np),
-        ];
-        // SAFETY: matches mamba_scan_bwd_local(const float* dt, const float*
-        // bc, long long ldbc, const float* a_log, const float* dy, float* G,
-        // float* P, int T, int D, int N, int np); extents checked above.
-        unsafe { self.launch(stream, launch, &mut args) }?;
-
-        let p = buf.scratch_p.as_view();
-        let launch = Launch {
-            kernel: "mamba_scan_bwd_combine",
-            func: &self.f.scan_bwd_combine,
-            grid: Grid::Checked(lp.flat_grid),
-            block: FLAT,
-        };
-        let mut args = [
-            Arg::Out(&mut *buf.scratch_g),
-            Arg::In(&p),
-            Arg::I32(lp.bi),
-            Arg::I32(lp.nch),
-            Arg::I64(lp.dn),
-        ];
-        // SAFETY: matches mamba_scan_bwd_combine(float* G, const float* P,
-        // int B, int nch, long long DN); in place on G, indices below
-        // state_len.
-        unsafe { self.launch(stream, launch, &mut args) }?;
-
-        let g = buf.scratch_g.as_view();
-        let launch = Launch {
             kernel: "mamba_scan_bwd",
             func: &self.f.scan_bwd,
-            grid: Grid::Checked(bwd_grid),
+            grid: Grid::Checked(lp.bwd_grid),
             block: BLOCK as u32,
         };
         let mut args = [
@@ -301,7 +196,6 @@ impl MambaKernels {
             Arg::In(inp.d),
             Arg::In(buf.dy),
             Arg::In(buf.hin),
-            Arg::In(&g),
             Arg::Out(&mut *buf.ddt_raw),
             Arg::Out(&mut *buf.du),
             Arg::Out(&mut *buf.scratch_dbc),
@@ -309,15 +203,15 @@ impl MambaKernels {
             Arg::I32(lp.t),
             Arg::I32(lp.di),
             Arg::I32(lp.ni),
-            Arg::I32(lp.np),
-            Arg::I32(rounds),
+            Arg::I32(lp.sp),
+            Arg::I32(lp.rounds),
         ];
         // SAFETY: matches mamba_scan_bwd(u, dt, bc, long long ldbc, a_log,
-        // dpar, dy, Hin, Gin, float* ddtr, float* du, float* part, float*
-        // dA_part, int T, int D, int N, int np, int rounds); the grid's x
-        // extent is groups = ceil(ceil(D / cpb) / rounds), so every channel
-        // index is bounded by c < D checks in the kernel, and part is
-        // [groups][rows][2N] (checked above).
+        // dpar, dy, Hin, float* ddtr, float* du, float* part, float* dA_part,
+        // int T, int D, int N, int sp, int rounds); the grid is (groups,
+        // batch) with groups = ceil(ceil(D / cpb) / rounds), so every channel
+        // index is bounded by c < D checks in the kernel; part is
+        // [groups][rows][2N] and dA_part [batch][D][N] (checked above).
         unsafe { self.launch(stream, launch, &mut args) }?;
 
         let reduce_grid = grid(K, ((rows * 2 * n).div_ceil(FLAT as usize), 1, 1), FLAT)?;
@@ -330,7 +224,7 @@ impl MambaKernels {
         };
         let mut args = [
             Arg::In(&part),
-            Arg::I32(groups),
+            Arg::I32(lp.groups),
             Arg::I64(rows_l),
             Arg::I32(lp.ni),
             Arg::Out(&mut *buf.dbc),
@@ -342,11 +236,10 @@ impl MambaKernels {
         unsafe { self.launch(stream, launch, &mut args) }?;
 
         let da = buf.scratch_da.as_view();
-        let parts = shape.batch * shape.chunks();
         self.reduce_partials(
             stream,
             &da,
-            parts,
+            shape.batch,
             d * n,
             0,
             d * n,

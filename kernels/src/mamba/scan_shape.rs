@@ -7,14 +7,21 @@ use cudarc::driver::LaunchConfig;
 use super::check::{self, grid};
 use crate::error::KernelError;
 
-/// Time steps per chunk (`kChunk` in the `.cu` file).
+/// Time steps per chunk (`kChunk` in the `.cu` file): the forward pass keeps
+/// the state every chunk enters with, the backward pass recomputes one chunk
+/// at a time from it.
 pub const SCAN_CHUNK: usize = 16;
-/// Threads per block of the per-chunk kernels (`kThreads`).
-pub(super) const BLOCK: usize = 128;
-/// Largest state size: one channel's lanes must fit a block.
-pub const MAX_D_STATE: usize = BLOCK;
-/// Threads per block of the serial-combine and reduction kernels.
+/// Threads per block of both scan kernels (`kSeqThreads`).
+pub(super) const BLOCK: usize = 64;
+/// States one thread holds in registers (`kLaneStates`).
+pub(super) const LANE_STATES: usize = 8;
+/// Largest state size: at most 16 lanes per channel, one warp's butterfly.
+pub const MAX_D_STATE: usize = 16 * LANE_STATES;
+/// Threads per block of the d B / d C group reduction.
 pub(super) const FLAT: u32 = 256;
+/// Most channel groups the backward pass writes d B / d C partials for (the
+/// partial buffer is `groups * rows * 2 * d_state` floats).
+const MAX_GROUPS: usize = 64;
 
 /// The extents of one scan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,25 +45,31 @@ impl ScanShape {
     pub fn chunks(&self) -> usize {
         self.seq_len.div_ceil(SCAN_CHUNK)
     }
-    /// Elements of one chunk-state array (`[batch][chunks][d_inner][d_state]`):
-    /// the length of `hin` and of each scan scratch buffer.
+    /// Elements of the chunk entry states (`[batch][chunks][d_inner][d_state]`):
+    /// the length of `hin`.
     pub fn state_len(&self) -> usize {
         self.batch * self.chunks() * self.d_inner * self.d_state
     }
-    /// Lanes per channel: `d_state` rounded up to a power of two.
-    pub fn lanes(&self) -> usize {
-        self.d_state.next_power_of_two()
+    /// Elements of the backward pass's d A partials (`[batch][d_inner][d_state]`).
+    pub fn da_partial_len(&self) -> usize {
+        self.batch * self.d_inner * self.d_state
     }
-    /// Channels one block covers: `128 / lanes`.
+    /// Lanes per channel: `ceil(d_state / 8)` rounded up to a power of two
+    /// (each lane holds 8 consecutive states).
+    pub fn lanes(&self) -> usize {
+        self.d_state.div_ceil(LANE_STATES).next_power_of_two()
+    }
+    /// Channels one block covers: `64 / lanes`.
     pub fn channels_per_block(&self) -> usize {
         BLOCK / self.lanes()
     }
-    /// Channel sets one backward block walks in turn (so that its d B / d C
-    /// partial covers more channels): a function of the shape only, so the
-    /// summation order never depends on the device.
+    /// Channel sets one backward block walks in turn, so that at most 64
+    /// groups of d B / d C partials are written: a function of `d_inner` and
+    /// `d_state` only, so the summation order never depends on the device
+    /// or the batch.
     pub fn rounds(&self) -> usize {
         let sets = self.d_inner.div_ceil(self.channels_per_block());
-        (sets / 16).clamp(1, 8)
+        sets.div_ceil(MAX_GROUPS).max(1)
     }
     /// Channel groups of the backward pass (its grid's x extent, and the
     /// number of d B / d C partials summed per element).
@@ -80,13 +93,12 @@ impl ScanShape {
                 ),
             ));
         }
-        if self.batch > check::MAX_GRID_YZ || self.chunks() > check::MAX_GRID_YZ {
+        if self.batch > check::MAX_GRID_YZ {
             return Err(KernelError::invalid(
                 kernel,
                 format!(
-                    "batch {} and {} chunks of {SCAN_CHUNK} steps: each must be at most {}",
+                    "batch {}: at most {} sequences per launch",
                     self.batch,
-                    self.chunks(),
                     check::MAX_GRID_YZ
                 ),
             ));
@@ -94,6 +106,7 @@ impl ScanShape {
         check::int(kernel, "seq_len", self.seq_len)?;
         check::int(kernel, "d_inner", self.d_inner)?;
         check::long(kernel, "state elements", self.state_len())?;
+        check::long(kernel, "rows", self.rows())?;
         Ok(())
     }
 
@@ -102,31 +115,22 @@ impl ScanShape {
     /// and the state count, so the casts below cannot truncate) and on a
     /// non-empty shape (else a grid extent is 0 and this refuses).
     pub(super) fn launch(&self, kernel: &'static str) -> Result<ScanLaunch, KernelError> {
-        let (d, n) = (self.d_inner, self.d_state);
-        let chunk_grid = grid(
+        let d = self.d_inner;
+        let fwd_grid = grid(
             kernel,
-            (
-                d.div_ceil(self.channels_per_block()),
-                self.chunks(),
-                self.batch,
-            ),
+            (d.div_ceil(self.channels_per_block()), self.batch, 1),
             BLOCK as u32,
         )?;
-        let flat_grid = grid(
-            kernel,
-            ((self.batch * d * n).div_ceil(FLAT as usize), 1, 1),
-            FLAT,
-        )?;
+        let bwd_grid = grid(kernel, (self.groups(), self.batch, 1), BLOCK as u32)?;
         Ok(ScanLaunch {
-            chunk_grid,
-            flat_grid,
+            fwd_grid,
+            bwd_grid,
             t: self.seq_len as i32,
             di: d as i32,
-            ni: n as i32,
-            np: self.lanes() as i32,
-            bi: self.batch as i32,
-            nch: self.chunks() as i32,
-            dn: (d * n) as i64,
+            ni: self.d_state as i32,
+            sp: self.lanes() as i32,
+            rounds: self.rounds() as i32,
+            groups: self.groups() as i32,
         })
     }
 
@@ -135,21 +139,16 @@ impl ScanShape {
     }
 }
 
-/// What [`ScanShape::launch`] computes for both scan directions.
+/// Launch geometry of one scan (from [`ScanShape::launch`]).
 pub(super) struct ScanLaunch {
-    /// One block per (channel set, chunk, sequence): the per-chunk kernels.
-    pub(super) chunk_grid: LaunchConfig,
-    /// One thread per `(sequence, channel, state)`: the serial combines.
-    pub(super) flat_grid: LaunchConfig,
-    /// `seq_len`, `d_inner`, `d_state` and lanes per channel (`T, D, N, np`).
+    pub(super) fwd_grid: LaunchConfig,
+    pub(super) bwd_grid: LaunchConfig,
     pub(super) t: i32,
     pub(super) di: i32,
     pub(super) ni: i32,
-    pub(super) np: i32,
-    /// `batch`, chunks per sequence and `d_inner * d_state` (`B, nch, DN`).
-    pub(super) bi: i32,
-    pub(super) nch: i32,
-    pub(super) dn: i64,
+    pub(super) sp: i32,
+    pub(super) rounds: i32,
+    pub(super) groups: i32,
 }
 
 #[cfg(test)]
@@ -170,6 +169,7 @@ mod tests {
         let s = shape(2, 37, 5, 16);
         assert_eq!(s.chunks(), 3);
         assert_eq!(s.state_len(), 2 * 3 * 5 * 16);
+        assert_eq!(s.da_partial_len(), 2 * 5 * 16);
         assert_eq!(shape(1, 16, 1, 1).chunks(), 1);
         assert_eq!(shape(1, 17, 1, 1).chunks(), 2);
     }
@@ -177,22 +177,25 @@ mod tests {
     #[test]
     fn lanes_cover_the_state_and_a_block_covers_whole_channels() {
         for (n, lanes, cpb) in [
-            (1, 1, 128),
-            (7, 8, 16),
-            (16, 16, 8),
-            (33, 64, 2),
-            (64, 64, 2),
-            (128, 128, 1),
+            (1, 1, 64),
+            (7, 1, 64),
+            (8, 1, 64),
+            (9, 2, 32),
+            (16, 2, 32),
+            (33, 8, 8),
+            (64, 8, 8),
+            (128, 16, 4),
         ] {
             let s = shape(1, 1, 10, n);
             assert_eq!((s.lanes(), s.channels_per_block()), (lanes, cpb), "N = {n}");
+            assert!(s.lanes() * LANE_STATES >= n && s.lanes() <= 32, "N = {n}");
         }
     }
 
     #[test]
     fn backward_groups_cover_every_channel_exactly_once() {
-        for d in [1, 5, 64, 127, 128, 1536, 3000] {
-            for n in [1, 16, 64] {
+        for d in [1, 5, 64, 127, 128, 1536, 3000, 8192] {
+            for n in [1, 16, 64, 128] {
                 let s = shape(1, 1, d, n);
                 let covered = s.groups() * s.rounds() * s.channels_per_block();
                 assert!(covered >= d, "d {d} n {n}");
@@ -201,12 +204,14 @@ mod tests {
                     (s.groups() - 1) * s.rounds() * s.channels_per_block() < d,
                     "d {d} n {n}"
                 );
-                assert!((1..=8).contains(&s.rounds()));
+                assert!(s.groups() <= MAX_GROUPS, "d {d} n {n}");
             }
         }
-        // The 130m shape: 1536 channels, N 16 -> 192 channel sets, 8 rounds, 24 groups.
+        // The 130m shape: 1536 channels, N 16 -> 32 channels a block, 48 groups of one set.
         let s = shape(8, 1024, 1536, 16);
-        assert_eq!((s.rounds(), s.groups()), (8, 24));
+        assert_eq!((s.rounds(), s.groups()), (1, 48));
+        // The groups depend on the channels and states only, never the batch.
+        assert_eq!(shape(1, 1024, 1536, 16).groups(), s.groups());
     }
 
     #[test]
@@ -215,7 +220,7 @@ mod tests {
         let e = shape(1, 1, 1, 129).validate("k").unwrap_err().to_string();
         assert!(e.contains("1..=128"), "{e}");
         assert!(shape(65_536, 1, 1, 1).validate("k").is_err());
-        assert!(shape(1, 16 * 65_535 + 1, 1, 1).validate("k").is_err());
+        assert!(shape(1, 16 * 65_535 + 1, 1, 1).validate("k").is_ok());
         assert!(shape(1, 16 * 65_535, 1, 16).validate("k").is_ok());
     }
 }

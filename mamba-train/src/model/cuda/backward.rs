@@ -182,9 +182,7 @@ pub(super) fn backward(
             ScanBackward {
                 dy: &ws.dy.as_view(),
                 hin: &a.hin.as_view(),
-                scratch_g: &mut ws.scan_a.as_view_mut(),
-                scratch_p: &mut ws.scan_b.as_view_mut(),
-                scratch_da: &mut ws.scan_c.as_view_mut(),
+                scratch_da: &mut ws.da_part.as_view_mut(),
                 scratch_dbc: &mut ws.dbc_part.as_view_mut(),
                 ddt_raw: &mut ws.ddtr.as_view_mut(),
                 du: &mut ws.du.as_view_mut(),

@@ -176,8 +176,6 @@ pub(super) fn forward(
             ScanForward {
                 z: &z,
                 ldz: 2 * di,
-                scratch_s: &mut ws.scan_a.as_view_mut(),
-                scratch_p: &mut ws.scan_b.as_view_mut(),
                 hin: &mut a.hin.as_view_mut(),
                 y: &mut a.y.as_view_mut(),
                 out: &mut a.g.as_view_mut(),

@@ -51,10 +51,8 @@ pub(crate) struct Workspace {
     /// Logits `[rows, vocab]`; the cross-entropy turns them into their
     /// gradient in place.
     pub logits: CudaSlice<f32>,
-    /// Scan scratch, [`ScanShape::state_len`] each.
-    pub scan_a: CudaSlice<f32>,
-    pub scan_b: CudaSlice<f32>,
-    pub scan_c: CudaSlice<f32>,
+    /// The scan backward's d A partials ([`ScanShape::da_partial_len`]).
+    pub da_part: CudaSlice<f32>,
     /// d B / d C partials ([`ScanShape::dbc_partial_len`]).
     pub dbc_part: CudaSlice<f32>,
     /// Column-sum partials (the largest any column sum of the model needs).
@@ -155,9 +153,7 @@ impl Workspace {
             rstd_f: a.zeros("final rstd", rows)?,
             xf: a.zeros("final norm output", rows * d)?,
             logits: a.zeros("logits", rows * v)?,
-            scan_a: a.zeros("scan scratch", sl)?,
-            scan_b: a.zeros("scan scratch", sl)?,
-            scan_c: a.zeros("scan scratch", sl)?,
+            da_part: a.zeros("scan dA partials", shape.da_partial_len())?,
             dbc_part: a.zeros("scan dB/dC partials", shape.dbc_partial_len())?,
             colsum: a.zeros("column-sum partials", colsum)?,
             row_loss: a.zeros("row losses", rows)?,
