@@ -26,8 +26,11 @@ use crate::Result;
 const SHORT: Duration = Duration::from_millis(200);
 /// Deadline used where a test expects no timeout.
 const LONG: Duration = Duration::from_secs(20);
-/// Slack allowed past a deadline before a test calls it a hang.
-const SLACK: Duration = Duration::from_millis(800);
+/// Slack allowed past a deadline before a test calls it a hang. Generous
+/// (the suite runs on 2 loaded cores in CI, where 800 ms was exceeded now and
+/// then) and still a quarter of [`LONG`], so waiting for the long deadline, or
+/// forever, fails every test that bounds its time by it.
+const SLACK: Duration = Duration::from_secs(5);
 
 fn init_rank(
     fake: &Arc<FakeNccl>,
