@@ -33,6 +33,15 @@
 //!
 //! Model kernels add their own launchers (in `src/mamba/`) on top of
 //! [`load_module`] and [`LaunchShape`].
+//!
+//! # Checking kernels without a GPU
+//!
+//! `emu/cuda_emu.h` emulates the CUDA subset the scan kernels use (blocks as
+//! host threads with real barriers and warp shuffles, NaN-filled shared
+//! memory, cp.async that lands as late as allowed); a unit test compiles
+//! `cuda/mamba_scan.cu` against it with the host C++ compiler and checks it
+//! against a sequential f64 scan (`emu/scan_check.cpp`), so an index or
+//! barrier bug fails on any machine. It checks logic, not bits or speed.
 
 pub mod device;
 pub mod embedded;

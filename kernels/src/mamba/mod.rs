@@ -29,6 +29,8 @@ pub mod ops;
 pub mod optim;
 pub mod reductions;
 pub mod scan;
+#[cfg(test)]
+mod scan_emu_tests;
 mod scan_shape;
 pub mod tokens;
 

@@ -163,7 +163,12 @@ impl MambaKernels {
         let (rows, d, n) = (shape.rows(), shape.d_inner, shape.d_state);
         check::len(K, "dy", buf.dy.len(), rd)?;
         check::len(K, "hin", buf.hin.len(), sl)?;
-        check::len(K, "scratch_da", buf.scratch_da.len(), shape.da_partial_len())?;
+        check::len(
+            K,
+            "scratch_da",
+            buf.scratch_da.len(),
+            shape.da_partial_len(),
+        )?;
         check::len(
             K,
             "scratch_dbc",

@@ -1,0 +1,108 @@
+// A CPU emulation of the small CUDA subset the scan kernels use, so their
+// logic (indices, barriers, shuffles, staging) can be checked against an
+// oracle on a machine without a GPU (kernels/src/mamba/scan_emu_tests.rs).
+// Not for timing, and not for bits: the math library is the host's.
+//
+// Model: the blocks of a launch run one after another on `blockDim.x`
+// persistent std::threads; __syncthreads is a barrier over them;
+// __shfl_xor_sync an exchange between two barriers over the warp (32
+// threads); a `__shared__` array is a function static (shared by the
+// threads of the one block that runs); dynamic shared memory (`EMU_SMEM`)
+// is refilled with NaN before every block, so a read of something no thread
+// wrote shows up in the results. cp.async (emu_cp_async) is modelled at its
+// latest: a copy lands only when its thread waits for its group, so a read
+// before the wait, or one the barrier does not cover, sees NaN or stale data.
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+struct EmuDim {
+    unsigned x = 1, y = 1, z = 1;
+};
+inline thread_local EmuDim threadIdx, blockIdx;
+inline EmuDim blockDim, gridDim;
+inline std::unique_ptr<std::barrier<>> g_block_barrier;
+inline std::vector<std::unique_ptr<std::barrier<>>> g_warp_barriers;
+inline float g_shfl[1024];
+inline std::vector<float> g_dyn_smem;
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define EMU_SMEM (g_dyn_smem.data())
+
+inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
+
+inline float __shfl_xor_sync(unsigned, float v, int off) {
+    const unsigned t = threadIdx.x, w = t / 32;
+    g_shfl[t] = v;
+    g_warp_barriers[w]->arrive_and_wait();
+    const float r = g_shfl[t ^ static_cast<unsigned>(off)];
+    g_warp_barriers[w]->arrive_and_wait();
+    return r;
+}
+
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+struct EmuCopy {
+    float* dst;
+    const float* src;
+};
+inline thread_local std::vector<std::vector<EmuCopy>> g_groups;
+inline thread_local std::vector<EmuCopy> g_open;
+inline void emu_cp_async(float* dst, const float* src) { g_open.push_back({dst, src}); }
+inline void emu_commit() {
+    g_groups.push_back(std::move(g_open));
+    g_open.clear();
+}
+inline void emu_wait(size_t pending) {
+    while (g_groups.size() > pending) {
+        for (auto& c : g_groups.front()) *c.dst = *c.src;
+        g_groups.erase(g_groups.begin());
+    }
+}
+
+// Run `kernel` (which reads threadIdx / blockIdx) over `grid` blocks of
+// `block` threads (a multiple of 32, at most 1024) with `dyn_floats` floats
+// of dynamic shared memory.
+inline void emu_launch(EmuDim grid, unsigned block, size_t dyn_floats,
+                       const std::function<void()>& kernel) {
+    gridDim = grid;
+    blockDim = EmuDim{block, 1, 1};
+    g_block_barrier = std::make_unique<std::barrier<>>(block);
+    g_warp_barriers.clear();
+    for (unsigned w = 0; w < block / 32; ++w) {
+        g_warp_barriers.push_back(std::make_unique<std::barrier<>>(32));
+    }
+    g_dyn_smem.assign(dyn_floats + 1, std::nanf(""));
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < block; ++t) {
+        threads.emplace_back([&, t] {
+            threadIdx = EmuDim{t, 0, 0};
+            for (unsigned bz = 0; bz < grid.z; ++bz)
+                for (unsigned by = 0; by < grid.y; ++by)
+                    for (unsigned bx = 0; bx < grid.x; ++bx) {
+                        blockIdx = EmuDim{bx, by, bz};
+                        kernel();
+                        emu_wait(0);
+                        // The block is over: thread 0 refills the dynamic
+                        // shared memory before the next one starts.
+                        g_block_barrier->arrive_and_wait();
+                        if (t == 0) std::fill(g_dyn_smem.begin(), g_dyn_smem.end(), std::nanf(""));
+                        g_block_barrier->arrive_and_wait();
+                    }
+        });
+    }
+    for (auto& th : threads) th.join();
+}

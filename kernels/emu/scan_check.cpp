@@ -1,0 +1,149 @@
+// The scan kernels (kernels/cuda/mamba_scan.cu, compiled as C++ under
+// cuda_emu.h) against a sequential f64 scan written from the equations (the
+// oracle of mamba-train/tests/cuda_scan.rs, with the same tolerances), over
+// shapes that cover ragged chunks, every lane count, inactive states and
+// channels, several channel groups and two backward rounds. Built and run by
+// kernels/src/mamba/scan_emu_tests.rs, which passes the launch geometry of
+// scan_shape.rs: EMU_BLOCK (threads a block), EMU_LANE_STATES (states a
+// thread). EMU_NEGATIVE=1 feeds the kernels one wrong dt (the oracle keeps
+// the right one): the check must then fail. Exit status 0 only when every
+// quantity of every shape is within tolerance.
+#include <cstdio>
+#include <random>
+#include "mamba_scan.cu"
+
+#if !defined(EMU_BLOCK) || !defined(EMU_LANE_STATES)
+#error "EMU_BLOCK and EMU_LANE_STATES must be defined"
+#endif
+#ifndef EMU_NEGATIVE
+#define EMU_NEGATIVE 0
+#endif
+
+struct Case { int b, t, d, n, r; };
+
+static int next_pow2(int x) { int p = 1; while (p < x) p <<= 1; return p; }
+
+static double rel_l2(const std::vector<float>& got, const std::vector<double>& want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        double e = got[i] - want[i];
+        num += e * e; den += want[i] * want[i];
+        if (!std::isfinite(got[i])) return INFINITY;
+    }
+    return std::sqrt(num / (den > 0 ? den : 1));
+}
+
+int main() {
+    // {batch, T, d_inner, d_state, dt_rank}
+    const Case cases[] = {{1, 1, 1, 1, 1},   {2, 37, 5, 16, 3},    {1, 16, 9, 64, 2},
+                          {3, 33, 40, 7, 4}, {1, 50, 3, 33, 1},    {2, 17, 130, 2, 5},
+                          {1, 20, 300, 128, 2}, {2, 33, 70, 9, 3}, {2, 300, 3, 5, 2}};
+    int fails = 0;
+    unsigned seed = 1;
+    for (const Case& c : cases) {
+        const int B = c.b, T = c.t, D = c.d, N = c.n, R = c.r, M = B * T, ld = R + 2 * N;
+        std::mt19937_64 rng(seed++);
+        auto uni = [&](double lo, double hi, size_t len) {
+            std::vector<double> v(len);
+            std::uniform_real_distribution<double> u(lo, hi);
+            for (auto& x : v) x = (double)(float)u(rng);
+            return v;
+        };
+        auto u = uni(-1, 1, (size_t)M * D), dt = uni(0.001, 0.6, (size_t)M * D),
+             dbc = uni(-1, 1, (size_t)M * ld), dp = uni(0.5, 1.5, D),
+             xz = uni(-2, 2, (size_t)M * 2 * D), dy = uni(-1, 1, (size_t)M * D);
+        std::vector<double> a_log((size_t)D * N);
+        for (size_t i = 0; i < a_log.size(); ++i) a_log[i] = (double)(float)std::log((double)(i % N + 1));
+        // Oracle.
+        std::vector<double> ey(M * D), eout(M * D), eddtr(M * D), edu(M * D), edbc(M * 2 * N), eda(D * N);
+        auto bv = [&](int mm, int j) { return dbc[(size_t)mm * ld + R + j]; };
+        auto cv = [&](int mm, int j) { return dbc[(size_t)mm * ld + R + N + j]; };
+        for (int b = 0; b < B; ++b)
+            for (int ch = 0; ch < D; ++ch) {
+                std::vector<double> hs((T + 1) * N);
+                for (int s = 0; s < N; ++s) {
+                    double a = -std::exp(a_log[ch * N + s]), h = 0;
+                    for (int t = 0; t < T; ++t) {
+                        int mm = b * T + t;
+                        h = std::exp(dt[mm * D + ch] * a) * h + dt[mm * D + ch] * bv(mm, s) * u[mm * D + ch];
+                        hs[(t + 1) * N + s] = h;
+                        ey[mm * D + ch] += cv(mm, s) * h;
+                    }
+                }
+                for (int t = 0; t < T; ++t) {
+                    int mm = b * T + t;
+                    ey[mm * D + ch] += dp[ch] * u[mm * D + ch];
+                    double z = xz[(size_t)mm * 2 * D + D + ch];
+                    eout[mm * D + ch] = ey[mm * D + ch] * z / (1 + std::exp(-z));
+                }
+                for (int s = 0; s < N; ++s) {
+                    double a = -std::exp(a_log[ch * N + s]), carry = 0;
+                    for (int t = T - 1; t >= 0; --t) {
+                        int mm = b * T + t;
+                        double dtv = dt[mm * D + ch], uv = u[mm * D + ch], dyv = dy[mm * D + ch];
+                        double at = std::exp(dtv * a), g = cv(mm, s) * dyv + carry, hp = hs[t * N + s];
+                        edbc[mm * 2 * N + N + s] += dyv * hs[(t + 1) * N + s];
+                        edbc[mm * 2 * N + s] += g * dtv * uv;
+                        eddtr[mm * D + ch] += g * (a * at * hp + bv(mm, s) * uv);
+                        edu[mm * D + ch] += g * dtv * bv(mm, s);
+                        eda[ch * N + s] += g * at * hp * dtv * a;
+                        carry = at * g;
+                    }
+                }
+                for (int t = 0; t < T; ++t) {
+                    int mm = b * T + t;
+                    edu[mm * D + ch] += dp[ch] * dy[mm * D + ch];
+                    eddtr[mm * D + ch] *= -std::expm1(-dt[mm * D + ch]);
+                }
+            }
+        // Kernels.
+        auto f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+        auto fu = f(u), fdt = f(dt), fdbc = f(dbc), fal = f(a_log), fdp = f(dp), fxz = f(xz), fdy = f(dy);
+        if (EMU_NEGATIVE) fdt[fdt.size() / 2] *= 1.5f;
+        const int sp = next_pow2((N + EMU_LANE_STATES - 1) / EMU_LANE_STATES), cpb = EMU_BLOCK / sp;
+        const int nch = (T + 15) / 16, sets = (D + cpb - 1) / cpb;
+        const int rounds = std::max(1, (sets + 63) / 64), groups = (sets + rounds - 1) / rounds;
+        const float nan = std::nanf("");
+        std::vector<float> hin((size_t)B * nch * D * N, nan), y(M * D, nan), out(M * D, nan);
+        std::vector<float> ddtr(M * D, nan), du(M * D, nan), part((size_t)groups * M * 2 * N, nan),
+            dapart((size_t)B * D * N, nan), ddbc((size_t)M * ld, nan);
+        // The kernels of this version take no dynamic shared memory.
+        const size_t fwd_dyn = 0, bwd_dyn = 0;
+        const float* bc = fdbc.data() + R;
+        emu_launch({(unsigned)sets, (unsigned)B, 1}, EMU_BLOCK, fwd_dyn, [&] {
+            mamba_scan_fwd(fu.data(), fdt.data(), bc, ld, fal.data(), fdp.data(), fxz.data() + D,
+                           2 * D, hin.data(), y.data(), out.data(), T, D, N, sp);
+        });
+        emu_launch({(unsigned)groups, (unsigned)B, 1}, EMU_BLOCK, bwd_dyn, [&] {
+            mamba_scan_bwd(fu.data(), fdt.data(), bc, ld, fal.data(), fdp.data(), fdy.data(),
+                           hin.data(), ddtr.data(), du.data(), part.data(), dapart.data(), T, D, N,
+                           sp, rounds);
+        });
+        emu_launch({(unsigned)((M * 2 * N + 255) / 256), 1, 1}, 256, 0, [&] {
+            mamba_scan_dbc_reduce(part.data(), groups, M, N, ddbc.data() + R, ld);
+        });
+        std::vector<float> da(D * N);
+        for (int j = 0; j < D * N; ++j) {
+            float s = 0;
+            for (int p = 0; p < B; ++p) s = s + dapart[(size_t)p * D * N + j];
+            da[j] = s * -std::exp(fal[j]);
+        }
+        std::vector<float> dbc_cols;
+        for (int mm = 0; mm < M; ++mm)
+            for (int j = 0; j < 2 * N; ++j) dbc_cols.push_back(ddbc[(size_t)mm * ld + R + j]);
+        struct { const char* what; double err, tol; } checks[] = {
+            {"y", rel_l2(y, ey), 2e-6},       {"out", rel_l2(out, eout), 2e-6},
+            {"ddt_raw", rel_l2(ddtr, eddtr), 1e-5}, {"du", rel_l2(du, edu), 1e-5},
+            {"dB|dC", rel_l2(dbc_cols, edbc), 1e-5}, {"dA_log", rel_l2(da, eda), 1e-5}};
+        printf("B %d T %d D %d N %d (sp %d cpb %d rounds %d groups %d):", B, T, D, N, sp, cpb, rounds, groups);
+        for (auto& k : checks) {
+            bool bad = !(k.err <= k.tol);
+            fails += bad;
+            printf(" %s %.1e%s", k.what, k.err, bad ? " FAIL" : "");
+        }
+        printf("\n");
+        fflush(stdout);
+    }
+    printf("%s\n", fails ? "FAILED" : "all within tolerance");
+    return fails ? 1 : 0;
+}

@@ -1,0 +1,101 @@
+//! The scan kernels' logic on the CPU: `kernels/cuda/mamba_scan.cu` compiled
+//! as C++ under `kernels/emu/cuda_emu.h` (blocks as threads with real
+//! barriers, shuffles, shared memory refilled with NaN per block, cp.async
+//! landing as late as the hardware may) and checked by
+//! `kernels/emu/scan_check.cpp` against a sequential f64 scan, with the
+//! launch geometry of [`scan_shape`](super::scan_shape). This runs on every
+//! machine with a C++20 compiler, GPU or not, so an index, barrier or
+//! staging bug in the scan fails CI before any GPU run; the GPU test
+//! (`mamba-train/tests/cuda_scan.rs`) checks the same oracle on the device.
+//! Skips, printing why, when no C++20 compiler is found (`$CXX`, else `c++`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::scan_shape::{BLOCK, LANE_STATES};
+
+fn compiler() -> String {
+    std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
+}
+
+/// `Err(reason)` when `cxx` cannot compile C++20 with `<barrier>`.
+fn probe(cxx: &str, dir: &Path) -> Result<(), String> {
+    let src = dir.join("probe.cpp");
+    std::fs::write(
+        &src,
+        "#include <barrier>\nint main() { std::barrier<> b(1); }\n",
+    )
+    .map_err(|e| format!("writing {}: {e}", src.display()))?;
+    let out = Command::new(cxx)
+        .args(["-std=c++20", "-pthread", "-o"])
+        .arg(dir.join("probe"))
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("no C++ compiler `{cxx}` ({e})"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{cxx}` does not compile C++20 <barrier>: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
+        ))
+    }
+}
+
+/// Compile the check (with `-DEMU_NEGATIVE=negative`) and run it: (exit
+/// status success, stdout).
+fn build_and_run(cxx: &str, dir: &Path, negative: bool) -> (bool, String) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let exe = dir.join(if negative {
+        "scan_check_neg"
+    } else {
+        "scan_check"
+    });
+    let out = Command::new(cxx)
+        .args(["-std=c++20", "-O2", "-pthread"])
+        .arg(format!("-DEMU_BLOCK={BLOCK}"))
+        .arg(format!("-DEMU_LANE_STATES={LANE_STATES}"))
+        .arg(format!("-DEMU_NEGATIVE={}", u8::from(negative)))
+        .arg("-I")
+        .arg(root.join("cuda"))
+        .arg("-I")
+        .arg(root.join("emu"))
+        .args(["-include", "cuda_emu.h", "-x", "c++"])
+        .arg(root.join("emu/scan_check.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run the C++ compiler");
+    assert!(
+        out.status.success(),
+        "compiling the emulated scan check failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = Command::new(&exe)
+        .output()
+        .expect("run the emulated scan check");
+    let text = String::from_utf8_lossy(&run.stdout).into_owned();
+    (run.status.success(), text)
+}
+
+#[test]
+fn the_scan_kernels_under_the_cpu_emulator_match_a_sequential_f64_scan() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cxx = compiler();
+    if let Err(why) = probe(&cxx, dir.path()) {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let (ok, text) = build_and_run(&cxx, dir.path(), false);
+    println!("{text}");
+    assert!(ok && text.contains("all within tolerance"), "{text}");
+    // Negative control: one wrong dt fed to the kernels must be caught.
+    let (ok, text) = build_and_run(&cxx, dir.path(), true);
+    assert!(
+        !ok && text.contains("FAIL"),
+        "the wrong input was not caught:\n{text}"
+    );
+}
