@@ -12,6 +12,8 @@
 // wrote shows up in the results. cp.async (emu_cp_async) is modelled at its
 // latest: a copy lands only when its thread waits for its group, so a read
 // before the wait, or one the barrier does not cover, sees NaN or stale data.
+// Kernels are compiled with MAMBA_CUDA_EMU defined, for the few places
+// (inline PTX, `extern __shared__`) that need an emulated spelling.
 #pragma once
 #include <barrier>
 #include <cmath>
