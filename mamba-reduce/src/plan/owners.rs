@@ -22,7 +22,7 @@
 
 use std::ops::Range;
 
-use super::{Dataflow, RankPlan, CHAIN_DST_LIMIT};
+use super::{BufId, CommOp, Dataflow, RankPlan, Step, CHAIN_DST_LIMIT};
 use crate::contract::ReduceContract;
 use crate::{ReduceError, Result};
 
@@ -145,6 +145,42 @@ impl RankPlan {
         match &self.owners {
             None => range,
             Some(owned) => intersect(range, owned[peer].clone()),
+        }
+    }
+
+    /// The distribution of one chunk's finished shards in `step`: to every
+    /// other rank the part of this rank's finished elements `own` it must
+    /// receive, and from every other rank the part of its finished elements
+    /// (`theirs(peer)`) this rank must receive, both in the arena; chunk-
+    /// relative ranges, arena offset `base`. A message whose cut is empty is
+    /// dropped on both ends (both cut it from the same ranges).
+    pub(super) fn push_distribution(
+        &self,
+        step: &mut Step,
+        rank: usize,
+        world: usize,
+        base: usize,
+        own: Range<usize>,
+        theirs: impl Fn(usize) -> Range<usize>,
+    ) {
+        for peer in (0..world).filter(|&p| p != rank) {
+            let out = self.delivered(peer, base + own.start..base + own.end);
+            if !out.is_empty() {
+                step.comm.push(CommOp::Send {
+                    buf: BufId::Local(0),
+                    range: out,
+                    peer,
+                });
+            }
+            let t = theirs(peer);
+            let got = self.delivered(rank, base + t.start..base + t.end);
+            if !got.is_empty() {
+                step.comm.push(CommOp::Recv {
+                    buf: BufId::Local(0),
+                    range: got,
+                    peer,
+                });
+            }
         }
     }
 

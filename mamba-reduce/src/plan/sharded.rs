@@ -95,25 +95,9 @@ impl RankPlan {
             let step = &mut steps[a + lag];
             // (Under a reduce-scatter each message is cut to what its
             // receiver owns: `delivered`.)
-            for peer in (0..p_world).filter(|&p| p != rank) {
-                let out = self.delivered(peer, base + own.start..base + own.end);
-                if !out.is_empty() {
-                    step.comm.push(CommOp::Send {
-                        buf: BufId::Local(0),
-                        range: out,
-                        peer,
-                    });
-                }
-                let theirs = plan.range(peer);
-                let got = self.delivered(rank, base + theirs.start..base + theirs.end);
-                if !got.is_empty() {
-                    step.comm.push(CommOp::Recv {
-                        buf: BufId::Local(0),
-                        range: got,
-                        peer,
-                    });
-                }
-            }
+            self.push_distribution(step, rank, p_world, base, own.clone(), |peer| {
+                plan.range(peer)
+            });
         }
         self.steps = steps;
     }

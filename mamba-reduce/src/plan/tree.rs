@@ -148,25 +148,9 @@ impl RankPlan {
             }
             let own = elements(&shards, held(rank, levels, levels));
             let step = &mut steps[a + levels as usize];
-            for peer in (0..world).filter(|&p| p != rank) {
-                let out = self.delivered(peer, base + own.start..base + own.end);
-                if !out.is_empty() {
-                    step.comm.push(CommOp::Send {
-                        buf: BufId::Local(0),
-                        range: out,
-                        peer,
-                    });
-                }
-                let theirs = elements(&shards, held(peer, levels, levels));
-                let got = self.delivered(rank, base + theirs.start..base + theirs.end);
-                if !got.is_empty() {
-                    step.comm.push(CommOp::Recv {
-                        buf: BufId::Local(0),
-                        range: got,
-                        peer,
-                    });
-                }
-            }
+            self.push_distribution(step, rank, world, base, own, |peer| {
+                elements(&shards, held(peer, levels, levels))
+            });
         }
         self.steps = steps;
     }
