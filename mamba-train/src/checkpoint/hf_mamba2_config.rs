@@ -90,7 +90,7 @@ pub(super) fn mamba2_config_from_hf(json: &Value) -> std::result::Result<ModelCo
         arch: Arch::Mamba2(ssd),
     };
     let want = mamba2_config_json(&cfg, &ssd);
-    for name in [
+    let fixed = [
         "num_heads",
         "layer_norm_epsilon",
         "rms_norm",
@@ -99,22 +99,33 @@ pub(super) fn mamba2_config_from_hf(json: &Value) -> std::result::Result<ModelCo
         "use_conv_bias",
         "hidden_act",
         "tie_word_embeddings",
-    ] {
-        let got = json.get(name);
-        if got != want.get(name) {
-            return Err(format!(
-                "config.json {name} is {}; this Mamba-2 model supports only {}{}",
-                got.map_or_else(|| "missing".to_string(), Value::to_string),
-                want[name],
-                if name == "num_heads" {
-                    " (expand x hidden_size / head_dim)"
-                } else {
-                    ""
-                }
-            ));
-        }
+    ];
+    if let Some((name, got)) = first_difference(json, &want, &fixed) {
+        return Err(format!(
+            "config.json {name} is {got}; this Mamba-2 model supports only {}{}",
+            want[name],
+            if name == "num_heads" {
+                " (expand x hidden_size / head_dim)"
+            } else {
+                ""
+            }
+        ));
     }
     Ok(cfg)
+}
+
+/// The first of `names` whose value in `json` is not the one in `want`,
+/// with what `json` has there (`missing` when absent).
+fn first_difference<'a>(
+    json: &Value,
+    want: &Value,
+    names: &[&'a str],
+) -> Option<(&'a str, String)> {
+    let name = *names.iter().find(|n| json.get(**n) != want.get(**n))?;
+    let got = json
+        .get(name)
+        .map_or_else(|| "missing".to_string(), Value::to_string);
+    Some((name, got))
 }
 
 /// Check that `json` is the `Mamba2Config` of `cfg` (fields `s`); on a
@@ -125,7 +136,7 @@ pub(super) fn check_mamba2_config(
     s: &SsdConfig,
 ) -> std::result::Result<(), String> {
     let want = mamba2_config_json(cfg, s);
-    for name in [
+    let fields = [
         "model_type",
         "vocab_size",
         "hidden_size",
@@ -142,17 +153,14 @@ pub(super) fn check_mamba2_config(
         "use_conv_bias",
         "hidden_act",
         "tie_word_embeddings",
-    ] {
-        let got = json.get(name);
-        if got != want.get(name) {
-            return Err(format!(
-                "config.json {name} is {}, but state.json's Mamba-2 model has {}",
-                got.map_or_else(|| "missing".to_string(), Value::to_string),
-                want[name]
-            ));
-        }
+    ];
+    match first_difference(json, &want, &fields) {
+        Some((name, got)) => Err(format!(
+            "config.json {name} is {got}, but state.json's Mamba-2 model has {}",
+            want[name]
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

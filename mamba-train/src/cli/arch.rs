@@ -58,13 +58,20 @@ fn described(arch: &Arch) -> String {
     )
 }
 
-/// The Mamba-2 shape flags as given, with what each sets.
-fn ssd_flags(args: &TrainArgs) -> [(&'static str, Option<usize>, fn(&SsdConfig) -> usize); 3] {
-    [
-        ("--head-dim", args.head_dim, |s| s.head_dim),
-        ("--n-groups", args.n_groups, |s| s.n_groups),
-        ("--chunk-size", args.chunk_size, |s| s.chunk_size),
-    ]
+/// A Mamba-2 field of [`SsdConfig`].
+type SsdField = fn(&SsdConfig) -> usize;
+
+/// Mamba-2's shape flags and the field each sets, in the order of
+/// [`ssd_given`].
+const SSD_FLAGS: [(&str, SsdField); 3] = [
+    ("--head-dim", |s| s.head_dim),
+    ("--n-groups", |s| s.n_groups),
+    ("--chunk-size", |s| s.chunk_size),
+];
+
+/// The values of [`SSD_FLAGS`] as given.
+fn ssd_given(args: &TrainArgs) -> [Option<usize>; 3] {
+    [args.head_dim, args.n_groups, args.chunk_size]
 }
 
 /// The architecture of a fresh run: `--arch`, else Mamba-1.
@@ -113,8 +120,9 @@ pub(super) fn fresh_model(
 /// Refuse any Mamba-2 shape flag on a Mamba-1 run (`why` says where the
 /// architecture came from; `may_switch`: `--arch mamba2` is a remedy).
 fn refuse_ssd_flags(args: &TrainArgs, why: &str, may_switch: bool) -> Result<()> {
-    match ssd_flags(args).into_iter().find(|(_, v, _)| v.is_some()) {
-        Some((flag, Some(v), _)) => Err(TrainError::Config(format!(
+    let given = SSD_FLAGS.iter().zip(ssd_given(args));
+    match given.filter_map(|((flag, _), v)| Some((flag, v?))).next() {
+        Some((flag, v)) => Err(TrainError::Config(format!(
             "{flag} {v} applies only to Mamba-2 (--arch mamba2), but {why}; drop {flag}{}",
             if may_switch {
                 " or add --arch mamba2"
@@ -122,7 +130,7 @@ fn refuse_ssd_flags(args: &TrainArgs, why: &str, may_switch: bool) -> Result<()>
                 ""
             }
         ))),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 
@@ -151,7 +159,7 @@ pub(super) fn check_against(
             false,
         );
     };
-    for (flag, given, field) in ssd_flags(args) {
+    for ((flag, field), given) in SSD_FLAGS.iter().zip(ssd_given(args)) {
         check_given(flag, given, field(s), source, keep)?;
     }
     Ok(())
@@ -180,12 +188,8 @@ pub(super) fn check_given(
 /// does not divide the heads.
 fn check_ssd_shape(cfg: &ModelConfig) -> Result<()> {
     let Some(s) = cfg.ssd() else { return Ok(()) };
-    for (flag, v) in [
-        ("--head-dim", s.head_dim),
-        ("--n-groups", s.n_groups),
-        ("--chunk-size", s.chunk_size),
-    ] {
-        if v == 0 {
+    for (flag, field) in SSD_FLAGS {
+        if field(s) == 0 {
             return Err(TrainError::Config(format!(
                 "{flag} must be at least 1, got 0"
             )));
