@@ -3,11 +3,24 @@
 
 use serde_json::{json, Value};
 
-use crate::config::{ModelConfig, RMS_EPS};
+use crate::config::{Arch, ModelConfig, RMS_EPS};
 
 /// [`RMS_EPS`] as the decimal it stands for.
 pub(super) const LAYER_NORM_EPSILON: f64 = 1e-5;
 const _: () = assert!(LAYER_NORM_EPSILON as f32 == RMS_EPS);
+
+/// transformers' `model_type` of a Mamba-1 `config.json`.
+pub const MODEL_TYPE_MAMBA1: &str = "mamba";
+/// transformers' `model_type` of a Mamba-2 `config.json`.
+pub const MODEL_TYPE_MAMBA2: &str = "mamba2";
+
+/// The `model_type` a `config.json` of `arch` has.
+pub fn hf_model_type(arch: &Arch) -> &'static str {
+    match arch {
+        Arch::Mamba1 => MODEL_TYPE_MAMBA1,
+        Arch::Mamba2(_) => MODEL_TYPE_MAMBA2,
+    }
+}
 
 /// Fields whose value this model fixes: `(name, the only value supported)`.
 /// A config that omits one gets the Hugging Face default, which is the
@@ -121,12 +134,17 @@ pub fn hf_config_json(cfg: &ModelConfig) -> Value {
 /// does not implement (untied head, projection biases, no conv bias, an
 /// activation other than SiLU, an `intermediate_size` other than `expand x
 /// hidden_size`, another RMSNorm epsilon), naming the field. `time_step_rank: "auto"` is `ceil(hidden_size / 16)`.
+///
+/// A `Mamba2Config` (`model_type` `"mamba2"`) is read by
+/// `checkpoint::hf_mamba2_config`: the architecture comes from `model_type`.
 pub fn model_config_from_hf(json: &Value) -> std::result::Result<ModelConfig, String> {
     match json.get("model_type").and_then(Value::as_str) {
-        Some("mamba") => {}
+        Some(MODEL_TYPE_MAMBA1) => {}
+        Some(MODEL_TYPE_MAMBA2) => return super::hf_mamba2_config::mamba2_config_from_hf(json),
         other => {
             return Err(format!(
-                "config.json model_type is {other:?}, expected \"mamba\""
+                "config.json model_type is {other:?}, expected \"{MODEL_TYPE_MAMBA1}\" (Mamba) or \
+                 \"{MODEL_TYPE_MAMBA2}\" (Mamba-2)"
             ))
         }
     }

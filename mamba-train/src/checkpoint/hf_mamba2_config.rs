@@ -1,14 +1,16 @@
 //! The Hugging Face `Mamba2Config` JSON of a Mamba-2 checkpoint, and the
 //! check that a checkpoint's `config.json` describes its run's model.
 //!
-//! Written for `Mamba2ForCausalLM` (transformers' field names); loading a
-//! Mamba-2 `config.json` from elsewhere (`--init-from`) is not supported
-//! yet, and the file has not yet been loaded by transformers itself (the
-//! cross-check runs on the GPU machine).
+//! Written for `Mamba2ForCausalLM` (transformers' field names) and read
+//! back by [`mamba2_config_from_hf`] (`--init-from`, `generate`/`eval` of a
+//! model directory). Reading asks for every shape field to be present
+//! (transformers' own defaults differ from ours, e.g. `n_groups` 8, so a
+//! missing one is not guessed); the file has not yet been loaded by
+//! transformers itself (the cross-check runs on the GPU machine).
 
 use serde_json::{json, Value};
 
-use crate::config::{ModelConfig, SsdConfig};
+use crate::config::{Arch, ModelConfig, SsdConfig};
 use crate::model::init::{DT_FLOOR, DT_MAX, DT_MIN, EMBED_STD};
 
 /// The `Mamba2Config` JSON for `cfg` with Mamba-2 fields `s` (keys sorted
@@ -50,6 +52,82 @@ pub(super) fn mamba2_config_json(cfg: &ModelConfig, s: &SsdConfig) -> Value {
     })
 }
 
+/// The [`ModelConfig`] of a `Mamba2Config` JSON (`model_type` `"mamba2"`):
+/// every shape field must be present, and the fields this model fixes
+/// (bias-free projections, conv bias, tied head, SiLU, the RMSNorm epsilon,
+/// the gated norm after the gate, `num_heads = d_inner / head_dim`) must
+/// have the value it supports; each refusal names the field.
+pub(super) fn mamba2_config_from_hf(json: &Value) -> std::result::Result<ModelConfig, String> {
+    let int = |name: &str| -> std::result::Result<usize, String> {
+        match json.get(name) {
+            Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                format!("config.json {name} is {v}, expected a non-negative integer")
+            }),
+            None => Err(format!(
+                "config.json has no {name} (a Mamba-2 config needs it)"
+            )),
+        }
+    };
+    let d_model = int("hidden_size")?;
+    let ssd = SsdConfig {
+        head_dim: int("head_dim")?,
+        n_groups: int("n_groups")?,
+        chunk_size: int("chunk_size")?,
+    };
+    let cfg = ModelConfig {
+        vocab_size: int("vocab_size")?,
+        d_model,
+        n_layer: int("num_hidden_layers")?,
+        d_state: int("state_size")?,
+        d_conv: int("conv_kernel")?,
+        expand: int("expand")?,
+        // Unused by Mamba-2; kept as written ("auto" or absent: the default).
+        dt_rank: match json.get("time_step_rank") {
+            Some(Value::String(s)) if s == "auto" => d_model.div_ceil(16),
+            None => d_model.div_ceil(16),
+            Some(_) => int("time_step_rank")?,
+        },
+        arch: Arch::Mamba2(ssd),
+    };
+    let want = mamba2_config_json(&cfg, &ssd);
+    let fixed = [
+        "num_heads",
+        "layer_norm_epsilon",
+        "rms_norm",
+        "norm_before_gate",
+        "use_bias",
+        "use_conv_bias",
+        "hidden_act",
+        "tie_word_embeddings",
+    ];
+    if let Some((name, got)) = first_difference(json, &want, &fixed) {
+        return Err(format!(
+            "config.json {name} is {got}; this Mamba-2 model supports only {}{}",
+            want[name],
+            if name == "num_heads" {
+                " (expand x hidden_size / head_dim)"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(cfg)
+}
+
+/// The first of `names` whose value in `json` is not the one in `want`,
+/// with what `json` has there (`missing` when absent).
+fn first_difference<'a>(
+    json: &Value,
+    want: &Value,
+    names: &[&'a str],
+) -> Option<(&'a str, String)> {
+    let name = *names.iter().find(|n| json.get(**n) != want.get(**n))?;
+    let got = json
+        .get(name)
+        .map_or_else(|| "missing".to_string(), Value::to_string);
+    Some((name, got))
+}
+
 /// Check that `json` is the `Mamba2Config` of `cfg` (fields `s`); on a
 /// mismatch, name the field and both values.
 pub(super) fn check_mamba2_config(
@@ -58,7 +136,7 @@ pub(super) fn check_mamba2_config(
     s: &SsdConfig,
 ) -> std::result::Result<(), String> {
     let want = mamba2_config_json(cfg, s);
-    for name in [
+    let fields = [
         "model_type",
         "vocab_size",
         "hidden_size",
@@ -75,17 +153,14 @@ pub(super) fn check_mamba2_config(
         "use_conv_bias",
         "hidden_act",
         "tie_word_embeddings",
-    ] {
-        let got = json.get(name);
-        if got != want.get(name) {
-            return Err(format!(
-                "config.json {name} is {}, but state.json's Mamba-2 model has {}",
-                got.map_or_else(|| "missing".to_string(), Value::to_string),
-                want[name]
-            ));
-        }
+    ];
+    match first_difference(json, &want, &fields) {
+        Some((name, got)) => Err(format!(
+            "config.json {name} is {got}, but state.json's Mamba-2 model has {}",
+            want[name]
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -114,5 +189,39 @@ mod tests {
         let m1 = ModelConfig::new(10, 32, 2);
         assert!(check_hf_config(&hf_config_json(&m1), &cfg).is_err());
         assert!(check_hf_config(&j, &m1).unwrap_err().contains("model_type"));
+    }
+
+    #[test]
+    fn mamba2_configs_read_back_and_unsupported_fields_are_named() {
+        use super::super::hf_config::{hf_model_type, model_config_from_hf};
+        let mut cfg = ModelConfig::mamba2(10, 32, 2);
+        if let crate::config::Arch::Mamba2(s) = &mut cfg.arch {
+            s.head_dim = 16;
+            s.n_groups = 2;
+            s.chunk_size = 8;
+        }
+        let j = hf_config_json(&cfg);
+        assert_eq!(model_config_from_hf(&j).unwrap(), cfg);
+        assert_eq!(hf_model_type(&cfg.arch), "mamba2");
+        assert_eq!(hf_model_type(&crate::config::Arch::Mamba1), "mamba");
+        for (field, value, want) in [
+            ("num_heads", 3.into(), "num_heads is 3"),
+            ("norm_before_gate", true.into(), "norm_before_gate"),
+            ("tie_word_embeddings", false.into(), "tie_word_embeddings"),
+            ("head_dim", "x".into(), "head_dim is \"x\""),
+        ] {
+            let mut bad = j.clone();
+            bad[field] = value;
+            let e = model_config_from_hf(&bad).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        let mut sparse = j.clone();
+        sparse.as_object_mut().unwrap().remove("n_groups");
+        let e = model_config_from_hf(&sparse).unwrap_err();
+        assert!(e.contains("no n_groups"), "{e}");
+        let mut other = j.clone();
+        other["model_type"] = "jamba".into();
+        let e = model_config_from_hf(&other).unwrap_err();
+        assert!(e.contains("\"jamba\"") && e.contains("\"mamba2\""), "{e}");
     }
 }

@@ -232,9 +232,10 @@ pub fn hf_model_dir(path: &Path) -> Result<PathBuf> {
     ))
 }
 
-/// The model shape of the Hugging Face Mamba `config.json` in `dir` (ours
-/// or one `transformers` wrote), refused with the field named when this
-/// model cannot honour it.
+/// The model shape of the Hugging Face Mamba or Mamba-2 `config.json` in
+/// `dir` (ours or one `transformers` wrote; the architecture is its
+/// `model_type`), refused with the field named when this model cannot
+/// honour it.
 pub fn load_hf_config(dir: &Path) -> Result<crate::config::ModelConfig> {
     let hf_path = dir.join(HF_CONFIG_FILE);
     let bytes = fs::read(&hf_path).map_err(|e| io_err(&hf_path, "cannot read", e))?;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mamba_reduce::ReduceContract;
 
-use crate::config::Precision;
+use crate::config::{Arch, Precision};
 use crate::data::{TaskKind, TokenDtype};
 
 /// `mamba-train`: deterministic Mamba training.
@@ -19,7 +19,7 @@ use crate::data::{TaskKind, TokenDtype};
 #[command(
     name = "mamba-train",
     version,
-    about = "Deterministic training of Mamba-1 language models"
+    about = "Deterministic training of Mamba-1 and Mamba-2 language models"
 )]
 pub struct Cli {
     /// What to do.
@@ -69,6 +69,32 @@ impl From<CliTask> for TaskKind {
             CliTask::Induction => TaskKind::Induction,
             CliTask::Text => TaskKind::Text,
             CliTask::Tokens => TaskKind::Tokens,
+        }
+    }
+}
+
+/// `--arch` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CliArch {
+    /// Mamba-1: the selective scan (`MambaForCausalLM`).
+    Mamba1,
+    /// Mamba-2: the state-space-duality mixer (`Mamba2ForCausalLM`).
+    Mamba2,
+}
+
+impl CliArch {
+    /// The flag's spelling of the architecture of `arch`.
+    pub fn of(arch: &Arch) -> CliArch {
+        match arch {
+            Arch::Mamba1 => CliArch::Mamba1,
+            Arch::Mamba2(_) => CliArch::Mamba2,
+        }
+    }
+    /// The flag's value (`mamba1`, `mamba2`), as [`Arch::name`].
+    pub fn name(self) -> &'static str {
+        match self {
+            CliArch::Mamba1 => "mamba1",
+            CliArch::Mamba2 => "mamba2",
         }
     }
 }
@@ -123,12 +149,32 @@ pub struct TrainArgs {
     /// Total optimizer steps of the run, the schedule's length [default: 2000].
     #[arg(long, value_name = "N")]
     pub steps: Option<u64>,
+    /// Block architecture: mamba1 (the selective scan of Mamba) or mamba2
+    /// (the SSD mixer of Mamba-2: heads of --head-dim channels, --n-groups,
+    /// a chunked scan of --chunk-size tokens; state size 128). Mamba-2
+    /// trains and evaluates with --device cpu only for now [default:
+    /// mamba1; with --resume or --init-from, the checkpoint's config.json
+    /// model_type, which the flag, if given, must equal].
+    #[arg(long, value_enum)]
+    pub arch: Option<CliArch>,
     /// Residual width [default: 64].
     #[arg(long, value_name = "N")]
     pub d_model: Option<usize>,
     /// Number of Mamba blocks [default: 2].
     #[arg(long, value_name = "N")]
     pub layers: Option<usize>,
+    /// --arch mamba2: channels per head; must divide the inner width 2 x
+    /// --d-model [default: 64, at most 2 x --d-model].
+    #[arg(long, value_name = "N")]
+    pub head_dim: Option<usize>,
+    /// --arch mamba2: groups of heads sharing one B and C; must divide the
+    /// number of heads (2 x --d-model / --head-dim) [default: 1].
+    #[arg(long, value_name = "N")]
+    pub n_groups: Option<usize>,
+    /// --arch mamba2: tokens per chunk of the SSD scan; it fixes the scan's
+    /// summation order, so it is part of the run's identity [default: 256].
+    #[arg(long, value_name = "N")]
+    pub chunk_size: Option<usize>,
     /// Sequences per (logical) micro-batch [default: 16].
     #[arg(long, value_name = "N")]
     pub batch: Option<usize>,
@@ -169,11 +215,12 @@ pub struct TrainArgs {
     /// run directory.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
-    /// Start from the weights of a Hugging Face Mamba checkpoint: a
-    /// directory with config.json and model.safetensors (as transformers'
-    /// save_pretrained writes them, or one of ours). The model's shape and
-    /// vocabulary come from its config.json (--d-model and --layers, if
-    /// given, must agree); the task's tokens must fit its vocabulary. The
+    /// Start from the weights of a Hugging Face Mamba or Mamba-2
+    /// checkpoint: a directory with config.json and model.safetensors (as
+    /// transformers' save_pretrained writes them, or one of ours). The
+    /// model's architecture, shape and vocabulary come from its config.json
+    /// (--arch, --d-model, --layers and the Mamba-2 shape flags, if given,
+    /// must agree); the task's tokens must fit its vocabulary. The
     /// optimizer starts fresh at step 0. Not with --resume.
     #[arg(long, value_name = "DIR")]
     pub init_from: Option<PathBuf>,
@@ -350,6 +397,7 @@ fn parse_contract(s: &str) -> Result<ReduceContract, String> {
 mod tests {
     use super::super::defaults as d;
     use super::*;
+    use crate::config::SsdConfig;
     use clap::CommandFactory;
 
     #[test]
@@ -386,6 +434,13 @@ mod tests {
             ),
             ("seed", d::SEED.to_string()),
             ("val_fraction", d::VAL_FRACTION.to_string()),
+            ("arch", "mamba1".to_string()),
+            (
+                "head_dim",
+                format!("{}, at most 2 x --d-model", SsdConfig::DEFAULT.head_dim),
+            ),
+            ("n_groups", SsdConfig::DEFAULT.n_groups.to_string()),
+            ("chunk_size", SsdConfig::DEFAULT.chunk_size.to_string()),
         ];
         for (id, value) in want {
             let h = help(id);

@@ -204,6 +204,24 @@ mod tests {
     }
 
     #[test]
+    fn the_architecture_and_its_shape_come_from_the_file_too() {
+        let f = file("arch = \"mamba2\"\nhead-dim = 8\nn_groups = 2\nchunk-size = 4\n");
+        let p = f.path().to_str().unwrap();
+        let a = parse(expand(os(&["mamba-train", "train", "--config", p])).unwrap());
+        assert_eq!(a.arch, Some(crate::cli::CliArch::Mamba2));
+        assert_eq!(
+            (a.head_dim, a.n_groups, a.chunk_size),
+            (Some(8), Some(2), Some(4))
+        );
+        let f = file("arch = \"mamba3\"\n");
+        let p = f.path().to_str().unwrap();
+        let e = expand(os(&["mamba-train", "train", "--config", p]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--config") && e.contains("mamba3"), "{e}");
+    }
+
+    #[test]
     fn bad_files_are_named_with_the_key() {
         let cases = [
             ("n_layer = 3\n", "\"n_layer\" is not a train flag"),

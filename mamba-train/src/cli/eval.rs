@@ -14,14 +14,14 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::args::Device;
+use super::arch::{cpu_model, require_cuda_mamba1};
+use super::args::{CliArch, Device};
 use super::drive::EVAL_ROWS;
 use super::progress::stderr_line;
 use super::run_dir::io_err;
 use super::source::load_model;
 use crate::data::Dataset;
 use crate::error::{Result, TrainError};
-use crate::model::cpu::CpuModel;
 use crate::model::cuda::CudaModel;
 use crate::model::Backend;
 use crate::train::{evaluate_with, EvalReport, RunConfig};
@@ -86,14 +86,13 @@ pub fn eval(args: &EvalArgs, out: &mut dyn Write) -> Result<EvalOutcome> {
         }
     ));
     let report = match args.device {
-        Device::Cpu => score(
-            CpuModel::new(run.model.clone())?,
-            &model.params,
-            &data,
-            &run,
-            args,
-        )?,
+        Device::Cpu => score(cpu_model(&run.model)?, &model.params, &data, &run, args)?,
         Device::Cuda => {
+            require_cuda_mamba1(
+                CliArch::of(&run.model.arch),
+                "evaluates",
+                &format!("--checkpoint {}", model.dir.display()),
+            )?;
             let m = CudaModel::new(run.model.clone(), 0).map_err(|e| {
                 TrainError::Config(format!(
                     "--device cuda: {e}; on a machine without a GPU use --device cpu"

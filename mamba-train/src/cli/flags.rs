@@ -13,6 +13,9 @@ use crate::error::TrainError;
 pub const SETTING_FLAGS: &[(&str, &str)] = &[
     ("d_model", "--d-model"),
     ("n_layer", "--layers"),
+    ("head_dim", "--head-dim"),
+    ("n_groups", "--n-groups"),
+    ("chunk_size", "--chunk-size"),
     ("batch", "--batch"),
     ("logical_world", "--logical-world"),
     ("seq_len", "--seq-len"),

@@ -2,6 +2,7 @@
 //! checkpoint, progress display, and the `train`, `generate`, `eval` and
 //! `tokenize` commands.
 
+pub mod arch;
 pub mod args;
 pub mod config_file;
 pub mod context;
@@ -21,7 +22,7 @@ pub mod run_dir;
 pub mod source;
 pub mod tokenize;
 
-pub use args::{Cli, Command, Device, TokenizeArgs, TrainArgs};
+pub use args::{Cli, CliArch, Command, Device, TokenizeArgs, TrainArgs};
 pub use eval::{eval, EvalArgs, EvalOutcome};
 pub use generate::{generate, GenerateArgs};
 pub use run::{rank_prefix, train, TrainOutcome, TrainSummary, METRICS_FILE, PLOT_FILE};

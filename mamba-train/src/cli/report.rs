@@ -112,7 +112,8 @@ pub(crate) fn describe(
         String::new()
     };
     format!(
-        "mamba-train: {task}; d_model {} x {} layers ({} params); batch {}{layout}; {} steps, lr {}, warmup {}; seed {}; {} thread{}{}; out {}{from}",
+        "mamba-train: {task}; {}d_model {} x {} layers ({} params); batch {}{layout}; {} steps, lr {}, warmup {}; seed {}; {} thread{}{}; out {}{from}",
+        super::arch::shape_note(&run.model),
         run.model.d_model,
         run.model.n_layer,
         n_params,

@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::arch;
 use super::args::TrainArgs;
 use super::defaults as d;
 use super::resolve_data::{check_data_flags, resolve_text, resolve_tokens};
@@ -184,6 +185,14 @@ pub fn resolve_run_in(
             .map_or(task.vocab_size(), |m| m.vocab_size),
         (None, false) => task.vocab_size(),
     };
+    if let Some(m) = rm {
+        arch::check_against(
+            args,
+            m,
+            "the checkpoint being resumed",
+            "a resumed run keeps its checkpoint's architecture and shape",
+        )?;
+    }
     let model = match (&args.init_from, rm) {
         (Some(dir), _) => pretrained_model(args, dir, &task)?,
         // Keep the recorded shape's other fields when the flags agree, so a
@@ -196,7 +205,7 @@ pub fn resolve_run_in(
         {
             m.clone()
         }
-        _ => ModelConfig::new(vocab, d_model, layers),
+        _ => arch::fresh_model(args, rm, vocab, d_model, layers)?,
     };
 
     let steps = pick(
@@ -267,18 +276,16 @@ fn pretrained_model(args: &TrainArgs, given: &Path, task: &TaskSpec) -> Result<M
             )));
         }
     }
+    let source = format!("--init-from {shown}");
+    let keep = "a pretrained model's architecture and shape come from its config.json";
     for (flag, given, theirs) in [
         ("--d-model", args.d_model, m.d_model),
         ("--layers", args.layers, m.n_layer),
         ("--vocab-size", args.vocab_size, m.vocab_size),
     ] {
-        if let Some(g) = given.filter(|&g| g != theirs) {
-            return Err(TrainError::Config(format!(
-                "{flag} {g} disagrees with --init-from {shown}, whose config.json has {theirs}; \
-                 omit {flag} (a pretrained model's shape comes from its config.json)"
-            )));
-        }
+        arch::check_given(flag, given, theirs, &source, keep)?;
     }
+    arch::check_against(args, &m, &source, keep)?;
     let need = task.token_vocab();
     if m.vocab_size < need {
         return Err(TrainError::Config(format!(

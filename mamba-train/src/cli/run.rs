@@ -21,7 +21,8 @@ use std::time::Duration;
 use mamba_comm::bootstrap::{detect, overrides, ProcessEnv, WorldPlace};
 use mamba_comm::supervisor::{start_world, Role, SpawnOptions};
 
-use super::args::{Device, TrainArgs};
+use super::arch::{cpu_model, require_cuda_mamba1};
+use super::args::{CliArch, Device, TrainArgs};
 use super::context::RankContext;
 use super::drive::drive;
 use super::plan::{plan_run, read_state, EnvRun};
@@ -29,10 +30,10 @@ use super::progress::stderr_line;
 use super::rank_setup::{prepare_rank, start_trainer, RankSetup};
 use super::report::plural;
 use super::run_dir::{check_run_dir, run_dir_of, RunLock};
+use crate::checkpoint;
 use crate::config::Precision;
 use crate::dp::{self, DataParallel};
 use crate::error::{Result, TrainError};
-use crate::model::cpu::CpuModel;
 use crate::model::cuda::CudaModel;
 
 pub use super::report::{TrainOutcome, TrainSummary};
@@ -76,6 +77,7 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
         ));
     }
     check_precision_device(args)?;
+    check_arch_device(args)?;
     let env = ProcessEnv;
     let place = detect(&env)?;
     let ov = overrides(&env)?;
@@ -169,6 +171,28 @@ pub fn check_precision_device(args: &TrainArgs) -> Result<()> {
     }
 }
 
+/// `--device cuda` trains Mamba-1 only for now: a Mamba-2 run (`--arch
+/// mamba2`, or the checkpoint of `--resume` / `--init-from`) is refused
+/// before anything starts, naming where the architecture came from.
+pub fn check_arch_device(args: &TrainArgs) -> Result<()> {
+    if args.device != Device::Cuda {
+        return Ok(());
+    }
+    let (arch, source) = match (args.arch, &args.resume, &args.init_from) {
+        (Some(arch), ..) => (arch, format!("--arch {}", arch.name())),
+        (None, Some(dir), _) => (
+            CliArch::of(&read_state(dir)?.1.run.model.arch),
+            format!("the checkpoint of --resume {}", dir.display()),
+        ),
+        (None, None, Some(dir)) => (
+            CliArch::of(&checkpoint::load_hf_config(&checkpoint::hf_model_dir(dir)?)?.arch),
+            format!("the config.json of --init-from {}", dir.display()),
+        ),
+        (None, None, None) => return Ok(()),
+    };
+    require_cuda_mamba1(arch, "trains", &source)
+}
+
 /// One rank of a CPU world: the engine over the CPU model (host arenas),
 /// the host reducer over loopback sockets.
 fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Result<TrainOutcome> {
@@ -185,8 +209,7 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
         precision: _,
     } = prepare_rank(args, &place)?;
     let run = plan.run.clone();
-    let model = CpuModel::new(run.model.clone())?;
-    let trainer = start_trainer(model, &run, data, ck, init)?;
+    let trainer = start_trainer(cpu_model(&run.model)?, &run, data, ck, init)?;
     let link = dp::host::connect(&place, timeout, trainer.arena_len())?;
     let reducer = dp::host::reducer(link.transport, &run);
     let mut world = DataParallel::new(trainer, reducer, opts)?;

@@ -39,8 +39,9 @@ impl LoadedModel {
             None => "Hugging Face weights".to_string(),
         };
         format!(
-            "{} ({what}; d_model {} x {} layers, d_state {}, vocabulary {})",
+            "{} ({what}; {}d_model {} x {} layers, d_state {}, vocabulary {})",
             self.dir.display(),
+            super::arch::shape_note(c),
             c.d_model,
             c.n_layer,
             c.d_state,

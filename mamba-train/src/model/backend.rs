@@ -101,6 +101,32 @@ pub trait HostModel {
     fn logits(&mut self, params: &[f32], batch: &Batch) -> Result<Vec<f32>>;
 }
 
+/// A boxed host model is one, so that a caller can choose the model at run
+/// time (e.g. by architecture) and still drive the one engine:
+/// `Box<dyn HostModel + Send>` is a [`Backend`].
+impl<M: HostModel + ?Sized> HostModel for Box<M> {
+    fn config(&self) -> &ModelConfig {
+        (**self).config()
+    }
+    fn layout(&self) -> &ParamLayout {
+        (**self).layout()
+    }
+    fn init_params(&self, seed: u64) -> Vec<f32> {
+        (**self).init_params(seed)
+    }
+    fn forward_backward(
+        &mut self,
+        params: &[f32],
+        batch: &Batch,
+        grads: &mut [f32],
+    ) -> Result<f32> {
+        (**self).forward_backward(params, batch, grads)
+    }
+    fn logits(&mut self, params: &[f32], batch: &Batch) -> Result<Vec<f32>> {
+        (**self).logits(params, batch)
+    }
+}
+
 impl<M: HostModel> ArenaMath for M {
     type Arena = Vec<f32>;
 
