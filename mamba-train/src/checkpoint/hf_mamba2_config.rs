@@ -111,7 +111,31 @@ pub(super) fn mamba2_config_from_hf(json: &Value) -> std::result::Result<ModelCo
             }
         ));
     }
+    check_time_step_limit(json)?;
     Ok(cfg)
+}
+
+/// transformers clamps `dt` to `time_step_limit` unless it is `(0, inf)`
+/// (its default, saved as `[0.0, Infinity]` in any of the spellings
+/// [`non_finite`](super::config_json::non_finite) reads); this model never
+/// clamps, so any other limit would silently give other logits: refused.
+fn check_time_step_limit(json: &Value) -> std::result::Result<(), String> {
+    let Some(v) = json.get("time_step_limit") else {
+        return Ok(());
+    };
+    let bound = |x: &Value| x.as_f64().or_else(|| super::config_json::non_finite(x));
+    let no_clamp = match v.as_array().map(Vec::as_slice) {
+        Some([lo, hi]) => bound(lo) == Some(0.0) && bound(hi) == Some(f64::INFINITY),
+        _ => false,
+    };
+    if no_clamp {
+        Ok(())
+    } else {
+        Err(format!(
+            "config.json time_step_limit is {v}; this Mamba-2 model does not clamp dt, so it \
+             supports only [0.0, Infinity] (no limit, transformers' default)"
+        ))
+    }
 }
 
 /// The first of `names` whose value in `json` is not the one in `want`,
@@ -167,6 +191,31 @@ pub(super) fn check_mamba2_config(
 mod tests {
     use super::super::hf_config::{check_hf_config, hf_config_json};
     use crate::config::ModelConfig;
+
+    #[test]
+    fn time_step_limit_is_read_in_every_spelling_of_no_limit_and_a_real_limit_is_refused() {
+        use super::super::hf_config::model_config_from_hf;
+        let cfg = ModelConfig::mamba2(10, 32, 2);
+        let with = |limit: &str| -> serde_json::Value {
+            let mut text = hf_config_json(&cfg).to_string();
+            text.insert_str(1, &format!("\"time_step_limit\": {limit}, "));
+            super::super::config_json::parse(text.as_bytes()).expect("parses")
+        };
+        for ok in [
+            "[0.0, Infinity]",
+            "[0.0, \"Infinity\"]",
+            "[0, {\"__float__\": \"Infinity\"}]",
+        ] {
+            assert_eq!(model_config_from_hf(&with(ok)), Ok(cfg.clone()), "{ok}");
+        }
+        for bad in ["[0.0, 100.0]", "[0.001, Infinity]", "[0.0]", "\"none\""] {
+            let e = model_config_from_hf(&with(bad)).unwrap_err();
+            assert!(
+                e.contains("time_step_limit") && e.contains("[0.0, Infinity]"),
+                "{bad}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn mamba2_configs_are_written_as_mamba2_and_checked_field_by_field() {

@@ -153,7 +153,7 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
         .validate()
         .map_err(|e| ck_err(&st_path, e.to_string()))?;
     let hf_path = dir.join(HF_CONFIG_FILE);
-    let hf: serde_json::Value = serde_json::from_slice(&hf_bytes)
+    let hf = super::config_json::parse(&hf_bytes)
         .map_err(|e| ck_err(&hf_path, format!("not valid JSON: {e}")))?;
     hf_config::check_hf_config(&hf, &state.run.model).map_err(|e| ck_err(&hf_path, e))?;
 
@@ -239,7 +239,7 @@ pub fn hf_model_dir(path: &Path) -> Result<PathBuf> {
 pub fn load_hf_config(dir: &Path) -> Result<crate::config::ModelConfig> {
     let hf_path = dir.join(HF_CONFIG_FILE);
     let bytes = fs::read(&hf_path).map_err(|e| io_err(&hf_path, "cannot read", e))?;
-    let hf: serde_json::Value = serde_json::from_slice(&bytes)
+    let hf = super::config_json::parse(&bytes)
         .map_err(|e| ck_err(&hf_path, format!("not valid JSON: {e}")))?;
     let cfg = hf_config::model_config_from_hf(&hf).map_err(|e| ck_err(&hf_path, e))?;
     cfg.validate()

@@ -27,6 +27,7 @@
 //! directories are removed by the next save.
 
 pub mod atomic;
+mod config_json;
 pub mod hf_config;
 mod hf_mamba2_config;
 pub mod state;
