@@ -35,6 +35,7 @@ mod host;
 pub mod mamba2;
 mod net;
 mod ops;
+mod recurrent;
 mod scan;
 mod simd;
 mod workspace;
@@ -46,6 +47,7 @@ pub use simd::{set_max_simd, SimdLevel};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::model::Decoder;
 
 /// The f32 CPU model (Mamba-1).
 ///
@@ -63,3 +65,24 @@ impl CpuModel {
 }
 
 host::cpu_model_api!(CpuModel);
+
+/// A recurrent decoder of the f32 CPU model `cfg` (Mamba-1 or Mamba-2,
+/// validated) with weights `params` (its layout's length), at position 0:
+/// [`CpuDecoder::new`] as the trait object the generation engine takes.
+pub fn cpu_decoder(cfg: ModelConfig, params: Vec<f32>) -> Result<Box<dyn Decoder>> {
+    Ok(Box::new(CpuDecoder::new(cfg, params)?))
+}
+
+/// The logits `[tokens.len(), vocab]` of feeding `tokens` one by one to the
+/// recurrent decoder of `cfg` (either architecture) in f64, from the zero
+/// state: the same program as [`CpuDecoder`] over f64, the reference that
+/// checks the step against [`CpuModel::logits_f64`] /
+/// [`Mamba2Model::logits_f64`] without f32 rounding in the way.
+pub fn decode_logits_f64(cfg: &ModelConfig, params: &[f64], tokens: &[u32]) -> Result<Vec<f64>> {
+    let mut dec = decode::recurrent(cfg.clone(), params.to_vec())?;
+    let mut out = Vec::with_capacity(tokens.len() * cfg.vocab_size);
+    for &t in tokens {
+        out.extend_from_slice(dec.step(t)?);
+    }
+    Ok(out)
+}

@@ -19,6 +19,7 @@
 //! chunk size is part of the config because it decides the scan's order.
 
 mod acts;
+pub(crate) mod decode;
 mod gate;
 mod net;
 pub(crate) mod ssd;
