@@ -16,7 +16,7 @@
 
 mod cuda_common;
 
-use cuda_common::perturbed;
+use cuda_common::{decode, perturbed};
 use mamba_train::config::{Arch, SsdConfig};
 use mamba_train::model::cpu::{cpu_decoder, decode_logits_f64, CpuDecoder, Mamba2Model};
 use mamba_train::model::{Batch, DecodeState, Decoder, IGNORE};
@@ -97,20 +97,6 @@ fn worst_error(got: &[f64], want: &[f64], v: usize) -> f64 {
             diff / scale
         })
         .fold(0.0, f64::max)
-}
-
-/// Decoder logits `[l, vocab]` from the state after reset, checking the
-/// position and the state size at every step.
-fn decode(dec: &mut dyn Decoder, toks: &[u32]) -> Vec<f32> {
-    let cfg = dec.config().clone();
-    dec.reset().unwrap();
-    let mut out = Vec::new();
-    for (i, &t) in toks.iter().enumerate() {
-        assert_eq!(dec.position(), i as u64);
-        out.extend_from_slice(dec.step(t).unwrap());
-        assert_eq!(dec.snapshot().unwrap().len(), DecodeState::len_for(&cfg));
-    }
-    out
 }
 
 fn widen(v: &[f32]) -> Vec<f64> {

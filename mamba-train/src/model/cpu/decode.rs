@@ -20,6 +20,7 @@
 //! `tests/decode_parity.rs`), and the cost of a step does not depend on the
 //! position.
 
+use super::block::Ends;
 use super::conv;
 // `Float::exp` is the CPU model's fixed polynomial; f32's inherent `exp`
 // (the system libm) would not give the forward pass's bits.
@@ -27,8 +28,8 @@ use super::float::Float;
 use super::gemm::{gemm, Accum, MatRef};
 use super::mamba2::decode::Mamba2Step;
 use super::ops;
-use super::recurrent::{a_of, conv_step, Recurrent, StepBlocks};
-use crate::config::{Arch, ModelConfig, RMS_EPS};
+use super::recurrent::{a_of, conv_step, Recurrent, StepBlocks, StepState};
+use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
 use crate::model::decode::{DecodeState, Decoder};
 use crate::params::ParamLayout;
@@ -163,16 +164,7 @@ impl<F: Float> Mamba1Step<F> {
 }
 
 impl<F: Float> StepBlocks<F> for Mamba1Step<F> {
-    fn step(
-        &mut self,
-        lay: &ParamLayout,
-        p: &[F],
-        x: &mut Vec<F>,
-        conv: &mut [F],
-        ssm: &mut [F],
-        filled: usize,
-        panels: &mut Vec<F>,
-    ) {
+    fn step(&mut self, lay: &ParamLayout, p: &[F], st: StepState<'_, F>, panels: &mut Vec<F>) {
         let Mamba1Step { cfg, a, conv_wt, b } = self;
         let (d, e, n, r, k) = (
             cfg.d_model,
@@ -182,25 +174,16 @@ impl<F: Float> StepBlocks<F> for Mamba1Step<F> {
             cfg.d_conv,
         );
         let (ld_bc, kk) = (r + 2 * n, k - 1);
-        let eps = F::from_f64(RMS_EPS as f64);
         for (i, lo) in lay.layers.iter().enumerate() {
-            ops::rmsnorm_fwd(x, &p[lo.norm.clone()], eps, &mut b.xn, &mut b.rstd);
-            let in_proj = MatRef::new(&p[lo.in_proj.clone()], 2 * e, d, d);
-            gemm(
-                MatRef::new(&b.xn, 1, d, d),
-                in_proj.t(),
-                &mut b.xz,
-                2 * e,
-                Accum::Overwrite,
-                panels,
-            );
-            let conv_state = &mut conv[i * kk * e..(i + 1) * kk * e];
+            let ends = Ends::new(p, [&lo.norm, &lo.in_proj, &lo.out_proj], [1, d, 2 * e, e]);
+            ends.enter(st.x, &mut b.xn, &mut b.rstd, &mut b.xz, panels);
+            let conv_state = &mut st.conv[i * kk * e..(i + 1) * kk * e];
             conv_step(
                 &b.xz[..e],
                 &conv_wt[i],
                 &p[lo.conv_b.clone()],
                 conv_state,
-                filled,
+                st.filled,
                 &mut b.u,
             );
             let x_proj = MatRef::new(&p[lo.x_proj.clone()], ld_bc, e, e);
@@ -222,21 +205,12 @@ impl<F: Float> StepBlocks<F> for Mamba1Step<F> {
                 panels,
             );
             ops::bias_softplus(&mut b.dtr, &p[lo.dt_proj_b.clone()], &mut b.dt);
-            let h = &mut ssm[i * e * n..(i + 1) * e * n];
+            let h = &mut st.ssm[i * e * n..(i + 1) * e * n];
             let (bt, ct) = (&b.dbc[r..r + n], &b.dbc[r + n..r + 2 * n]);
             scan_step(&b.u, &b.dt, bt, ct, &a[i], &p[lo.d.clone()], h, &mut b.y);
             ops::gate_fwd(&b.y, &b.xz, e, &mut b.g);
-            let out_proj = MatRef::new(&p[lo.out_proj.clone()], d, e, e);
-            gemm(
-                MatRef::new(&b.g, 1, e, e),
-                out_proj.t(),
-                &mut b.x_next,
-                d,
-                Accum::Overwrite,
-                panels,
-            );
-            ops::residual_add(&mut b.x_next, x);
-            std::mem::swap(x, &mut b.x_next);
+            ends.leave(&b.g, st.x, &mut b.x_next, panels);
+            std::mem::swap(st.x, &mut b.x_next);
         }
     }
 }

@@ -17,6 +17,13 @@
 //! for tests). `exp` and `ln_1p` in f32 are fixed polynomials
 //! ([`exp_f32`], [`ln_1p_f32`]), not the system libm.
 //!
+//! Layout: the parts every architecture shares are written once — the
+//! frame around the blocks (`frame`: embedding, final norm, tied head,
+//! loss) and its buffers (`workspace`), the ends of a residual block
+//! (`block`), the host model and its public methods (`host`), the frame of
+//! recurrent decoding (`recurrent`); each architecture brings its block
+//! stack (Mamba-1: `net`, `acts`, `decode`; Mamba-2: [`mamba2`]).
+//!
 //! Numerical contract, for implementations pinned against this one (the
 //! module docs of `gemm`, `ops` and `scan` give every formula's order):
 //! matrix products are one ascending chain over the inner dimension per
@@ -26,6 +33,7 @@
 //! ascending; the loss is the f64 sum of per-token f32 losses, ascending.
 
 mod acts;
+mod block;
 mod conv;
 mod decode;
 mod float;

@@ -12,6 +12,7 @@
 //! recomputed there.
 
 use super::acts::{Dims, Mamba1Acts};
+use super::block::Ends;
 use super::conv;
 use super::float::Float;
 use super::frame::{Blocks, Pass};
@@ -34,14 +35,8 @@ impl Arch for Mamba1 {
 
 impl<F: Float> Blocks<F> for Mamba1Acts<F> {
     fn forward(&mut self, pass: &Pass<'_, F>, xs: &mut [Vec<F>], panels: &mut Vec<F>) {
-        let Pass {
-            cfg,
-            lay,
-            p,
-            nseq,
-            l,
-        } = *pass;
-        let dm = Dims::new(cfg, nseq, l);
+        let (cfg, lay, p) = (pass.cfg, pass.lay, pass.p);
+        let dm = Dims::new(cfg, pass.nseq, pass.l);
         let Dims {
             t,
             d,
@@ -52,20 +47,11 @@ impl<F: Float> Blocks<F> for Mamba1Acts<F> {
             ..
         } = dm;
         self.size_forward(&dm, cfg.n_layer);
-        let eps = pass.eps();
         for (i, (lo, la)) in lay.layers.iter().zip(self.layers.iter_mut()).enumerate() {
             let (done, rest) = xs.split_at_mut(i + 1);
             let (x_in, x_out) = (&done[i], &mut rest[0]);
-            ops::rmsnorm_fwd(x_in, &p[lo.norm.clone()], eps, &mut la.xn, &mut la.rstd);
-            let in_proj = MatRef::new(&p[lo.in_proj.clone()], 2 * e, d, d);
-            gemm(
-                MatRef::new(&la.xn, t, d, d),
-                in_proj.t(),
-                &mut la.xz,
-                2 * e,
-                Accum::Overwrite,
-                panels,
-            );
+            let ends = Ends::new(p, [&lo.norm, &lo.in_proj, &lo.out_proj], [t, d, 2 * e, e]);
+            ends.enter(x_in, &mut la.xn, &mut la.rstd, &mut la.xz, panels);
             conv::conv_weight_t(&p[lo.conv_w.clone()], e, k, &mut self.conv_wt);
             conv::conv_silu_fwd(
                 &la.xz,
@@ -106,17 +92,7 @@ impl<F: Float> Blocks<F> for Mamba1Acts<F> {
                 &mut la.y,
             );
             ops::gate_fwd(&la.y, &la.xz, e, &mut la.g);
-            // x_out = x_in + out_proj(g).
-            let out_proj = MatRef::new(&p[lo.out_proj.clone()], d, e, e);
-            gemm(
-                MatRef::new(&la.g, t, e, e),
-                out_proj.t(),
-                x_out,
-                d,
-                Accum::Overwrite,
-                panels,
-            );
-            ops::residual_add(x_out, x_in);
+            ends.leave(&la.g, x_in, x_out, panels);
         }
     }
 
@@ -128,14 +104,8 @@ impl<F: Float> Blocks<F> for Mamba1Acts<F> {
         grads: &mut [F],
         panels: &mut Vec<F>,
     ) {
-        let Pass {
-            cfg,
-            lay,
-            p,
-            nseq,
-            l,
-        } = *pass;
-        let dm = Dims::new(cfg, nseq, l);
+        let (cfg, lay, p) = (pass.cfg, pass.lay, pass.p);
+        let dm = Dims::new(cfg, pass.nseq, pass.l);
         let Dims {
             t,
             d,
@@ -149,17 +119,8 @@ impl<F: Float> Blocks<F> for Mamba1Acts<F> {
         for (i, (lo, la)) in lay.layers.iter().zip(&self.layers).enumerate().rev() {
             let x_in = &xs[i];
             // Block output = x_in + out_proj(g): dx is d loss / d output.
-            let dxm = MatRef::new(dx, t, d, d);
-            gemm(
-                dxm.t(),
-                MatRef::new(&la.g, t, e, e),
-                &mut grads[lo.out_proj.clone()],
-                e,
-                Accum::Overwrite,
-                panels,
-            );
-            let out_proj = MatRef::new(&p[lo.out_proj.clone()], d, e, e);
-            gemm(dxm, out_proj, &mut self.dg, e, Accum::Overwrite, panels);
+            let ends = Ends::new(p, [&lo.norm, &lo.in_proj, &lo.out_proj], [t, d, 2 * e, e]);
+            ends.leave_bwd(dx, &la.g, grads, &mut self.dg, panels);
             ops::gate_bwd(&self.dg, &la.y, &la.xz, e, &mut self.dy, &mut self.dxz);
             let a = scan::a_blocks(&p[lo.a_log.clone()], dm.scan());
             let out = ScanGrads {
@@ -228,28 +189,10 @@ impl<F: Float> Blocks<F> for Mamba1Acts<F> {
                 dcw,
                 dcb,
             );
-            // xz = xn . in_proj^T.
-            let dxz = MatRef::new(&self.dxz, t, 2 * e, 2 * e);
-            gemm(
-                dxz.t(),
-                MatRef::new(&la.xn, t, d, d),
-                &mut grads[lo.in_proj.clone()],
-                d,
-                Accum::Overwrite,
-                panels,
-            );
-            let in_proj = MatRef::new(&p[lo.in_proj.clone()], 2 * e, d, d);
-            gemm(dxz, in_proj, &mut self.dxn, d, Accum::Overwrite, panels);
-            // xn = norm(x_in); the residual passes dx through unchanged.
-            ops::rmsnorm_bwd(
-                &self.dxn,
-                x_in,
-                &la.rstd,
-                &p[lo.norm.clone()],
-                dx,
-                true,
-                &mut grads[lo.norm.clone()],
-            );
+            // xz = xn . in_proj^T, xn = norm(x_in); the residual passes dx
+            // through unchanged.
+            let (dxz, xn, rstd) = (&self.dxz, &la.xn, &la.rstd);
+            ends.enter_bwd(dxz, xn, x_in, rstd, grads, &mut self.dxn, dx, panels);
         }
     }
 }

@@ -21,24 +21,25 @@ use crate::params::ParamLayout;
 /// An architecture's blocks for one token, with whatever it derives from
 /// the weights once (`A`, transposed conv weights) and one token's buffers.
 ///
-/// Contract: [`step`](Self::step) maps the residual row `x` (`d_model`)
-/// through every block in place, reading and advancing each layer's part of
-/// `conv` and `ssm` (laid out as [`DecodeState`]'s fields); `filled` is the
-/// number of newest conv-window rows that hold inputs of this sequence
-/// (`min(position, d_conv - 1)`): the older ones are never read.
+/// Contract: [`step`](Self::step) maps the residual row through every
+/// block in place, reading and advancing each layer's part of the state
+/// ([`StepState`]).
 pub(crate) trait StepBlocks<F>: Send {
     /// One token through every block.
-    #[allow(clippy::too_many_arguments)]
-    fn step(
-        &mut self,
-        lay: &ParamLayout,
-        p: &[F],
-        x: &mut Vec<F>,
-        conv: &mut [F],
-        ssm: &mut [F],
-        filled: usize,
-        panels: &mut Vec<F>,
-    );
+    fn step(&mut self, lay: &ParamLayout, p: &[F], st: StepState<'_, F>, panels: &mut Vec<F>);
+}
+
+/// What a step of the blocks reads and advances.
+pub(crate) struct StepState<'a, F> {
+    /// The residual row (`d_model`), in and out.
+    pub(crate) x: &'a mut Vec<F>,
+    /// Every layer's conv window, laid out as [`DecodeState::conv`].
+    pub(crate) conv: &'a mut [F],
+    /// Every layer's SSM state, laid out as [`DecodeState::ssm`].
+    pub(crate) ssm: &'a mut [F],
+    /// The newest conv-window rows that hold inputs of this sequence
+    /// (`min(position, d_conv - 1)`): the older ones are never read.
+    pub(crate) filled: usize,
 }
 
 /// One sequence's recurrent decoder on the CPU, in `F`.
@@ -106,15 +107,13 @@ impl<F: Float> Recurrent<F> {
         let tok = token as usize;
         self.x.copy_from_slice(&emb[tok * d..(tok + 1) * d]);
         let filled = self.pos.min(self.cfg.d_conv as u64 - 1) as usize;
-        self.blocks.step(
-            lay,
-            p,
-            &mut self.x,
-            &mut self.conv,
-            &mut self.ssm,
+        let st = StepState {
+            x: &mut self.x,
+            conv: &mut self.conv,
+            ssm: &mut self.ssm,
             filled,
-            &mut self.panels,
-        );
+        };
+        self.blocks.step(lay, p, st, &mut self.panels);
         let eps = F::from_f64(RMS_EPS as f64);
         let nf = &p[lay.norm_f.clone()];
         ops::rmsnorm_fwd(&self.x, nf, eps, &mut self.xf, &mut self.rstd);

@@ -18,11 +18,11 @@
 //! forward's to rounding, not bit for bit (`tests/mamba2_decode.rs` states
 //! the tolerances).
 
+use super::super::block::Ends;
 use super::super::conv;
 use super::super::float::Float;
-use super::super::gemm::{gemm, Accum, MatRef};
 use super::super::ops;
-use super::super::recurrent::{a_of, conv_step, StepBlocks};
+use super::super::recurrent::{a_of, conv_step, StepBlocks, StepState};
 use super::gate;
 use crate::config::{ModelConfig, SsdConfig, RMS_EPS};
 use crate::params::ParamLayout;
@@ -108,65 +108,39 @@ impl<F: Float> Mamba2Step<F> {
 }
 
 impl<F: Float> StepBlocks<F> for Mamba2Step<F> {
-    fn step(
-        &mut self,
-        lay: &ParamLayout,
-        p: &[F],
-        x: &mut Vec<F>,
-        conv: &mut [F],
-        ssm: &mut [F],
-        filled: usize,
-        panels: &mut Vec<F>,
-    ) {
+    fn step(&mut self, lay: &ParamLayout, p: &[F], st: StepState<'_, F>, panels: &mut Vec<F>) {
         let Shape {
             d, e, cd, w, kk, ..
         } = self.s;
         let eps = F::from_f64(RMS_EPS as f64);
         for (i, lo) in lay.ssd_layers.iter().enumerate() {
-            ops::rmsnorm_fwd(x, &p[lo.norm.clone()], eps, &mut self.xn, &mut self.rstd);
-            let in_proj = MatRef::new(&p[lo.in_proj.clone()], w, d, d);
-            gemm(
-                MatRef::new(&self.xn, 1, d, d),
-                in_proj.t(),
-                &mut self.zx,
-                w,
-                Accum::Overwrite,
-                panels,
-            );
+            let ends = Ends::new(p, [&lo.norm, &lo.in_proj, &lo.out_proj], [1, d, w, e]);
+            ends.enter(st.x, &mut self.xn, &mut self.rstd, &mut self.zx, panels);
             conv_step(
                 &self.zx[e..e + cd],
                 &self.conv_wt[i],
                 &p[lo.conv_b.clone()],
-                &mut conv[i * kk * cd..(i + 1) * kk * cd],
-                filled,
+                &mut st.conv[i * kk * cd..(i + 1) * kk * cd],
+                st.filled,
                 &mut self.u,
             );
             self.dtr.copy_from_slice(&self.zx[e + cd..]);
             ops::bias_softplus(&mut self.dtr, &p[lo.dt_bias.clone()], &mut self.dt);
-            let st = &mut ssm[i * e * self.s.n..(i + 1) * e * self.s.n];
+            let hs = &mut st.ssm[i * e * self.s.n..(i + 1) * e * self.s.n];
             ssd_step(
                 self.s,
                 &self.u,
                 &self.dt,
                 &self.a[i],
                 &p[lo.d.clone()],
-                st,
+                hs,
                 &mut self.y,
             );
             gate::gate_fwd(&self.y, &self.zx, e, w, &mut self.g);
             let nw = &p[lo.norm_gated.clone()];
             ops::rmsnorm_fwd(&self.g, nw, eps, &mut self.gn, &mut self.rstd);
-            let out_proj = MatRef::new(&p[lo.out_proj.clone()], d, e, e);
-            gemm(
-                MatRef::new(&self.gn, 1, e, e),
-                out_proj.t(),
-                &mut self.x_next,
-                d,
-                Accum::Overwrite,
-                panels,
-            );
-            ops::residual_add(&mut self.x_next, x);
-            std::mem::swap(x, &mut self.x_next);
+            ends.leave(&self.gn, st.x, &mut self.x_next, panels);
+            std::mem::swap(st.x, &mut self.x_next);
         }
     }
 }

@@ -14,10 +14,10 @@
 //! forward keeps every activation above per layer; the backward recomputes
 //! the scan states.
 
+use super::super::block::Ends;
 use super::super::conv;
 use super::super::float::Float;
 use super::super::frame::{Blocks, Pass};
-use super::super::gemm::{gemm, Accum, MatRef};
 use super::super::host::Arch;
 use super::super::net::two_mut;
 use super::super::ops;
@@ -46,14 +46,8 @@ impl Arch for Mamba2 {
 
 impl<F: Float> Blocks<F> for Mamba2Acts<F> {
     fn forward(&mut self, pass: &Pass<'_, F>, xs: &mut [Vec<F>], panels: &mut Vec<F>) {
-        let Pass {
-            cfg,
-            lay,
-            p,
-            nseq,
-            l,
-        } = *pass;
-        let dm = Dims::new(cfg, nseq, l);
+        let (cfg, lay, p, nseq) = (pass.cfg, pass.lay, pass.p, pass.nseq);
+        let dm = Dims::new(cfg, nseq, pass.l);
         let Dims { t, d, e, w, .. } = dm;
         self.size_forward(&dm, cfg.n_layer);
         let eps = pass.eps();
@@ -65,16 +59,8 @@ impl<F: Float> Blocks<F> for Mamba2Acts<F> {
         {
             let (done, rest) = xs.split_at_mut(i + 1);
             let (x_in, x_out) = (&done[i], &mut rest[0]);
-            ops::rmsnorm_fwd(x_in, &p[lo.norm.clone()], eps, &mut la.xn, &mut la.rstd);
-            let in_proj = MatRef::new(&p[lo.in_proj.clone()], w, d, d);
-            gemm(
-                MatRef::new(&la.xn, t, d, d),
-                in_proj.t(),
-                &mut la.zx,
-                w,
-                Accum::Overwrite,
-                panels,
-            );
+            let ends = Ends::new(p, [&lo.norm, &lo.in_proj, &lo.out_proj], [t, d, w, e]);
+            ends.enter(x_in, &mut la.xn, &mut la.rstd, &mut la.zx, panels);
             conv::conv_weight_t(&p[lo.conv_w.clone()], dm.cd, dm.k(), &mut self.conv_wt);
             conv::conv_silu_fwd(
                 &la.zx[e..],
@@ -108,16 +94,7 @@ impl<F: Float> Blocks<F> for Mamba2Acts<F> {
                 &mut la.gn,
                 &mut la.rstd_g,
             );
-            let out_proj = MatRef::new(&p[lo.out_proj.clone()], d, e, e);
-            gemm(
-                MatRef::new(&la.gn, t, e, e),
-                out_proj.t(),
-                x_out,
-                d,
-                Accum::Overwrite,
-                panels,
-            );
-            ops::residual_add(x_out, x_in);
+            ends.leave(&la.gn, x_in, x_out, panels);
         }
     }
 
@@ -129,30 +106,15 @@ impl<F: Float> Blocks<F> for Mamba2Acts<F> {
         grads: &mut [F],
         panels: &mut Vec<F>,
     ) {
-        let Pass {
-            cfg,
-            lay,
-            p,
-            nseq,
-            l,
-        } = *pass;
-        let dm = Dims::new(cfg, nseq, l);
+        let (cfg, lay, p, nseq) = (pass.cfg, pass.lay, pass.p, pass.nseq);
+        let dm = Dims::new(cfg, nseq, pass.l);
         let Dims { t, d, e, w, .. } = dm;
         self.size_backward(&dm);
         for (i, (lo, la)) in lay.ssd_layers.iter().zip(&self.layers).enumerate().rev() {
             let x_in = &xs[i];
             // Block output = x_in + out_proj(gn).
-            let dxm = MatRef::new(dx, t, d, d);
-            gemm(
-                dxm.t(),
-                MatRef::new(&la.gn, t, e, e),
-                &mut grads[lo.out_proj.clone()],
-                e,
-                Accum::Overwrite,
-                panels,
-            );
-            let out_proj = MatRef::new(&p[lo.out_proj.clone()], d, e, e);
-            gemm(dxm, out_proj, &mut self.dgn, e, Accum::Overwrite, panels);
+            let ends = Ends::new(p, [&lo.norm, &lo.in_proj, &lo.out_proj], [t, d, w, e]);
+            ends.leave_bwd(dx, &la.gn, grads, &mut self.dgn, panels);
             ops::rmsnorm_bwd(
                 &self.dgn,
                 &la.g,
@@ -206,27 +168,9 @@ impl<F: Float> Blocks<F> for Mamba2Acts<F> {
                 dcw,
                 dcb,
             );
-            // zx = xn . in_proj^T.
-            let dzx = MatRef::new(&self.dzx, t, w, w);
-            gemm(
-                dzx.t(),
-                MatRef::new(&la.xn, t, d, d),
-                &mut grads[lo.in_proj.clone()],
-                d,
-                Accum::Overwrite,
-                panels,
-            );
-            let in_proj = MatRef::new(&p[lo.in_proj.clone()], w, d, d);
-            gemm(dzx, in_proj, &mut self.dxn, d, Accum::Overwrite, panels);
-            ops::rmsnorm_bwd(
-                &self.dxn,
-                x_in,
-                &la.rstd,
-                &p[lo.norm.clone()],
-                dx,
-                true,
-                &mut grads[lo.norm.clone()],
-            );
+            // zx = xn . in_proj^T, xn = norm(x_in).
+            let (dzx, xn, rstd) = (&self.dzx, &la.xn, &la.rstd);
+            ends.enter_bwd(dzx, xn, x_in, rstd, grads, &mut self.dxn, dx, panels);
         }
     }
 }
