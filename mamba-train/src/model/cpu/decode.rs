@@ -3,7 +3,7 @@
 //! `recurrent`), and the Mamba-1 block step (`Mamba1Step`).
 //!
 //! A Mamba-1 step is the forward pass of `net` for one token, through the
-//! same functions (`ops`, `gemm`) and in the same order, with the conv and
+//! same functions (`ops`, `gemm`, `block`) and in the same order, with the conv and
 //! the scan reading their past from the [`DecodeState`] instead of from
 //! earlier rows:
 //! - conv: `acc = 0`, then `acc = acc + w[c,j] * x_{t+j-(k-1)}` for
