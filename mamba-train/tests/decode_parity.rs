@@ -18,7 +18,7 @@
 
 mod cuda_common;
 
-use cuda_common::{perturbed, random_case};
+use cuda_common::{decode, perturbed, random_case};
 use mamba_train::model::cpu::{CpuDecoder, CpuModel};
 use mamba_train::model::{Batch, DecodeState, Decoder, IGNORE};
 use mamba_train::seed::Rng;
@@ -41,24 +41,6 @@ fn forward(cfg: &ModelConfig, params: &[f32], toks: &[u32]) -> Vec<f32> {
         seq_len: toks.len(),
     };
     model.logits(params, &b).unwrap()
-}
-
-/// Decoder logits `[l, vocab]`, checking the state size at every position.
-fn decode(dec: &mut CpuDecoder, toks: &[u32]) -> Vec<f32> {
-    let cfg = dec.config().clone();
-    dec.reset().unwrap();
-    let mut out = Vec::new();
-    for (i, &t) in toks.iter().enumerate() {
-        assert_eq!(dec.position(), i as u64);
-        out.extend_from_slice(dec.step(t).unwrap());
-        let st = dec.snapshot().unwrap();
-        assert_eq!(
-            st.len(),
-            DecodeState::len_for(&cfg),
-            "state size at position {i} is not the shape's constant"
-        );
-    }
-    out
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -4,10 +4,12 @@
 //! the same weights for P = 1, 2, 4 processes (threads) at L = 4, and
 //! checkpoints with the Hugging Face Mamba-2 names that resume bit for bit.
 
+mod common;
 mod cuda_common;
 
 use std::time::Duration;
 
+use common::gradcheck;
 use cuda_common::batch;
 use mamba_comm::host::{HostOptions, HostTransport};
 use mamba_train::checkpoint;
@@ -16,7 +18,6 @@ use mamba_train::data::{Dataset, SelectiveCopyConfig, TaskSpec};
 use mamba_train::dp::{self, DataParallel, DpOptions};
 use mamba_train::model::cpu::Mamba2Model;
 use mamba_train::optim::{AdamWConfig, Schedule};
-use mamba_train::seed::Rng;
 use mamba_train::train::{RunConfig, Trainer, DEFAULT_CONTRACT};
 use mamba_train::ModelConfig;
 
@@ -34,15 +35,11 @@ fn tiny() -> ModelConfig {
     c
 }
 
-/// Reference init plus N(0, 0.1) noise, in f64, so that no gradient path
-/// sits at a special point (norm weights and D exactly 1).
+/// Reference init plus N(0, 0.1) noise, in f64 ([`gradcheck::perturbed`]),
+/// so that no gradient path sits at a special point (norm weights and D
+/// exactly 1).
 fn perturbed(model: &Mamba2Model, seed: u64) -> Vec<f64> {
-    let mut r = Rng::new(seed);
-    model
-        .init_params(seed)
-        .iter()
-        .map(|&p| p as f64 + 0.1 * r.normal())
-        .collect()
+    gradcheck::perturbed(&model.init_params(seed), seed)
 }
 
 #[test]
@@ -59,42 +56,9 @@ fn f64_gradients_match_central_differences_for_every_tensor() {
         "every gradient element is written"
     );
     assert_eq!(loss, model.loss_f64(&p, &b).unwrap());
-    // As the Mamba-1 check: step 1e-5, truncation ~1e-10, rounding ~1e-11.
-    let h = 1e-5;
-    let (atol, rtol) = (2e-9, 1e-6);
-    let mut rng = Rng::new(9);
-    let mut worst = 0.0f64;
-    let mut tensors = 0;
-    for e in model.layout().entries() {
-        let len = e.len();
-        let mut picks = vec![e.offset, e.offset + len - 1];
-        picks.extend((0..6).map(|_| e.offset + rng.below(len as u64) as usize));
-        let mut nonzero = 0;
-        for i in picks {
-            let orig = p[i];
-            p[i] = orig + h;
-            let up = model.loss_f64(&p, &b).unwrap();
-            p[i] = orig - h;
-            let dn = model.loss_f64(&p, &b).unwrap();
-            p[i] = orig;
-            let fd = (up - dn) / (2.0 * h);
-            let err = (fd - g[i]).abs();
-            worst = worst.max(err / (atol + rtol * g[i].abs()));
-            assert!(
-                err <= atol + rtol * g[i].abs(),
-                "{} element {}: analytic {:e}, numeric {:e}",
-                e.name,
-                i - e.offset,
-                g[i],
-                fd
-            );
-            if g[i].abs() > 1e-6 {
-                nonzero += 1;
-            }
-        }
-        assert!(nonzero > 0, "{}: every sampled gradient is ~0", e.name);
-        tensors += 1;
-    }
+    // As the Mamba-1 check (the same sampler, step and tolerance).
+    let loss_at = |p: &[f64]| model.loss_f64(p, &b).unwrap();
+    let (worst, tensors) = gradcheck::check_sampled(model.layout(), &mut p, &g, 6, loss_at);
     assert_eq!(
         tensors,
         2 + 2 * 9,

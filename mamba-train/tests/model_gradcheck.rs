@@ -1,11 +1,12 @@
 //! Gradients of the CPU model: f64 analytic gradients against central finite
 //! differences for every parameter tensor, and f32 against f64.
 
+mod common;
 mod cuda_common;
 
+use common::gradcheck;
 use cuda_common::batch;
 use mamba_train::model::cpu::CpuModel;
-use mamba_train::seed::Rng;
 use mamba_train::ModelConfig;
 
 /// A small model with non-default d_state, d_conv and dt_rank so that shape
@@ -24,15 +25,9 @@ fn small() -> ModelConfig {
     }
 }
 
-/// Reference init plus noise, in f64, so that no gradient path sits at a
-/// special point (norm weights exactly 1, D exactly 1, ...).
+/// Reference init plus noise, in f64 ([`gradcheck::perturbed`]).
 fn perturbed(model: &CpuModel, seed: u64) -> Vec<f64> {
-    let mut r = Rng::new(seed);
-    model
-        .init_params(seed)
-        .iter()
-        .map(|&p| p as f64 + 0.1 * r.normal())
-        .collect()
+    gradcheck::perturbed(&model.init_params(seed), seed)
 }
 
 /// Central-difference check of every tensor of `cfg` (7 sampled entries
@@ -54,45 +49,8 @@ fn check_every_tensor(cfg: ModelConfig, nseq: usize, l: usize) -> f64 {
         "forward_backward and loss agree"
     );
 
-    // Central differences: step 1e-5 gives truncation ~1e-10 * f''' and
-    // rounding ~1e-16 / 1e-5 = 1e-11 on an O(1) loss.
-    let h = 1e-5;
-    let (atol, rtol) = (2e-9, 1e-6);
-    let mut rng = Rng::new(9);
-    let mut worst = 0.0f64;
-    for e in model.layout().entries() {
-        let len = e.len();
-        let mut picks = vec![e.offset, e.offset + len - 1];
-        picks.extend((0..5).map(|_| e.offset + rng.below(len as u64) as usize));
-        let mut nonzero = 0;
-        for i in picks {
-            let orig = p[i];
-            p[i] = orig + h;
-            let up = model.loss_f64(&p, &b).unwrap();
-            p[i] = orig - h;
-            let dn = model.loss_f64(&p, &b).unwrap();
-            p[i] = orig;
-            let fd = (up - dn) / (2.0 * h);
-            let err = (fd - g[i]).abs();
-            worst = worst.max(err / (atol + rtol * g[i].abs()));
-            assert!(
-                err <= atol + rtol * g[i].abs(),
-                "{} element {}: analytic {:e}, numeric {:e}",
-                e.name,
-                i - e.offset,
-                g[i],
-                fd
-            );
-            if g[i].abs() > 1e-6 {
-                nonzero += 1;
-            }
-        }
-        assert!(
-            nonzero > 0,
-            "{}: every sampled gradient is ~0, the check would be vacuous",
-            e.name
-        );
-    }
+    let loss_at = |p: &[f64]| model.loss_f64(p, &b).unwrap();
+    let (worst, _) = gradcheck::check_sampled(model.layout(), &mut p, &g, 5, loss_at);
     worst
 }
 

@@ -15,10 +15,19 @@
 //! (the CPU step runs the same operations in the same order as the CPU
 //! forward, so they are the same bits; see `tests/decode_parity.rs`).
 //!
-//! **Constant cost per token.** The state is
-//! [`DecodeState::len_for`] = `n_layer * d_inner * (d_conv - 1 + d_state)`
-//! floats whatever the position, and a step touches each weight once, so
-//! every token costs the same time and memory however long the sequence is.
+//! **Mamba-2.** The same frame; per layer the conv runs over x, B and C
+//! (`conv_dim = d_inner + 2 * n_groups * d_state` channels) and the SSM
+//! state is one `[head_dim, d_state]` matrix per head, `h = exp(dt A) h +
+//! dt x B^T`, `y = h C + D x` with one scalar `dt`, `A`, `D` per head; then
+//! the gated RMSNorm and out_proj. The CPU step equals the forward pass to
+//! rounding only: the forward's chunked scan reassociates the sums
+//! (`tests/mamba2_decode.rs` states the tolerance).
+//!
+//! **Constant cost per token.** The state is [`DecodeState::len_for`] =
+//! `n_layer * ((d_conv - 1) * conv_dim + d_inner * d_state)` floats
+//! (`conv_dim` = `d_inner` for Mamba-1) whatever the position, and a step
+//! touches each weight once, so every token costs the same time and memory
+//! however long the sequence is.
 
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
@@ -57,15 +66,18 @@ pub trait Decoder {
 
 /// The recurrent state of every layer, on the host, f32.
 ///
-/// `conv` is `[n_layer, d_conv - 1, d_inner]`: per layer the last
-/// `d_conv - 1` conv inputs (the x half of in_proj's output), oldest first;
-/// at position `p < d_conv - 1` only the newest `p` rows hold inputs (the
-/// conv never reads the others: the sequence has no tokens before its
-/// start). `ssm` is `[n_layer, d_inner, d_state]`: the scan state `h` after
-/// the last token.
+/// `conv` is `[n_layer, d_conv - 1, conv_dim]`: per layer the last
+/// `d_conv - 1` conv inputs, oldest first — Mamba-1: the x half of
+/// in_proj's output (`conv_dim = d_inner`); Mamba-2: its x, B, C columns
+/// (`conv_dim = d_inner + 2 * n_groups * d_state`, in that order). At
+/// position `p < d_conv - 1` only the newest `p` rows hold inputs (the conv
+/// never reads the others: the sequence has no tokens before its start).
+/// `ssm` is `[n_layer, d_inner, d_state]`: the scan state `h` after the
+/// last token (Mamba-2: `[n_layer, n_heads, head_dim, d_state]`, the same
+/// count since `d_inner = n_heads * head_dim`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecodeState {
-    /// Conv inputs, `[n_layer, d_conv - 1, d_inner]`.
+    /// Conv inputs, `[n_layer, d_conv - 1, conv_dim]`.
     pub conv: Vec<f32>,
     /// SSM states, `[n_layer, d_inner, d_state]`.
     pub ssm: Vec<f32>,
@@ -80,9 +92,15 @@ impl DecodeState {
         }
     }
 
-    /// Conv-state floats of `cfg`: `n_layer * (d_conv - 1) * d_inner`.
+    /// Channels of one conv-window row ([`DecodeState`]'s `conv_dim`):
+    /// `d_inner` for Mamba-1, `d_inner + 2 * n_groups * d_state` for Mamba-2.
+    pub fn conv_dim(cfg: &ModelConfig) -> usize {
+        cfg.d_inner() + cfg.ssd().map_or(0, |s| 2 * s.n_groups * cfg.d_state)
+    }
+
+    /// Conv-state floats of `cfg`: `n_layer * (d_conv - 1) * conv_dim`.
     pub fn conv_len(cfg: &ModelConfig) -> usize {
-        cfg.n_layer * (cfg.d_conv - 1) * cfg.d_inner()
+        cfg.n_layer * (cfg.d_conv - 1) * Self::conv_dim(cfg)
     }
 
     /// SSM-state floats of `cfg`: `n_layer * d_inner * d_state`.
@@ -112,11 +130,12 @@ impl DecodeState {
         if self.conv.len() != c || self.ssm.len() != s {
             return Err(TrainError::Config(format!(
                 "decode state has {} conv and {} SSM floats; this model ({} layers, d_inner {}, \
-                 d_conv {}, d_state {}) needs {c} and {s}",
+                 conv_dim {}, d_conv {}, d_state {}) needs {c} and {s}",
                 self.conv.len(),
                 self.ssm.len(),
                 cfg.n_layer,
                 cfg.d_inner(),
+                Self::conv_dim(cfg),
                 cfg.d_conv,
                 cfg.d_state
             )));

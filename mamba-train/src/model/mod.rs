@@ -1,6 +1,7 @@
-//! The Mamba-1 language model: a CPU reference ([`cpu`]) and a CUDA path
-//! ([`cuda`]), both over the flat arenas of [`crate::params`], each with a
-//! recurrent decoder for generation ([`decode`]).
+//! The Mamba language models: a CPU reference ([`cpu`]; Mamba-1 and
+//! Mamba-2) and a CUDA path ([`cuda`]; Mamba-1), both over the flat arenas
+//! of [`crate::params`], each with a recurrent decoder for generation
+//! ([`decode`]).
 
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};

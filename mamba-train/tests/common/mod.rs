@@ -2,10 +2,12 @@
 //! (`cli_train.rs`, `dp_world.rs`, `cli_data.rs`): locating the binary and reading its
 //! exit status, output and summary digest; and the fixed-order oracle
 //! loop ([`train_by_definition`]); a BPE tokenizer trained on the spot
-//! ([`bpe`]).
+//! ([`bpe`]); the CPU models' central-difference gradient check
+//! ([`gradcheck`]).
 #![allow(dead_code)] // each test crate uses a different part
 
 pub mod bpe;
+pub mod gradcheck;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -213,3 +213,23 @@ pub fn digest(v: &[f32]) -> String {
     }
     hex::encode(h.finalize())
 }
+
+/// Decoder logits `[l, vocab]` of `toks` fed one by one after a reset,
+/// checking the position and the state size at every step (the CPU decode
+/// tests of both architectures, `decode_parity.rs` and `mamba2_decode.rs`).
+pub fn decode(dec: &mut dyn mamba_train::model::Decoder, toks: &[u32]) -> Vec<f32> {
+    let cfg = dec.config().clone();
+    dec.reset().unwrap();
+    let mut out = Vec::new();
+    for (i, &t) in toks.iter().enumerate() {
+        assert_eq!(dec.position(), i as u64);
+        out.extend_from_slice(dec.step(t).unwrap());
+        let st = dec.snapshot().unwrap();
+        assert_eq!(
+            st.len(),
+            mamba_train::model::DecodeState::len_for(&cfg),
+            "state size at position {i} is not the shape's constant"
+        );
+    }
+    out
+}

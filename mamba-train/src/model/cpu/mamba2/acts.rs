@@ -1,5 +1,5 @@
-//! The buffers of the Mamba-2 passes ([`Workspace`]) and the sizes of one
-//! call ([`Dims`]).
+//! The Mamba-2 blocks' buffers ([`Mamba2Acts`], the architecture's part of
+//! the frame's `Workspace`) and the sizes of one call ([`Dims`]).
 
 use super::super::conv::ConvDims;
 use super::super::float::Float;
@@ -19,7 +19,6 @@ pub(super) struct Dims {
     pub(super) h: usize,
     pub(super) cd: usize,
     pub(super) w: usize,
-    pub(super) v: usize,
     ssd: SsdDims,
     k: usize,
 }
@@ -42,7 +41,6 @@ impl Dims {
             h,
             cd,
             w: e + cd + h,
-            v: cfg.vocab_size,
             ssd: SsdDims {
                 l,
                 h,
@@ -95,20 +93,12 @@ pub(super) struct LayerActs<F> {
     pub(super) gn: Vec<F>,
 }
 
-/// Every buffer of a pass, kept between calls; each is resized to the
-/// call's shapes and fully overwritten before it is read.
+/// The Mamba-2 blocks' buffers: what each block's backward needs from its
+/// forward, and the backward's scratch (shared by the layers, which run one
+/// after another). Resized per call and overwritten before being read.
 #[derive(Default)]
-pub(crate) struct Workspace<F> {
+pub(crate) struct Mamba2Acts<F> {
     pub(super) layers: Vec<LayerActs<F>>,
-    /// `xs[0]` = embeddings, `xs[i+1]` = output of block i.
-    pub(super) xs: Vec<Vec<F>>,
-    pub(super) rstd_f: Vec<F>,
-    pub(super) xf: Vec<F>,
-    /// `[T, vocab]` after a forward.
-    pub(crate) logits: Vec<F>,
-    pub(super) dlogits: Vec<F>,
-    pub(super) dxf: Vec<F>,
-    pub(super) dx: Vec<F>,
     pub(super) dgn: Vec<F>,
     pub(super) dg: Vec<F>,
     pub(super) dy: Vec<F>,
@@ -118,28 +108,18 @@ pub(crate) struct Workspace<F> {
     pub(super) dxn: Vec<F>,
     pub(super) da_log: Vec<F>,
     pub(super) dd: Vec<F>,
+    /// One layer's `A = -exp(A_log)`, `[H]`.
     pub(super) a: Vec<F>,
-    pub(super) panels: Vec<F>,
+    /// One layer's conv weights transposed to `[d_conv, cd]`.
     pub(super) conv_wt: Vec<F>,
 }
 
-impl<F: Float> Workspace<F> {
+impl<F: Float> Mamba2Acts<F> {
     pub(super) fn size_forward(&mut self, dm: &Dims, n_layer: usize) {
         let Dims {
-            t,
-            d,
-            e,
-            h,
-            cd,
-            w,
-            v,
-            ..
+            t, d, e, h, cd, w, ..
         } = *dm;
         self.layers.resize_with(n_layer, LayerActs::default);
-        self.xs.resize_with(n_layer + 1, Vec::new);
-        for x in &mut self.xs {
-            size(x, t * d);
-        }
         for la in &mut self.layers {
             size(&mut la.rstd, t);
             size(&mut la.rstd_g, t);
@@ -153,27 +133,14 @@ impl<F: Float> Workspace<F> {
                 size(b, t * e);
             }
         }
-        size(&mut self.rstd_f, t);
-        size(&mut self.xf, t * d);
-        size(&mut self.logits, t * v);
         size(&mut self.a, h);
     }
 
     pub(super) fn size_backward(&mut self, dm: &Dims) {
         let Dims {
-            t,
-            d,
-            e,
-            h,
-            cd,
-            w,
-            v,
-            ..
+            t, d, e, h, cd, w, ..
         } = *dm;
-        size(&mut self.dlogits, t * v);
-        for b in [&mut self.dxf, &mut self.dx, &mut self.dxn] {
-            size(b, t * d);
-        }
+        size(&mut self.dxn, t * d);
         for b in [&mut self.dgn, &mut self.dg, &mut self.dy] {
             size(b, t * e);
         }
