@@ -242,13 +242,31 @@ fn mamba2_resumes_onto_the_unbroken_bits_and_fine_tunes() {
             "--init-from",
         ],
     );
-    // generate has no Mamba-2 decoder yet; eval on a GPU no Mamba-2 model.
+    // generate decodes Mamba-2 on the CPU (the same greedy continuation
+    // twice), refuses it on a GPU; eval on a GPU refuses it too. The
+    // synthetic task's 6 tokens are the bytes 0..6 to the byte-level codec.
+    let gen = |device: &str| {
+        run(&[
+            "generate",
+            "--checkpoint",
+            full_s,
+            "--prompt",
+            "\u{1}\u{2}\u{3}",
+            "--max-new-tokens",
+            "6",
+            "--device",
+            device,
+        ])
+    };
+    let first = ok(&gen("cpu"));
+    assert!(!first.trim().is_empty(), "generate printed nothing");
+    assert_eq!(ok(&gen("cpu")), first, "greedy decoding repeats");
     refused(
-        &run(&["generate", "--checkpoint", full_s, "--prompt", "ab"]),
+        &gen("cuda"),
         &[
             "is a Mamba-2 model (config.json model_type \"mamba2\")",
-            "generate decodes Mamba-1 models only in this build",
-            "mamba-train eval --checkpoint",
+            "--device cuda decodes Mamba-1 models only in this build",
+            "use --device cpu",
         ],
     );
     refused(

@@ -154,7 +154,7 @@ fn decoder_for(
     dir: &Path,
 ) -> Result<Box<dyn Decoder>> {
     Ok(match (&cfg.arch, device) {
-        (Arch::Mamba1, Device::Cpu) => Box::new(CpuDecoder::new(cfg.clone(), params)?),
+        (_, Device::Cpu) => Box::new(CpuDecoder::new(cfg.clone(), params)?),
         (Arch::Mamba1, Device::Cuda) => Box::new(
             CudaDecoder::on_device(cfg.clone(), &params, 0).map_err(|e| {
                 TrainError::Config(format!(
@@ -162,12 +162,11 @@ fn decoder_for(
                 ))
             })?,
         ),
-        (Arch::Mamba2(_), _) => {
+        (Arch::Mamba2(_), Device::Cuda) => {
             return Err(TrainError::Config(format!(
                 "--checkpoint {} is a Mamba-2 model (config.json model_type \"mamba2\"), and \
-                 generate decodes Mamba-1 models only in this build (the Mamba-2 recurrent \
-                 decoder is not wired in yet); `mamba-train eval --checkpoint {}` scores it",
-                dir.display(),
+                 --device cuda decodes Mamba-1 models only in this build (the CUDA path of \
+                 Mamba-2 is not written yet): use --device cpu",
                 dir.display()
             )))
         }
