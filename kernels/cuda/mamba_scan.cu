@@ -100,24 +100,37 @@ struct Col {
 };
 
 // cp.async of one float, global -> shared (sm_80+), completed by
-// cp_async_wait; the thread holds no register for it meanwhile.
+// cp_async_wait; the thread holds no register for it meanwhile. Under the
+// CPU emulator (kernels/emu/cuda_emu.h) the same calls are modelled there.
 __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+#ifdef MAMBA_CUDA_EMU
+    emu_cp_async(dst, src);
+#else
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
+#endif
 }
 
 __device__ __forceinline__ void cp_async_commit() {
+#ifdef MAMBA_CUDA_EMU
+    emu_commit();
+#else
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
 }
 
 // Wait until at most `pending` of this thread's committed groups are in
 // flight (0 or 1).
 __device__ __forceinline__ void cp_async_wait(int pending) {
+#ifdef MAMBA_CUDA_EMU
+    emu_wait(pending);
+#else
     if (pending == 0) {
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     } else {
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
     }
+#endif
 }
 
 // Floats of one chunk's staging buffer: the B|C rows [kChunk][2N], then
@@ -182,7 +195,11 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
                    const float* __restrict__ z, long long ldz, float* __restrict__ Hin,
                    float* __restrict__ y, float* __restrict__ out, int T, int D, int N,
                    int sp) {
+    #ifdef MAMBA_CUDA_EMU
+    float* smem = EMU_SMEM;
+#else
     extern __shared__ float smem[];
+#endif
     const Lanes l = lanes(sp);
     const int b = blockIdx.y;
     const int cbase = blockIdx.x * l.cpb;
@@ -266,7 +283,11 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
                    const float* __restrict__ dy, const float* __restrict__ Hin,
                    float* __restrict__ ddtr, float* __restrict__ du, float* __restrict__ part,
                    float* __restrict__ dA_part, int T, int D, int N, int sp, int rounds) {
+    #ifdef MAMBA_CUDA_EMU
+    float* smem = EMU_SMEM;
+#else
     extern __shared__ float smem[];
+#endif
     constexpr int kRedRow = kScanThreads + 1;
     float* sH = smem;
     float* sRed = sH + kChunk * kLaneStates * kScanThreads;

@@ -55,7 +55,7 @@ fn build_and_run(cxx: &str, dir: &Path, negative: bool) -> (bool, String) {
         "scan_check"
     });
     let out = Command::new(cxx)
-        .args(["-std=c++20", "-O2", "-pthread"])
+        .args(["-std=c++20", "-O2", "-pthread", "-DMAMBA_CUDA_EMU"])
         .arg(format!("-DEMU_BLOCK={BLOCK}"))
         .arg(format!("-DEMU_LANE_STATES={LANE_STATES}"))
         .arg(format!("-DEMU_NEGATIVE={}", u8::from(negative)))

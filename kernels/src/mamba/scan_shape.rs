@@ -257,7 +257,10 @@ mod tests {
         // The 130m shape: 16 KiB forward, 56 KiB backward.
         let s = shape(8, 1024, 1536, 16);
         assert_eq!(s.fwd_smem_bytes(), 2 * 16 * (32 + 3 * 32) * 4);
-        assert_eq!(s.bwd_smem_bytes(), (16 * 4 * 128 + 2 * 2 * 4 * 129) * 4 + s.fwd_smem_bytes());
+        assert_eq!(
+            s.bwd_smem_bytes(),
+            (16 * 4 * 128 + 2 * 2 * 4 * 129) * 4 + s.fwd_smem_bytes()
+        );
     }
 
     #[test]
