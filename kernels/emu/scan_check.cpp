@@ -107,8 +107,13 @@ int main() {
         std::vector<float> hin((size_t)B * nch * D * N, nan), y(M * D, nan), out(M * D, nan);
         std::vector<float> ddtr(M * D, nan), du(M * D, nan), part((size_t)groups * M * 2 * N, nan),
             dapart((size_t)B * D * N, nan), ddbc((size_t)M * ld, nan);
-        // The kernels of this version take no dynamic shared memory.
-        const size_t fwd_dyn = 0, bwd_dyn = 0;
+        // Dynamic shared memory in floats (ScanShape::fwd_smem_bytes and
+        // bwd_smem_bytes / 4): two chunk staging buffers; the backward adds
+        // the chunk's states and the d B / d C stage.
+        const size_t stage = 16 * (2 * N + 3 * cpb);
+        const size_t fwd_dyn = 2 * stage;
+        const size_t bwd_dyn =
+            16 * EMU_LANE_STATES * EMU_BLOCK + 2 * 2 * EMU_LANE_STATES * (EMU_BLOCK + 1) + 2 * stage;
         const float* bc = fdbc.data() + R;
         emu_launch({(unsigned)sets, (unsigned)B, 1}, EMU_BLOCK, fwd_dyn, [&] {
             mamba_scan_fwd(fu.data(), fdt.data(), bc, ld, fal.data(), fdp.data(), fxz.data() + D,

@@ -179,14 +179,14 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
             d: 300,
             n: 128,
             r: 2,
-        }, // 16 lanes a channel, 75 channel sets: two backward rounds
+        }, // 32 lanes a channel, 75 channel sets: two backward rounds
         Case {
             b: 2,
             t: 33,
             d: 70,
             n: 9,
             r: 3,
-        }, // two lanes, the second with one live state
+        }, // four lanes: the third has one live state, the fourth none
         Case {
             b: 1,
             t: 9,

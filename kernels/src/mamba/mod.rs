@@ -36,6 +36,7 @@ pub mod tokens;
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use crate::device::load_module;
@@ -171,6 +172,24 @@ impl MambaKernels {
             sumsq_chunks: next()?,
             sum_f64_serial: next()?,
         };
+        // The scan kernels take their staging buffers as dynamic shared
+        // memory, above the 48 KiB a launch gets without opting in.
+        let (fwd_smem, bwd_smem) = ScanShape::max_smem_bytes();
+        for (func, bytes, symbol) in [
+            (&f.scan_fwd, fwd_smem, "mamba_scan_fwd"),
+            (&f.scan_bwd, bwd_smem, "mamba_scan_bwd"),
+        ] {
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(|e| {
+                KernelError::driver(
+                    format!("allowing {symbol} {bytes} bytes of dynamic shared memory"),
+                    e,
+                )
+            })?;
+        }
         Ok(MambaKernels {
             ctx: ctx.clone(),
             modules,

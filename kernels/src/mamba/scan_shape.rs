@@ -11,12 +11,16 @@ use crate::error::KernelError;
 /// the state every chunk enters with, the backward pass recomputes one chunk
 /// at a time from it.
 pub const SCAN_CHUNK: usize = 16;
-/// Threads per block of both scan kernels (`kSeqThreads`).
-pub(super) const BLOCK: usize = 64;
+/// Threads per block of both scan kernels (`kScanThreads`).
+pub(super) const BLOCK: usize = 128;
 /// States one thread holds in registers (`kLaneStates`).
-pub(super) const LANE_STATES: usize = 8;
-/// Largest state size: at most 16 lanes per channel, one warp's butterfly.
-pub const MAX_D_STATE: usize = 16 * LANE_STATES;
+pub(super) const LANE_STATES: usize = 4;
+/// Largest state size: at most 32 lanes per channel, one warp's butterfly.
+pub const MAX_D_STATE: usize = 32 * LANE_STATES;
+/// Per-channel columns staged per chunk (`kCols`: dt, u and z or dy).
+const STAGED_COLS: usize = 3;
+/// The backward's d B / d C stage: steps per cross-channel sum (`kStage`).
+const RED_STEPS: usize = 2;
 /// Threads per block of the d B / d C group reduction.
 pub(super) const FLAT: u32 = 256;
 /// Most channel groups the backward pass writes d B / d C partials for (the
@@ -54,12 +58,12 @@ impl ScanShape {
     pub fn da_partial_len(&self) -> usize {
         self.batch * self.d_inner * self.d_state
     }
-    /// Lanes per channel: `ceil(d_state / 8)` rounded up to a power of two
-    /// (each lane holds 8 consecutive states).
+    /// Lanes per channel: `ceil(d_state / 4)` rounded up to a power of two
+    /// (each lane holds 4 consecutive states).
     pub fn lanes(&self) -> usize {
         self.d_state.div_ceil(LANE_STATES).next_power_of_two()
     }
-    /// Channels one block covers: `64 / lanes`.
+    /// Channels one block covers: `128 / lanes`.
     pub fn channels_per_block(&self) -> usize {
         BLOCK / self.lanes()
     }
@@ -81,6 +85,35 @@ impl ScanShape {
     /// Length of the d B / d C partial buffer of [`MambaKernels::scan_backward`](super::MambaKernels::scan_backward).
     pub fn dbc_partial_len(&self) -> usize {
         self.groups() * self.rows() * 2 * self.d_state
+    }
+
+    /// Dynamic shared memory of the forward kernel: two chunk staging
+    /// buffers (`stage_floats` in the `.cu` file).
+    pub(super) fn fwd_smem_bytes(&self) -> usize {
+        let stage = SCAN_CHUNK * (2 * self.d_state + STAGED_COLS * self.channels_per_block());
+        2 * stage * 4
+    }
+    /// Dynamic shared memory of the backward kernel: the chunk's recomputed
+    /// states, the d B / d C stage, then the forward's two staging buffers.
+    pub(super) fn bwd_smem_bytes(&self) -> usize {
+        let states = SCAN_CHUNK * LANE_STATES * BLOCK;
+        let red = RED_STEPS * 2 * LANE_STATES * (BLOCK + 1);
+        (states + red) * 4 + self.fwd_smem_bytes()
+    }
+    /// The most dynamic shared memory any valid state size needs, per
+    /// direction (forward, backward): what the kernels are allowed at load.
+    pub(super) fn max_smem_bytes() -> (usize, usize) {
+        (1..=MAX_D_STATE)
+            .map(|n| {
+                let s = ScanShape {
+                    batch: 1,
+                    seq_len: 1,
+                    d_inner: 1,
+                    d_state: n,
+                };
+                (s.fwd_smem_bytes(), s.bwd_smem_bytes())
+            })
+            .fold((0, 0), |(f, b), (f2, b2)| (f.max(f2), b.max(b2)))
     }
 
     pub(super) fn validate(&self, kernel: &'static str) -> Result<(), KernelError> {
@@ -116,12 +149,14 @@ impl ScanShape {
     /// non-empty shape (else a grid extent is 0 and this refuses).
     pub(super) fn launch(&self, kernel: &'static str) -> Result<ScanLaunch, KernelError> {
         let d = self.d_inner;
-        let fwd_grid = grid(
+        let mut fwd_grid = grid(
             kernel,
             (d.div_ceil(self.channels_per_block()), self.batch, 1),
             BLOCK as u32,
         )?;
-        let bwd_grid = grid(kernel, (self.groups(), self.batch, 1), BLOCK as u32)?;
+        fwd_grid.shared_mem_bytes = self.fwd_smem_bytes() as u32;
+        let mut bwd_grid = grid(kernel, (self.groups(), self.batch, 1), BLOCK as u32)?;
+        bwd_grid.shared_mem_bytes = self.bwd_smem_bytes() as u32;
         Ok(ScanLaunch {
             fwd_grid,
             bwd_grid,
@@ -177,14 +212,14 @@ mod tests {
     #[test]
     fn lanes_cover_the_state_and_a_block_covers_whole_channels() {
         for (n, lanes, cpb) in [
-            (1, 1, 64),
-            (7, 1, 64),
-            (8, 1, 64),
-            (9, 2, 32),
-            (16, 2, 32),
-            (33, 8, 8),
-            (64, 8, 8),
-            (128, 16, 4),
+            (1, 1, 128),
+            (4, 1, 128),
+            (7, 2, 64),
+            (9, 4, 32),
+            (16, 4, 32),
+            (33, 16, 8),
+            (64, 16, 8),
+            (128, 32, 4),
         ] {
             let s = shape(1, 1, 10, n);
             assert_eq!((s.lanes(), s.channels_per_block()), (lanes, cpb), "N = {n}");
@@ -212,6 +247,20 @@ mod tests {
         assert_eq!((s.rounds(), s.groups()), (1, 48));
         // The groups depend on the channels and states only, never the batch.
         assert_eq!(shape(1, 1024, 1536, 16).groups(), s.groups());
+    }
+
+    #[test]
+    fn shared_memory_fits_an_sm_at_every_state_size() {
+        let (f, b) = ScanShape::max_smem_bytes();
+        // An sm_80 / sm_90 block may opt in to up to 163 / 227 KiB.
+        assert!(f <= 160 * 1024 && b <= 160 * 1024, "{f} {b}");
+        // The 130m shape: 16 KiB forward, 56 KiB backward.
+        let s = shape(8, 1024, 1536, 16);
+        assert_eq!(s.fwd_smem_bytes(), 2 * 16 * (32 + 3 * 32) * 4);
+        assert_eq!(
+            s.bwd_smem_bytes(),
+            (16 * 4 * 128 + 2 * 2 * 4 * 129) * 4 + s.fwd_smem_bytes()
+        );
     }
 
     #[test]
