@@ -60,12 +60,13 @@ fn a_two_process_run_at_logical_world_four_keeps_its_pinned_digest() {
 }
 
 /// `--device cuda` with [`CUDA_FLAGS`] on one NVIDIA H200 (CUDA 13.0,
-/// driver 580, this build's kernels), as the build with the serial-in-time
-/// scan kernels produced it (twice in one run, 2026-12-01; the chunked scan
-/// before it gave c923d315...). The CUDA model's bits are promised run to
+/// driver 580, this build's kernels), as the build with the shared-memory
+/// staged scan kernels (4 states a thread) produced it (twice in one run,
+/// 2026-12-01; the first serial scan with 8 states a thread gave
+/// ca8d735d..., the chunked scan before it c923d315...). The CUDA model's bits are promised run to
 /// run on the same GPU model and build, not across GPU models: on another
 /// GPU the test checks run to run identity only and prints the digest.
-const CUDA_H200: &str = "ca8d735d9c2a34e4ecbc994bae48e49ecaa515ae32f17cb94ee734c160d3986f";
+const CUDA_H200: &str = "f5dc6b23e45f49474cbbf9d1de7e1b031ad16793ec47790bbd29f05d8a30905b";
 
 /// A tiny selective-copy model on one GPU at logical world 2 (so the
 /// reducer's fold and scale run too), 40 steps.
