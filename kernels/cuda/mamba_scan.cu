@@ -24,6 +24,14 @@
 // loaded B_t / C_t from global memory inside each step and waited ~2,500
 // cycles a step at 9 % warp occupancy; docs/PERFORMANCE.md.)
 //
+// Deferred sums. Inside the serial walk a thread keeps its per-step partial
+// sums over its own states in registers (one per step of the chunk); the
+// shuffles over a channel's lanes run after the walk, all steps at once,
+// and the per-channel outputs (y and out; d dt and d u) are finished by the
+// whole block from shared memory. No step waits on the previous step's
+// shuffle, and no lane-0 branch sits in the walk. The sums keep their
+// association: serial over a lane's states, then the xor butterfly.
+//
 // Forward (mamba_scan_fwd, one launch): walks t upward; at the start of each
 // chunk it stores the state it enters with in Hin ([B][nch][D][N], 1/kChunk
 // of the (B, T, D, N) states, kept for the backward pass), and writes y and
@@ -53,7 +61,7 @@ constexpr int kScanThreads = 128;
 constexpr int kLaneStates = 4;
 // Backward steps whose d B / d C contributions are staged before one
 // cross-channel summation (two barriers per stage).
-constexpr int kStage = 2;
+constexpr int kStage = 4;
 // Per-channel columns staged per chunk: dt, u and z (forward) or dy (backward).
 constexpr int kCols = 3;
 
@@ -139,6 +147,12 @@ __device__ __forceinline__ int stage_floats(int N, int cpb) {
     return kChunk * (2 * N + kCols * cpb);
 }
 
+// Per-channel results of one chunk, finished by the whole block: `nv`
+// values per (step, channel), sFin[(j * nv + v) * cpb + cl]. Thread tid
+// finishes channel tid % cpb (cpb divides kScanThreads) at steps
+// tid / cpb, tid / cpb + kScanThreads / cpb, ...
+__device__ __forceinline__ int fin_floats(int nv, int cpb) { return kChunk * nv * cpb; }
+
 // Start copying chunk `ch`'s B|C rows and the block's channels' columns into
 // `buf` (one committed group). Rows past the chunk's end and channels past D
 // are zero-filled by plain stores (never read as live values).
@@ -187,7 +201,7 @@ __device__ __forceinline__ void load_a(const float* __restrict__ a_log, bool liv
 }  // namespace
 
 // grid (ceil(D / cpb), B), block kScanThreads, dynamic shared memory
-// 2 * stage_floats(N, cpb) floats.
+// 2 * stage_floats(N, cpb) + fin_floats(1, cpb) floats.
 extern "C" __global__ void __launch_bounds__(kScanThreads)
     mamba_scan_fwd(const float* __restrict__ u, const float* __restrict__ dt,
                    const float* __restrict__ bc, long long ldbc,
@@ -207,12 +221,15 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
     const bool live_c = c < D;
     const int nch = (T + kChunk - 1) / kChunk;
     const int per = stage_floats(N, l.cpb);
+    float* sFin = smem + 2 * per;
     const Col cols[kCols] = {{dt, D}, {u, D}, {z, ldz}};
     float A[kLaneStates], h[kLaneStates];
     load_a(a_log, live_c, c, l.n0, N, A);
 #pragma unroll
     for (int i = 0; i < kLaneStates; ++i) h[i] = 0.0f;
-    const float dp = dpar[min(c, D - 1)];
+    // The channel this thread finishes outputs for.
+    const int fcl = threadIdx.x % l.cpb, fc = cbase + fcl;
+    const float dp = dpar[min(fc, D - 1)];
 
     stage_chunk(smem, bc, ldbc, N, cols, D, cbase, l.cpb, chunk_at(b, 0, T));
     for (int k = 0; k < nch; ++k) {
@@ -230,33 +247,42 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
                 if (l.n0 + i < N) Hin[state_index(b, k, nch, c, D, l.n0 + i, N)] = h[i];
             }
         }
+        // Steps past the chunk's end (last chunk only) read the zeros
+        // stage_chunk filled in: dt = 0 gives a = 1 and adds 0, so h is
+        // unchanged, and their sums are never written.
+        float part[kChunk];
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
-            if (j < ch.len) {  // uniform over the block
-                const float dtj = staged_col(buf, N, l.cpb, 0, j, l.cl);
-                const float uj = staged_col(buf, N, l.cpb, 1, j, l.cl);
-                const float* row = buf + j * 2 * N;
-                float part = 0.0f;
+            const float dtj = staged_col(buf, N, l.cpb, 0, j, l.cl);
+            const float uj = staged_col(buf, N, l.cpb, 1, j, l.cl);
+            const float* row = buf + j * 2 * N;
+            part[j] = 0.0f;
 #pragma unroll
-                for (int i = 0; i < kLaneStates; ++i) {
-                    const int n = l.n0 + i;
-                    if (n < N) {
-                        const float a = expf(dtj * A[i]);
-                        h[i] = a * h[i] + (dtj * row[n]) * uj;
-                        part = part + row[N + n] * h[i];
-                    }
-                }
-                part = group_sum(part, l.sp);
-                if (l.lane == 0 && live_c) {
-                    const long long m = ch.m0 + j;
-                    const float yv = part + dp * uj;
-                    y[m * D + c] = yv;
-                    out[m * D + c] = yv * siluf_(staged_col(buf, N, l.cpb, 2, j, l.cl));
+            for (int i = 0; i < kLaneStates; ++i) {
+                const int n = l.n0 + i;
+                if (n < N) {
+                    const float a = expf(dtj * A[i]);
+                    h[i] = a * h[i] + (dtj * row[n]) * uj;
+                    part[j] = part[j] + row[N + n] * h[i];
                 }
             }
         }
-        // Every thread is done with this buffer before the next iteration
-        // stages chunk k + 2 into it.
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) {
+            part[j] = group_sum(part[j], l.sp);
+            if (l.lane == 0) sFin[j * l.cpb + l.cl] = part[j];
+        }
+        __syncthreads();
+        for (int j = threadIdx.x / l.cpb; j < ch.len; j += kScanThreads / l.cpb) {
+            if (fc < D) {
+                const long long m = ch.m0 + j;
+                const float yv = sFin[j * l.cpb + fcl] + dp * staged_col(buf, N, l.cpb, 1, j, fcl);
+                y[m * D + fc] = yv;
+                out[m * D + fc] = yv * siluf_(staged_col(buf, N, l.cpb, 2, j, fcl));
+            }
+        }
+        // Every thread is done with this buffer and sFin before the next
+        // iteration stages chunk k + 2 into it.
         __syncthreads();
     }
 }
@@ -271,8 +297,9 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
 // grid (groups, B), block kScanThreads. Dynamic shared memory, in floats:
 // sH [kChunk][kLaneStates][kScanThreads] (the chunk's recomputed states,
 // each thread's own column), sRed [kStage][2][kLaneStates][kScanThreads + 1]
-// (the d B / d C stage, rows padded against bank conflicts), then two
-// staging buffers of stage_floats(N, cpb).
+// (the d B / d C stage, rows padded against bank conflicts), two staging
+// buffers of stage_floats(N, cpb), then fin_floats(2, cpb) (d dt and d u
+// per step and channel).
 // At most four blocks per SM (at N = 16 the shared memory fits three):
 // the bound lets ptxas use up to 128 registers, which its own choice (72)
 // spilled.
@@ -292,6 +319,7 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
     float* sH = smem;
     float* sRed = sH + kChunk * kLaneStates * kScanThreads;
     float* stage = sRed + kStage * 2 * kLaneStates * kRedRow;
+    float* sFin = stage + 2 * stage_floats(N, kScanThreads / sp);
     const Lanes l = lanes(sp);
     const int b = blockIdx.y, grp = blockIdx.x;
     const long long M = (long long)gridDim.y * T;
@@ -305,7 +333,9 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
         const int cbase = (grp * rounds + r) * l.cpb;
         const int c = cbase + l.cl;
         const bool live_c = c < D;
-        const float dp = dpar[min(c, D - 1)];
+        // The channel this thread finishes d dt and d u for.
+        const int fcl = tid % l.cpb, fc = cbase + fcl;
+        const float dp = dpar[min(fc, D - 1)];
         float A[kLaneStates], carry[kLaneStates], dA[kLaneStates], h[kLaneStates];
         load_a(a_log, live_c, c, l.n0, N, A);
 #pragma unroll
@@ -345,7 +375,9 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
                     }
                 }
             }
-            // Walk back: h[i] is the state after step j.
+            // Walk back: h[i] is the state after step j; pdt[j] / pdu[j] are
+            // this lane's sums over its states, summed over lanes after.
+            float pdt[kChunk], pdu[kChunk];
             int slot = 0;
 #pragma unroll
             for (int j = kChunk - 1; j >= 0; --j) {
@@ -355,7 +387,8 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
                     const float uj = staged_col(buf, N, l.cpb, 1, j, l.cl);
                     const float dyj = staged_col(buf, N, l.cpb, 2, j, l.cl);
                     const float* row = buf + j * 2 * N;
-                    float pdt = 0.0f, pdu = 0.0f;
+                    pdt[j] = 0.0f;
+                    pdu[j] = 0.0f;
 #pragma unroll
                     for (int i = 0; i < kLaneStates; ++i) {
                         const int n = l.n0 + i;
@@ -369,8 +402,8 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
                             const float gdt = g * dtj;
                             cC = dyj * h[i];
                             cB = gdt * uj;
-                            pdt = pdt + g * (A[i] * hp + bn * uj);
-                            pdu = pdu + gdt * bn;
+                            pdt[j] = pdt[j] + g * (A[i] * hp + bn * uj);
+                            pdu[j] = pdu[j] + gdt * bn;
                             dA[i] = dA[i] + (g * hp) * dtj;
                             carry[i] = a * g;
                         }
@@ -378,17 +411,10 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
                         sRed[((slot * 2 + 1) * kLaneStates + i) * kRedRow + tid] = live_c ? cC : 0.0f;
                         h[i] = hprev;
                     }
-                    pdt = group_sum(pdt, l.sp);
-                    pdu = group_sum(pdu, l.sp);
-                    if (l.lane == 0 && live_c) {
-                        ddtr[m * D + c] = pdt * -expm1f(-dtj);
-                        du[m * D + c] = pdu + dp * dyj;
-                    }
                     if (slot == kStage - 1 || j == 0) {
                         // Slot q holds step j + slot - q. Sum each (slot,
                         // B/C, n) over the block's channels in ascending
-                        // order. The barrier after it also ends every read
-                        // of this chunk's staging buffer when j == 0.
+                        // order.
                         __syncthreads();
                         const int outs = (slot + 1) * 2 * npad;
                         for (int o = tid; o < outs; o += kScanThreads) {
@@ -412,6 +438,30 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
                     }
                 }
             }
+#pragma unroll
+            for (int j = 0; j < kChunk; ++j) {
+                if (j < ch.len) {  // uniform over the block
+                    pdt[j] = group_sum(pdt[j], l.sp);
+                    pdu[j] = group_sum(pdu[j], l.sp);
+                    if (l.lane == 0) {
+                        sFin[(j * 2 + 0) * l.cpb + l.cl] = pdt[j];
+                        sFin[(j * 2 + 1) * l.cpb + l.cl] = pdu[j];
+                    }
+                }
+            }
+            __syncthreads();
+            for (int j = tid / l.cpb; j < ch.len; j += kScanThreads / l.cpb) {
+                if (fc < D) {
+                    const long long m = ch.m0 + j;
+                    const float dtj = staged_col(buf, N, l.cpb, 0, j, fcl);
+                    const float dyj = staged_col(buf, N, l.cpb, 2, j, fcl);
+                    ddtr[m * D + fc] = sFin[(j * 2 + 0) * l.cpb + fcl] * -expm1f(-dtj);
+                    du[m * D + fc] = sFin[(j * 2 + 1) * l.cpb + fcl] + dp * dyj;
+                }
+            }
+            // Every read of this chunk's staging buffer and of sFin ends
+            // before the next iteration stages chunk k - 2 into it.
+            __syncthreads();
         }
         if (live_c) {
 #pragma unroll

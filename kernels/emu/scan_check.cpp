@@ -108,12 +108,14 @@ int main() {
         std::vector<float> ddtr(M * D, nan), du(M * D, nan), part((size_t)groups * M * 2 * N, nan),
             dapart((size_t)B * D * N, nan), ddbc((size_t)M * ld, nan);
         // Dynamic shared memory in floats (ScanShape::fwd_smem_bytes and
-        // bwd_smem_bytes / 4): two chunk staging buffers; the backward adds
+        // bwd_smem_bytes / 4): two chunk staging buffers and the chunk's
+        // per-channel sums (1 a step forward, 2 backward); the backward adds
         // the chunk's states and the d B / d C stage.
         const size_t stage = 16 * (2 * N + 3 * cpb);
-        const size_t fwd_dyn = 2 * stage;
-        const size_t bwd_dyn =
-            16 * EMU_LANE_STATES * EMU_BLOCK + 2 * 2 * EMU_LANE_STATES * (EMU_BLOCK + 1) + 2 * stage;
+        const size_t fwd_dyn = 2 * stage + 16 * cpb;
+        const size_t bwd_dyn = 16 * EMU_LANE_STATES * EMU_BLOCK +
+                               EMU_RED_STEPS * 2 * EMU_LANE_STATES * (EMU_BLOCK + 1) + 2 * stage +
+                               16 * 2 * cpb;
         const float* bc = fdbc.data() + R;
         emu_launch({(unsigned)sets, (unsigned)B, 1}, EMU_BLOCK, fwd_dyn, [&] {
             mamba_scan_fwd(fu.data(), fdt.data(), bc, ld, fal.data(), fdp.data(), fxz.data() + D,

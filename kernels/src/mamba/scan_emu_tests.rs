@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::scan_shape::{BLOCK, LANE_STATES};
+use super::scan_shape::{BLOCK, LANE_STATES, RED_STEPS};
 
 fn compiler() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
@@ -58,6 +58,7 @@ fn build_and_run(cxx: &str, dir: &Path, negative: bool) -> (bool, String) {
         .args(["-std=c++20", "-O2", "-pthread", "-DMAMBA_CUDA_EMU"])
         .arg(format!("-DEMU_BLOCK={BLOCK}"))
         .arg(format!("-DEMU_LANE_STATES={LANE_STATES}"))
+        .arg(format!("-DEMU_RED_STEPS={RED_STEPS}"))
         .arg(format!("-DEMU_NEGATIVE={}", u8::from(negative)))
         .arg("-I")
         .arg(root.join("cuda"))

@@ -20,7 +20,7 @@ pub const MAX_D_STATE: usize = 32 * LANE_STATES;
 /// Per-channel columns staged per chunk (`kCols`: dt, u and z or dy).
 const STAGED_COLS: usize = 3;
 /// The backward's d B / d C stage: steps per cross-channel sum (`kStage`).
-const RED_STEPS: usize = 2;
+pub(super) const RED_STEPS: usize = 4;
 /// Threads per block of the d B / d C group reduction.
 pub(super) const FLAT: u32 = 256;
 /// Most channel groups the backward pass writes d B / d C partials for (the
@@ -87,18 +87,28 @@ impl ScanShape {
         self.groups() * self.rows() * 2 * self.d_state
     }
 
+    /// Floats of one chunk staging buffer (`stage_floats` in the `.cu`
+    /// file): the chunk's B|C rows and the block's staged columns.
+    fn stage_floats(&self) -> usize {
+        SCAN_CHUNK * (2 * self.d_state + STAGED_COLS * self.channels_per_block())
+    }
+    /// Floats of `values` per-channel results per step of one chunk
+    /// (`fin_floats` in the `.cu` file).
+    fn fin_floats(&self, values: usize) -> usize {
+        SCAN_CHUNK * values * self.channels_per_block()
+    }
     /// Dynamic shared memory of the forward kernel: two chunk staging
-    /// buffers (`stage_floats` in the `.cu` file).
+    /// buffers, then the chunk's `y` sums (one per step and channel).
     pub(super) fn fwd_smem_bytes(&self) -> usize {
-        let stage = SCAN_CHUNK * (2 * self.d_state + STAGED_COLS * self.channels_per_block());
-        2 * stage * 4
+        (2 * self.stage_floats() + self.fin_floats(1)) * 4
     }
     /// Dynamic shared memory of the backward kernel: the chunk's recomputed
-    /// states, the d B / d C stage, then the forward's two staging buffers.
+    /// states, the d B / d C stage, the two staging buffers, then the
+    /// chunk's d dt and d u sums.
     pub(super) fn bwd_smem_bytes(&self) -> usize {
         let states = SCAN_CHUNK * LANE_STATES * BLOCK;
         let red = RED_STEPS * 2 * LANE_STATES * (BLOCK + 1);
-        (states + red) * 4 + self.fwd_smem_bytes()
+        (states + red + 2 * self.stage_floats() + self.fin_floats(2)) * 4
     }
     /// The most dynamic shared memory any valid state size needs, per
     /// direction (forward, backward): what the kernels are allowed at load.
@@ -254,13 +264,15 @@ mod tests {
         let (f, b) = ScanShape::max_smem_bytes();
         // An sm_80 / sm_90 block may opt in to up to 163 / 227 KiB.
         assert!(f <= 160 * 1024 && b <= 160 * 1024, "{f} {b}");
-        // The 130m shape: 16 KiB forward, 56 KiB backward.
+        // The 130m shape: 18 KiB forward, 68 KiB backward (three backward
+        // blocks fit an H200 SM's 228 KiB, as the 384-block grid needs).
         let s = shape(8, 1024, 1536, 16);
-        assert_eq!(s.fwd_smem_bytes(), 2 * 16 * (32 + 3 * 32) * 4);
+        assert_eq!(s.fwd_smem_bytes(), (2 * 16 * (32 + 3 * 32) + 16 * 32) * 4);
         assert_eq!(
             s.bwd_smem_bytes(),
-            (16 * 4 * 128 + 2 * 2 * 4 * 129) * 4 + s.fwd_smem_bytes()
+            (16 * 4 * 128 + 4 * 2 * 4 * 129 + 2 * 16 * (32 + 3 * 32) + 16 * 2 * 32) * 4
         );
+        assert!(3 * (s.bwd_smem_bytes() + 1024) <= 228 * 1024);
     }
 
     #[test]
