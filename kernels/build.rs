@@ -6,8 +6,9 @@
 //!   `cc` (`cc::Build::cuda`), which adds the host compiler (`-ccbin`, from
 //!   `CXX`) and honours `NVCC_PREPEND_FLAGS`/`NVCC_APPEND_FLAGS`.
 //! - Each file becomes `OUT_DIR/<stem>.fatbin` holding SASS for sm_80 and
-//!   sm_90 plus compute_90 PTX, compiled without FMA contraction
-//!   (`--fmad=false`) and without fast math.
+//!   sm_90 plus compute_90 PTX, without fast math; FMA contraction
+//!   (`--fmad`) per the file's bit contract (`nvcc::contract`: off where a
+//!   CPU twin needs the same bits, on where the contract is a tolerance).
 //! - `OUT_DIR/kernels_table.rs` (included by `src/embedded.rs`) lists every
 //!   module with its image through `include_bytes!`, 16-byte aligned.
 //! - Without nvcc the build still succeeds with an empty table and a reason
@@ -206,7 +207,14 @@ fn compile_all(
                 if i >= sources.len() {
                     break;
                 }
-                match compile_one(tool, include_dir, &shared, &sources[i], &outputs[i]) {
+                match compile_one(
+                    tool,
+                    include_dir,
+                    &shared,
+                    &sources[i],
+                    &names[i],
+                    &outputs[i],
+                ) {
                     Ok(stderr) if stderr.trim().is_empty() => {}
                     Ok(stderr) => push(&warnings, i, stderr),
                     Err(e) => push(&failures, i, e),
@@ -246,11 +254,12 @@ fn compile_one(
     include_dir: &Path,
     shared: &[u8],
     source: &Path,
+    module: &str,
     output: &Path,
 ) -> Result<String, String> {
     let mut cmd = tool.to_command();
     cmd.arg("--fatbin");
-    cmd.args(nvcc::device_flags(include_dir));
+    cmd.args(nvcc::device_flags(include_dir, module));
     cmd.arg("-o").arg(output).arg(source);
     let shown = render(&cmd);
     let key = cache_key(&shown, tool.path(), source, shared)?;

@@ -200,26 +200,70 @@ fn exe(name: &str) -> String {
     format!("{name}{}", std::env::consts::EXE_SUFFIX)
 }
 
-/// Device-side flags for every kernel file, after the compiler itself and
-/// before `-o OUT SRC`: [`common_flags`] then [`gencode_flags`].
-pub fn device_flags(include_dir: &Path) -> Vec<OsString> {
-    let mut flags = common_flags(include_dir);
+/// What a kernel file promises about its bits, which decides whether nvcc
+/// may contract `a * b + c` into one FMA there (the `--fmad` table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contract {
+    /// Bit-equal to a CPU twin (the host fold, the host optimizer): no
+    /// contraction, so every `a * b + c` is the two roundings the CPU code
+    /// performs.
+    BitEqualToHost,
+    /// Within a stated tolerance of the CPU model (and the same bits run to
+    /// run: contraction is decided at compile time): FMA contraction on.
+    Tolerance,
+}
+
+/// The kernel files whose contract is [`Contract::Tolerance`]; every other
+/// file (a new one included) is [`Contract::BitEqualToHost`], so a file
+/// gains contraction only by being listed here:
+/// - `mamba_ops`, `mamba_scan`: the CUDA model's forward and backward,
+///   pinned to the CPU f32/f64 model by `cuda_parity`/`cuda_scan`
+///   tolerances;
+/// - `mamba_decode`: the recurrent decoder, pinned by `cuda_decode`'s
+///   tolerance against the CPU decoder.
+///
+/// `fold` (the reducer's fold, bit-equal to the host fold and the emulated
+/// oracle) and `mamba_optim` (AdamW and the gradient-norm sums, bit-equal to
+/// the CPU optimizer) are not listed.
+pub const FMA_CONTRACTED: &[&str] = &["mamba_ops", "mamba_scan", "mamba_decode"];
+
+/// The contract of the kernel file with stem `module` (file name without
+/// `.cu`).
+pub fn contract(module: &str) -> Contract {
+    if FMA_CONTRACTED.contains(&module) {
+        Contract::Tolerance
+    } else {
+        Contract::BitEqualToHost
+    }
+}
+
+/// Device-side flags for the kernel file with stem `module`, after the
+/// compiler itself and before `-o OUT SRC`: [`common_flags`] then
+/// [`gencode_flags`].
+pub fn device_flags(include_dir: &Path, module: &str) -> Vec<OsString> {
+    let mut flags = common_flags(include_dir, module);
     flags.extend(gencode_flags());
     flags
 }
 
 /// Everything but the target architectures.
 ///
-/// Determinism: `--fmad=false` forbids contracting a*b+c into an FMA
-/// anywhere (a kernel that wants an FMA writes `__fmaf_rn` explicitly), and
-/// the IEEE defaults are spelled out (`--ftz=false`, `--prec-div=true`,
-/// `--prec-sqrt=true`) so they hold whatever nvcc's defaults become.
-/// There is no `--use_fast_math`.
-pub fn common_flags(include_dir: &Path) -> Vec<OsString> {
+/// Determinism: `--fmad` follows the file's [`contract`]: `false` where a
+/// CPU twin needs the same bits (a kernel there that wants an FMA writes
+/// `__fmaf_rn` explicitly), `true` where the contract is a tolerance
+/// (contraction is a compile-time decision, so the bits are still the same
+/// run to run). The IEEE defaults are spelled out (`--ftz=false`,
+/// `--prec-div=true`, `--prec-sqrt=true`) so they hold whatever nvcc's
+/// defaults become. There is no `--use_fast_math`.
+pub fn common_flags(include_dir: &Path, module: &str) -> Vec<OsString> {
+    let fmad = match contract(module) {
+        Contract::BitEqualToHost => "--fmad=false",
+        Contract::Tolerance => "--fmad=true",
+    };
     let mut flags: Vec<OsString> = [
         "-std=c++17",
         "-O3",
-        "--fmad=false",
+        fmad,
         "--ftz=false",
         "--prec-div=true",
         "--prec-sqrt=true",

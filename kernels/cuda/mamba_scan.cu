@@ -14,9 +14,17 @@
 // cpb = kScanThreads / sp channels. Sums over n are serial over a lane's
 // states, then a fixed xor-butterfly over its channel's sp lanes (one warp).
 // The recurrence itself is never reassociated: h_t comes from h_{t-1} by the
-// formula above, in order, for every t.
+// formula above, in order, for every t, as one fused multiply-add
+// (__fmaf_rn(a, h, (dt B) u)) in the forward and in the backward's
+// recompute alike, so the two passes' states have the same bits.
+// The kernels are templates over sp (dispatched once per launch), so the
+// lane layout and every shared-memory offset are compile-time constants.
+// The file is built with --fmad=true (kernels/README.md): its contract is
+// the tolerance of cuda_scan against a sequential f64 scan.
 //
-// Staging. Every thread of a block reads the same B_t / C_t rows and each
+// Staging. Every thread of a block reads the same B_t / C_t rows (staged
+// padded to npad = sp * kLaneStates states each, zeros past N, so no step
+// branches on n < N) and each
 // channel's dt / u / z (or dy) columns are read by its sp lanes, so a block
 // copies each chunk of kChunk steps of them into shared memory with cp.async
 // (no registers held), one chunk ahead of the one it computes: the serial
@@ -65,23 +73,28 @@ constexpr int kStage = 4;
 // Per-channel columns staged per chunk: dt, u and z (forward) or dy (backward).
 constexpr int kCols = 3;
 
+// The lane layout for SP lanes per channel (a power of two, 1..32).
+template <int SP>
 struct Lanes {
-    int sp;    // lanes per channel (power of two, 1..32)
-    int cpb;   // channels per block: kScanThreads / sp
+    static constexpr int cpb = kScanThreads / SP;   // channels per block
+    static constexpr int npad = SP * kLaneStates;   // states a channel's lanes cover
+    static constexpr int row = 2 * npad;            // staged B|C row: B[npad] then C[npad]
+    // Floats of one chunk's staging buffer: the B|C rows [kChunk][row], then
+    // kCols columns [kCols][kChunk][cpb]. Must match ScanShape (scan_shape.rs).
+    static constexpr int stage = kChunk * (row + kCols * cpb);
+    // Per-channel results of one chunk, `nv` per (step, channel):
+    // fin[(j * nv + v) * cpb + cl].
+    static constexpr int fin(int nv) { return kChunk * nv * cpb; }
     int lane;  // this thread's lane within its channel
     int cl;    // this thread's channel within the block
     int n0;    // this thread's first state: lane * kLaneStates
+    int fcl;   // the channel this thread finishes outputs for: tid % cpb
+    __device__ __forceinline__ Lanes()
+        : lane(threadIdx.x % SP),
+          cl(threadIdx.x / SP),
+          n0(threadIdx.x % SP * kLaneStates),
+          fcl(threadIdx.x % cpb) {}
 };
-
-__device__ __forceinline__ Lanes lanes(int sp) {
-    Lanes l;
-    l.sp = sp;
-    l.cpb = kScanThreads / sp;
-    l.lane = threadIdx.x % sp;
-    l.cl = threadIdx.x / sp;
-    l.n0 = l.lane * kLaneStates;
-    return l;
-}
 
 // Index of (b, chunk k, c, n) in the [B][nch][D][N] chunk-state array.
 __device__ __forceinline__ long long state_index(int b, int k, int nch, int c, int D, int n,
@@ -141,38 +154,29 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 #endif
 }
 
-// Floats of one chunk's staging buffer: the B|C rows [kChunk][2N], then
-// kCols columns [kCols][kChunk][cpb]. Must match ScanShape (scan_shape.rs).
-__device__ __forceinline__ int stage_floats(int N, int cpb) {
-    return kChunk * (2 * N + kCols * cpb);
-}
-
-// Per-channel results of one chunk, finished by the whole block: `nv`
-// values per (step, channel), sFin[(j * nv + v) * cpb + cl]. Thread tid
-// finishes channel tid % cpb (cpb divides kScanThreads) at steps
-// tid / cpb, tid / cpb + kScanThreads / cpb, ...
-__device__ __forceinline__ int fin_floats(int nv, int cpb) { return kChunk * nv * cpb; }
-
 // Start copying chunk `ch`'s B|C rows and the block's channels' columns into
-// `buf` (one committed group). Rows past the chunk's end and channels past D
-// are zero-filled by plain stores (never read as live values).
+// `buf` (one committed group). Rows past the chunk's end, states past N and
+// channels past D are zero-filled by plain stores: zeros are what the walk
+// computes with there (dt = 0 gives a = 1 and adds 0; B = C = 0 add 0).
+template <int SP>
 __device__ __forceinline__ void stage_chunk(float* buf, const float* __restrict__ bc,
                                             long long ldbc, int N, const Col (&cols)[kCols],
-                                            int D, int cbase, int cpb, Chunk ch) {
-    const int w = 2 * N;
-    for (int e = threadIdx.x; e < kChunk * w; e += kScanThreads) {
-        const int j = e / w, q = e % w;
-        if (j < ch.len) {
-            cp_async4(buf + e, bc + (ch.m0 + j) * ldbc + q);
+                                            int D, int cbase, Chunk ch) {
+    using L = Lanes<SP>;
+    for (int e = threadIdx.x; e < kChunk * L::row; e += kScanThreads) {
+        const int j = e / L::row, q = e % L::row;
+        const int which = q / L::npad, n = q % L::npad;
+        if (j < ch.len && n < N) {
+            cp_async4(buf + e, bc + (ch.m0 + j) * ldbc + which * N + n);
         } else {
             buf[e] = 0.0f;
         }
     }
 #pragma unroll
     for (int a = 0; a < kCols; ++a) {
-        float* colbuf = buf + kChunk * w + a * kChunk * cpb;
-        for (int e = threadIdx.x; e < kChunk * cpb; e += kScanThreads) {
-            const int j = e / cpb, c = cbase + e % cpb;
+        float* colbuf = buf + kChunk * L::row + a * kChunk * L::cpb;
+        for (int e = threadIdx.x; e < kChunk * L::cpb; e += kScanThreads) {
+            const int j = e / L::cpb, c = cbase + e % L::cpb;
             if (j < ch.len && c < D) {
                 cp_async4(colbuf + e, cols[a].p + (ch.m0 + j) * cols[a].ld + c);
             } else {
@@ -184,101 +188,98 @@ __device__ __forceinline__ void stage_chunk(float* buf, const float* __restrict_
 }
 
 // Column `a` of the staged chunk at step j for block channel cl.
-__device__ __forceinline__ float staged_col(const float* buf, int N, int cpb, int a, int j,
-                                            int cl) {
-    return buf[kChunk * 2 * N + (a * kChunk + j) * cpb + cl];
+template <int SP>
+__device__ __forceinline__ float staged_col(const float* buf, int a, int j, int cl) {
+    using L = Lanes<SP>;
+    return buf[kChunk * L::row + (a * kChunk + j) * L::cpb + cl];
 }
 
-// A[i] = -exp(A_log[c, n0 + i]) for this thread's live states, 0 elsewhere.
+// A[i] = -exp(A_log[c, n0 + i]) for this thread's live states, 0 elsewhere;
+// live[i] says which.
 __device__ __forceinline__ void load_a(const float* __restrict__ a_log, bool live_c, int c,
-                                       int n0, int N, float (&A)[kLaneStates]) {
+                                       int n0, int N, float (&A)[kLaneStates],
+                                       bool (&live)[kLaneStates]) {
 #pragma unroll
     for (int i = 0; i < kLaneStates; ++i) {
-        A[i] = live_c && n0 + i < N ? -expf(a_log[(long long)c * N + n0 + i]) : 0.0f;
+        live[i] = live_c && n0 + i < N;
+        A[i] = live[i] ? -expf(a_log[(long long)c * N + n0 + i]) : 0.0f;
     }
 }
 
-}  // namespace
+// One step of the recurrence: h = a h + (dt B) u with a = exp(dt A), as a
+// fused multiply-add (the forward and the backward's recompute share it).
+__device__ __forceinline__ float step_state(float h, float a, float dtj, float bn, float uj) {
+    return __fmaf_rn(a, h, (dtj * bn) * uj);
+}
 
-// grid (ceil(D / cpb), B), block kScanThreads, dynamic shared memory
-// 2 * stage_floats(N, cpb) + fin_floats(1, cpb) floats.
-extern "C" __global__ void __launch_bounds__(kScanThreads)
-    mamba_scan_fwd(const float* __restrict__ u, const float* __restrict__ dt,
-                   const float* __restrict__ bc, long long ldbc,
-                   const float* __restrict__ a_log, const float* __restrict__ dpar,
-                   const float* __restrict__ z, long long ldz, float* __restrict__ Hin,
-                   float* __restrict__ y, float* __restrict__ out, int T, int D, int N,
-                   int sp) {
-    #ifdef MAMBA_CUDA_EMU
-    float* smem = EMU_SMEM;
-#else
-    extern __shared__ float smem[];
-#endif
-    const Lanes l = lanes(sp);
+template <int SP>
+__device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const float* __restrict__ dt,
+                                         const float* __restrict__ bc, long long ldbc,
+                                         const float* __restrict__ a_log,
+                                         const float* __restrict__ dpar,
+                                         const float* __restrict__ z, long long ldz,
+                                         float* __restrict__ Hin, float* __restrict__ y,
+                                         float* __restrict__ out, int T, int D, int N,
+                                         float* smem) {
+    using L = Lanes<SP>;
+    const L l;
     const int b = blockIdx.y;
-    const int cbase = blockIdx.x * l.cpb;
+    const int cbase = blockIdx.x * L::cpb;
     const int c = cbase + l.cl;
     const bool live_c = c < D;
     const int nch = (T + kChunk - 1) / kChunk;
-    const int per = stage_floats(N, l.cpb);
-    float* sFin = smem + 2 * per;
+    float* sFin = smem + 2 * L::stage;
     const Col cols[kCols] = {{dt, D}, {u, D}, {z, ldz}};
     float A[kLaneStates], h[kLaneStates];
-    load_a(a_log, live_c, c, l.n0, N, A);
+    bool live[kLaneStates];
+    load_a(a_log, live_c, c, l.n0, N, A, live);
 #pragma unroll
     for (int i = 0; i < kLaneStates; ++i) h[i] = 0.0f;
-    // The channel this thread finishes outputs for.
-    const int fcl = threadIdx.x % l.cpb, fc = cbase + fcl;
+    const int fc = cbase + l.fcl;
     const float dp = dpar[min(fc, D - 1)];
 
-    stage_chunk(smem, bc, ldbc, N, cols, D, cbase, l.cpb, chunk_at(b, 0, T));
+    stage_chunk<SP>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, 0, T));
     for (int k = 0; k < nch; ++k) {
         const Chunk ch = chunk_at(b, k, T);
         if (k + 1 < nch) {
-            stage_chunk(smem + ((k + 1) & 1) * per, bc, ldbc, N, cols, D, cbase, l.cpb,
-                        chunk_at(b, k + 1, T));
+            stage_chunk<SP>(smem + ((k + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+                            chunk_at(b, k + 1, T));
         }
         cp_async_wait(k + 1 < nch ? 1 : 0);
         __syncthreads();
-        const float* buf = smem + (k & 1) * per;
-        if (live_c) {
+        const float* buf = smem + (k & 1) * L::stage;
 #pragma unroll
-            for (int i = 0; i < kLaneStates; ++i) {
-                if (l.n0 + i < N) Hin[state_index(b, k, nch, c, D, l.n0 + i, N)] = h[i];
-            }
+        for (int i = 0; i < kLaneStates; ++i) {
+            if (live[i]) Hin[state_index(b, k, nch, c, D, l.n0 + i, N)] = h[i];
         }
-        // Steps past the chunk's end (last chunk only) read the zeros
-        // stage_chunk filled in: dt = 0 gives a = 1 and adds 0, so h is
-        // unchanged, and their sums are never written.
+        // Steps past the chunk's end (last chunk only) read zeros: h is
+        // unchanged and their sums are never written.
         float part[kChunk];
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
-            const float dtj = staged_col(buf, N, l.cpb, 0, j, l.cl);
-            const float uj = staged_col(buf, N, l.cpb, 1, j, l.cl);
-            const float* row = buf + j * 2 * N;
+            const float dtj = staged_col<SP>(buf, 0, j, l.cl);
+            const float uj = staged_col<SP>(buf, 1, j, l.cl);
+            const float* row = buf + j * L::row + l.n0;
             part[j] = 0.0f;
 #pragma unroll
             for (int i = 0; i < kLaneStates; ++i) {
-                const int n = l.n0 + i;
-                if (n < N) {
-                    const float a = expf(dtj * A[i]);
-                    h[i] = a * h[i] + (dtj * row[n]) * uj;
-                    part[j] = part[j] + row[N + n] * h[i];
-                }
+                const float a = expf(dtj * A[i]);
+                h[i] = step_state(h[i], a, dtj, row[i], uj);
+                part[j] = part[j] + (live[i] ? row[L::npad + i] * h[i] : 0.0f);
             }
         }
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
-            part[j] = group_sum(part[j], l.sp);
-            if (l.lane == 0) sFin[j * l.cpb + l.cl] = part[j];
+            part[j] = group_sum(part[j], SP);
+            if (l.lane == 0) sFin[j * L::cpb + l.cl] = part[j];
         }
         __syncthreads();
-        for (int j = threadIdx.x / l.cpb; j < ch.len; j += kScanThreads / l.cpb) {
+        for (int j = threadIdx.x / L::cpb; j < ch.len; j += kScanThreads / L::cpb) {
             if (fc < D) {
                 const long long m = ch.m0 + j;
-                const float yv = sFin[j * l.cpb + fcl] + dp * staged_col(buf, N, l.cpb, 1, j, fcl);
+                const float yv = sFin[j * L::cpb + l.fcl] + dp * staged_col<SP>(buf, 1, j, l.fcl);
                 y[m * D + fc] = yv;
-                out[m * D + fc] = yv * siluf_(staged_col(buf, N, l.cpb, 2, j, fcl));
+                out[m * D + fc] = yv * siluf_(staged_col<SP>(buf, 2, j, l.fcl));
             }
         }
         // Every thread is done with this buffer and sFin before the next
@@ -287,144 +288,121 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
     }
 }
 
-// Outputs: ddtr[m, c] = (dL/d dt) * sigmoid(pre) (softplus' from dt itself:
-// sigmoid(pre) = 1 - exp(-softplus(pre)) = -expm1(-dt)); du[m, c] = scan
-// part + Dp dy (x_proj's backward GEMM adds its share later);
-// dA_part[b][c][n] = sum over t (descending) of g a h_{t-1} dt;
-// part[grp][m][0..N) = d B, part[grp][m][N..2N) = d C summed over the
-// group's channels: `rounds` consecutive sets of cpb channels, walked one
-// after the other (set r adds onto set r-1's partial in place).
-// grid (groups, B), block kScanThreads. Dynamic shared memory, in floats:
-// sH [kChunk][kLaneStates][kScanThreads] (the chunk's recomputed states,
-// each thread's own column), sRed [kStage][2][kLaneStates][kScanThreads + 1]
-// (the d B / d C stage, rows padded against bank conflicts), two staging
-// buffers of stage_floats(N, cpb), then fin_floats(2, cpb) (d dt and d u
-// per step and channel).
-// At most four blocks per SM (at N = 16 the shared memory fits three):
-// the bound lets ptxas use up to 128 registers, which its own choice (72)
-// spilled.
-extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
-    mamba_scan_bwd(const float* __restrict__ u, const float* __restrict__ dt,
-                   const float* __restrict__ bc, long long ldbc,
-                   const float* __restrict__ a_log, const float* __restrict__ dpar,
-                   const float* __restrict__ dy, const float* __restrict__ Hin,
-                   float* __restrict__ ddtr, float* __restrict__ du, float* __restrict__ part,
-                   float* __restrict__ dA_part, int T, int D, int N, int sp, int rounds) {
-    #ifdef MAMBA_CUDA_EMU
-    float* smem = EMU_SMEM;
-#else
-    extern __shared__ float smem[];
-#endif
+template <int SP>
+__device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const float* __restrict__ dt,
+                                         const float* __restrict__ bc, long long ldbc,
+                                         const float* __restrict__ a_log,
+                                         const float* __restrict__ dpar,
+                                         const float* __restrict__ dy,
+                                         const float* __restrict__ Hin,
+                                         float* __restrict__ ddtr, float* __restrict__ du,
+                                         float* __restrict__ part, float* __restrict__ dA_part,
+                                         int T, int D, int N, int rounds, float* smem) {
+    using L = Lanes<SP>;
     constexpr int kRedRow = kScanThreads + 1;
     float* sH = smem;
     float* sRed = sH + kChunk * kLaneStates * kScanThreads;
     float* stage = sRed + kStage * 2 * kLaneStates * kRedRow;
-    float* sFin = stage + 2 * stage_floats(N, kScanThreads / sp);
-    const Lanes l = lanes(sp);
+    float* sFin = stage + 2 * L::stage;
+    const L l;
     const int b = blockIdx.y, grp = blockIdx.x;
     const long long M = (long long)gridDim.y * T;
     const int nch = (T + kChunk - 1) / kChunk;
-    const int npad = l.sp * kLaneStates;  // states covered by one channel's lanes
-    const int per = stage_floats(N, l.cpb);
     const int tid = threadIdx.x;
     const Col cols[kCols] = {{dt, D}, {u, D}, {dy, D}};
 
     for (int r = 0; r < rounds; ++r) {
-        const int cbase = (grp * rounds + r) * l.cpb;
+        const int cbase = (grp * rounds + r) * L::cpb;
         const int c = cbase + l.cl;
         const bool live_c = c < D;
-        // The channel this thread finishes d dt and d u for.
-        const int fcl = tid % l.cpb, fc = cbase + fcl;
+        const int fc = cbase + l.fcl;
         const float dp = dpar[min(fc, D - 1)];
         float A[kLaneStates], carry[kLaneStates], dA[kLaneStates], h[kLaneStates];
-        load_a(a_log, live_c, c, l.n0, N, A);
+        bool live[kLaneStates];
+        load_a(a_log, live_c, c, l.n0, N, A, live);
 #pragma unroll
         for (int i = 0; i < kLaneStates; ++i) carry[i] = dA[i] = 0.0f;
 
         // Iteration it walks chunk k = nch - 1 - it from staging buffer it & 1.
-        stage_chunk(stage, bc, ldbc, N, cols, D, cbase, l.cpb, chunk_at(b, nch - 1, T));
+        stage_chunk<SP>(stage, bc, ldbc, N, cols, D, cbase, chunk_at(b, nch - 1, T));
         for (int it = 0; it < nch; ++it) {
             const int k = nch - 1 - it;
             const Chunk ch = chunk_at(b, k, T);
 #pragma unroll
             for (int i = 0; i < kLaneStates; ++i) {
-                const int n = l.n0 + i;
-                h[i] = live_c && n < N ? Hin[state_index(b, k, nch, c, D, n, N)] : 0.0f;
+                h[i] = live[i] ? Hin[state_index(b, k, nch, c, D, l.n0 + i, N)] : 0.0f;
             }
             if (k > 0) {
-                stage_chunk(stage + ((it + 1) & 1) * per, bc, ldbc, N, cols, D, cbase, l.cpb,
-                            chunk_at(b, k - 1, T));
+                stage_chunk<SP>(stage + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+                                chunk_at(b, k - 1, T));
             }
             cp_async_wait(k > 0 ? 1 : 0);
             __syncthreads();
-            const float* buf = stage + (it & 1) * per;
-            // Recompute the chunk's states (the forward's formula and order).
+            const float* buf = stage + (it & 1) * L::stage;
+            // Recompute the chunk's states (the forward's step, same bits).
+            // Steps past the chunk's end read zeros and are never walked.
 #pragma unroll
             for (int j = 0; j < kChunk; ++j) {
-                if (j < ch.len) {
-                    const float dtj = staged_col(buf, N, l.cpb, 0, j, l.cl);
-                    const float uj = staged_col(buf, N, l.cpb, 1, j, l.cl);
-                    const float* row = buf + j * 2 * N;
+                const float dtj = staged_col<SP>(buf, 0, j, l.cl);
+                const float uj = staged_col<SP>(buf, 1, j, l.cl);
+                const float* row = buf + j * L::row + l.n0;
 #pragma unroll
-                    for (int i = 0; i < kLaneStates; ++i) {
-                        sH[(j * kLaneStates + i) * kScanThreads + tid] = h[i];
-                        if (l.n0 + i < N) {
-                            const float a = expf(dtj * A[i]);
-                            h[i] = a * h[i] + (dtj * row[l.n0 + i]) * uj;
-                        }
-                    }
+                for (int i = 0; i < kLaneStates; ++i) {
+                    sH[(j * kLaneStates + i) * kScanThreads + tid] = h[i];
+                    h[i] = step_state(h[i], expf(dtj * A[i]), dtj, row[i], uj);
                 }
             }
-            // Walk back: h[i] is the state after step j; pdt[j] / pdu[j] are
-            // this lane's sums over its states, summed over lanes after.
-            float pdt[kChunk], pdu[kChunk];
+            // Walk back: h[i] is the state after step j. This lane's sums
+            // over its states of d dt and d u at step j go into its own
+            // column of sH, in the slots of step j's states (i = 0, 1) once
+            // those are read, and are summed over lanes after the walk.
             int slot = 0;
 #pragma unroll
             for (int j = kChunk - 1; j >= 0; --j) {
                 if (j < ch.len) {  // uniform over the block
                     const long long m = ch.m0 + j;
-                    const float dtj = staged_col(buf, N, l.cpb, 0, j, l.cl);
-                    const float uj = staged_col(buf, N, l.cpb, 1, j, l.cl);
-                    const float dyj = staged_col(buf, N, l.cpb, 2, j, l.cl);
-                    const float* row = buf + j * 2 * N;
-                    pdt[j] = 0.0f;
-                    pdu[j] = 0.0f;
+                    const float dtj = staged_col<SP>(buf, 0, j, l.cl);
+                    const float uj = staged_col<SP>(buf, 1, j, l.cl);
+                    const float dyj = staged_col<SP>(buf, 2, j, l.cl);
+                    const float* row = buf + j * L::row + l.n0;
+                    float pdt = 0.0f, pdu = 0.0f;
 #pragma unroll
                     for (int i = 0; i < kLaneStates; ++i) {
-                        const int n = l.n0 + i;
                         const float hprev = sH[(j * kLaneStates + i) * kScanThreads + tid];
-                        float cB = 0.0f, cC = 0.0f;
-                        if (n < N) {
-                            const float bn = row[n];
-                            const float g = row[N + n] * dyj + carry[i];
-                            const float a = expf(dtj * A[i]);  // as in the recompute
-                            const float hp = a * hprev;        // a_t h_{t-1}
-                            const float gdt = g * dtj;
-                            cC = dyj * h[i];
-                            cB = gdt * uj;
-                            pdt[j] = pdt[j] + g * (A[i] * hp + bn * uj);
-                            pdu[j] = pdu[j] + gdt * bn;
-                            dA[i] = dA[i] + (g * hp) * dtj;
-                            carry[i] = a * g;
-                        }
-                        sRed[((slot * 2 + 0) * kLaneStates + i) * kRedRow + tid] = live_c ? cB : 0.0f;
-                        sRed[((slot * 2 + 1) * kLaneStates + i) * kRedRow + tid] = live_c ? cC : 0.0f;
+                        const float bn = row[i];
+                        const float g = row[L::npad + i] * dyj + carry[i];
+                        const float a = expf(dtj * A[i]);  // as in the recompute
+                        const float hp = a * hprev;        // a_t h_{t-1}
+                        const float gdt = g * dtj;
+                        // States past N (zero B, C, A and h) add nothing;
+                        // the selects keep a non-finite dy out of them.
+                        pdt = pdt + (live[i] ? g * (A[i] * hp + bn * uj) : 0.0f);
+                        pdu = pdu + (live[i] ? gdt * bn : 0.0f);
+                        dA[i] = dA[i] + (g * hp) * dtj;
+                        carry[i] = a * g;
+                        sRed[((slot * 2 + 0) * kLaneStates + i) * kRedRow + tid] =
+                            live[i] ? gdt * uj : 0.0f;
+                        sRed[((slot * 2 + 1) * kLaneStates + i) * kRedRow + tid] =
+                            live[i] ? dyj * h[i] : 0.0f;
                         h[i] = hprev;
                     }
+                    sH[(j * kLaneStates + 0) * kScanThreads + tid] = pdt;
+                    sH[(j * kLaneStates + 1) * kScanThreads + tid] = pdu;
                     if (slot == kStage - 1 || j == 0) {
                         // Slot q holds step j + slot - q. Sum each (slot,
                         // B/C, n) over the block's channels in ascending
                         // order.
                         __syncthreads();
-                        const int outs = (slot + 1) * 2 * npad;
+                        const int outs = (slot + 1) * 2 * L::npad;
                         for (int o = tid; o < outs; o += kScanThreads) {
-                            const int q = o / (2 * npad), w = o % (2 * npad);
-                            const int which = w / npad, n = w % npad;
+                            const int q = o / (2 * L::npad), w = o % (2 * L::npad);
+                            const int which = w / L::npad, n = w % L::npad;
                             const int i = n % kLaneStates, ln = n / kLaneStates;
                             if (n < N) {
                                 const float* src = sRed + ((q * 2 + which) * kLaneStates + i) * kRedRow;
                                 float s = src[ln];
-                                for (int cl2 = 1; cl2 < l.cpb; ++cl2) s = s + src[cl2 * l.sp + ln];
+#pragma unroll 8
+                                for (int cl2 = 1; cl2 < L::cpb; ++cl2) s = s + src[cl2 * SP + ln];
                                 const long long mq = m + slot - q;
                                 float* dst = part + ((long long)grp * M + mq) * (2 * N) +
                                              which * N + n;
@@ -441,37 +419,106 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
 #pragma unroll
             for (int j = 0; j < kChunk; ++j) {
                 if (j < ch.len) {  // uniform over the block
-                    pdt[j] = group_sum(pdt[j], l.sp);
-                    pdu[j] = group_sum(pdu[j], l.sp);
+                    const float pdt = group_sum(sH[(j * kLaneStates + 0) * kScanThreads + tid], SP);
+                    const float pdu = group_sum(sH[(j * kLaneStates + 1) * kScanThreads + tid], SP);
                     if (l.lane == 0) {
-                        sFin[(j * 2 + 0) * l.cpb + l.cl] = pdt[j];
-                        sFin[(j * 2 + 1) * l.cpb + l.cl] = pdu[j];
+                        sFin[(j * 2 + 0) * L::cpb + l.cl] = pdt;
+                        sFin[(j * 2 + 1) * L::cpb + l.cl] = pdu;
                     }
                 }
             }
             __syncthreads();
-            for (int j = tid / l.cpb; j < ch.len; j += kScanThreads / l.cpb) {
+            for (int j = tid / L::cpb; j < ch.len; j += kScanThreads / L::cpb) {
                 if (fc < D) {
                     const long long m = ch.m0 + j;
-                    const float dtj = staged_col(buf, N, l.cpb, 0, j, fcl);
-                    const float dyj = staged_col(buf, N, l.cpb, 2, j, fcl);
-                    ddtr[m * D + fc] = sFin[(j * 2 + 0) * l.cpb + fcl] * -expm1f(-dtj);
-                    du[m * D + fc] = sFin[(j * 2 + 1) * l.cpb + fcl] + dp * dyj;
+                    const float dtj = staged_col<SP>(buf, 0, j, l.fcl);
+                    const float dyj = staged_col<SP>(buf, 2, j, l.fcl);
+                    ddtr[m * D + fc] = sFin[(j * 2 + 0) * L::cpb + l.fcl] * -expm1f(-dtj);
+                    du[m * D + fc] = sFin[(j * 2 + 1) * L::cpb + l.fcl] + dp * dyj;
                 }
             }
             // Every read of this chunk's staging buffer and of sFin ends
             // before the next iteration stages chunk k - 2 into it.
             __syncthreads();
         }
-        if (live_c) {
 #pragma unroll
-            for (int i = 0; i < kLaneStates; ++i) {
-                const int n = l.n0 + i;
-                if (n < N) dA_part[((long long)b * D + c) * N + n] = dA[i];
-            }
+        for (int i = 0; i < kLaneStates; ++i) {
+            if (live[i]) dA_part[((long long)b * D + c) * N + l.n0 + i] = dA[i];
         }
     }
 }
+
+}  // namespace
+
+// The kernels' entry points: `sp` (ScanShape::lanes, a power of two 1..32)
+// picks the instantiation; any other value does nothing (the host launcher
+// only passes valid ones).
+#define MAMBA_SCAN_DISPATCH(SP_VAR, CALL) \
+    switch (SP_VAR) {                     \
+        case 1: CALL(1); break;           \
+        case 2: CALL(2); break;           \
+        case 4: CALL(4); break;           \
+        case 8: CALL(8); break;           \
+        case 16: CALL(16); break;         \
+        case 32: CALL(32); break;         \
+        default: break;                   \
+    }
+
+// grid (ceil(D / cpb), B), block kScanThreads, dynamic shared memory
+// 2 * Lanes::stage + Lanes::fin(1) floats.
+extern "C" __global__ void __launch_bounds__(kScanThreads)
+    mamba_scan_fwd(const float* __restrict__ u, const float* __restrict__ dt,
+                   const float* __restrict__ bc, long long ldbc,
+                   const float* __restrict__ a_log, const float* __restrict__ dpar,
+                   const float* __restrict__ z, long long ldz, float* __restrict__ Hin,
+                   float* __restrict__ y, float* __restrict__ out, int T, int D, int N,
+                   int sp) {
+#ifdef MAMBA_CUDA_EMU
+    float* smem = EMU_SMEM;
+#else
+    extern __shared__ float smem[];
+#endif
+#define MAMBA_SCAN_FWD(SP) \
+    scan_fwd<SP>(u, dt, bc, ldbc, a_log, dpar, z, ldz, Hin, y, out, T, D, N, smem)
+    MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_FWD)
+#undef MAMBA_SCAN_FWD
+}
+
+// Outputs: ddtr[m, c] = (dL/d dt) * sigmoid(pre) (softplus' from dt itself:
+// sigmoid(pre) = 1 - exp(-softplus(pre)) = -expm1(-dt)); du[m, c] = scan
+// part + Dp dy (x_proj's backward GEMM adds its share later);
+// dA_part[b][c][n] = sum over t (descending) of g a h_{t-1} dt;
+// part[grp][m][0..N) = d B, part[grp][m][N..2N) = d C summed over the
+// group's channels: `rounds` consecutive sets of cpb channels, walked one
+// after the other (set r adds onto set r-1's partial in place).
+// grid (groups, B), block kScanThreads. Dynamic shared memory, in floats:
+// sH [kChunk][kLaneStates][kScanThreads] (the chunk's recomputed states,
+// each thread's own column), sRed [kStage][2][kLaneStates][kScanThreads + 1]
+// (the d B / d C stage, rows padded against bank conflicts), two staging
+// buffers of Lanes::stage, then Lanes::fin(2) (d dt and d u per step and
+// channel).
+// At most four blocks per SM (at N = 16 the shared memory fits three):
+// the bound lets ptxas use up to 128 registers.
+extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
+    mamba_scan_bwd(const float* __restrict__ u, const float* __restrict__ dt,
+                   const float* __restrict__ bc, long long ldbc,
+                   const float* __restrict__ a_log, const float* __restrict__ dpar,
+                   const float* __restrict__ dy, const float* __restrict__ Hin,
+                   float* __restrict__ ddtr, float* __restrict__ du, float* __restrict__ part,
+                   float* __restrict__ dA_part, int T, int D, int N, int sp, int rounds) {
+#ifdef MAMBA_CUDA_EMU
+    float* smem = EMU_SMEM;
+#else
+    extern __shared__ float smem[];
+#endif
+#define MAMBA_SCAN_BWD(SP)                                                                  \
+    scan_bwd<SP>(u, dt, bc, ldbc, a_log, dpar, dy, Hin, ddtr, du, part, dA_part, T, D, N, \
+                 rounds, smem)
+    MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_BWD)
+#undef MAMBA_SCAN_BWD
+}
+
+#undef MAMBA_SCAN_DISPATCH
 
 // dbc[m*ldbc + j] = part[0][m][j] + part[1][m][j] + ... (ascending groups)
 // for j < 2N: d B then d C, into x_proj's output gradient.

@@ -54,6 +54,9 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     return r;
 }
 
+// A single-rounding fused multiply-add, as the device's.
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 

@@ -111,7 +111,7 @@ int main() {
         // bwd_smem_bytes / 4): two chunk staging buffers and the chunk's
         // per-channel sums (1 a step forward, 2 backward); the backward adds
         // the chunk's states and the d B / d C stage.
-        const size_t stage = 16 * (2 * N + 3 * cpb);
+        const size_t stage = 16 * (2 * sp * EMU_LANE_STATES + 3 * cpb);
         const size_t fwd_dyn = 2 * stage + 16 * cpb;
         const size_t bwd_dyn = 16 * EMU_LANE_STATES * EMU_BLOCK +
                                EMU_RED_STEPS * 2 * EMU_LANE_STATES * (EMU_BLOCK + 1) + 2 * stage +

@@ -6,7 +6,9 @@
 //! `build.rs` compiles every `kernels/cuda/*.cu` with nvcc (found through
 //! `NVCC`, `CUDA_HOME`/`CUDA_PATH`, `PATH`, then `/opt/nvcc`, and driven
 //! through `cc`) into a fatbin with SASS for sm_80 and sm_90 and PTX for
-//! compute_90, with `--fmad=false` and IEEE division/square root, and embeds
+//! compute_90, with IEEE division/square root and `--fmad` per file (off
+//! where a CPU twin needs the same bits, on where the contract is a
+//! tolerance: the table is in `kernels/README.md`), and embeds
 //! it as module `<stem>`. A new `.cu` file needs no build change: it appears
 //! in [`embedded()`] and loads with [`load_module`]`(ctx, "<stem>")`.
 //!

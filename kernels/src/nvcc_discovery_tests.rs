@@ -157,30 +157,47 @@ fn fallback_finds_any_python3_venv() {
     assert!(fallback_path(&unset).is_some_and(|p| p.starts_with(FALLBACK_PREFIX)));
 }
 
-#[test]
-fn flags_are_deterministic_and_cover_the_architectures() {
-    let flags: Vec<String> = device_flags(Path::new("/inc"))
+fn flags_of(module: &str) -> Vec<String> {
+    device_flags(Path::new("/inc"), module)
         .iter()
         .map(|f| f.to_string_lossy().into_owned())
-        .collect();
-    for required in [
-        "--fmad=false",
-        "--ftz=false",
-        "--prec-div=true",
-        "--prec-sqrt=true",
+        .collect()
+}
+
+#[test]
+fn flags_are_deterministic_and_cover_the_architectures() {
+    // The bit-equal files (and any file not in the table) never contract;
+    // the tolerance files do; nothing ever gets fast math or flush-to-zero.
+    for (module, fmad) in [
+        ("fold", "--fmad=false"),
+        ("mamba_optim", "--fmad=false"),
+        ("a_new_kernel_file", "--fmad=false"),
+        ("mamba_ops", "--fmad=true"),
+        ("mamba_scan", "--fmad=true"),
+        ("mamba_decode", "--fmad=true"),
     ] {
-        assert!(
-            flags.iter().any(|f| f == required),
-            "{required} missing: {flags:?}"
+        let flags = flags_of(module);
+        for required in [fmad, "--ftz=false", "--prec-div=true", "--prec-sqrt=true"] {
+            assert!(
+                flags.iter().any(|f| f == required),
+                "{module}: {required} missing: {flags:?}"
+            );
+        }
+        assert_eq!(
+            flags.iter().filter(|f| f.starts_with("--fmad")).count(),
+            1,
+            "{module}: {flags:?}"
         );
+        for banned in ["fast", "ftz=true"] {
+            assert!(
+                !flags.iter().any(|f| f.contains(banned)),
+                "{module}: {banned} present: {flags:?}"
+            );
+        }
     }
-    for banned in ["fast", "fmad=true", "ftz=true"] {
-        assert!(
-            !flags.iter().any(|f| f.contains(banned)),
-            "{banned} present: {flags:?}"
-        );
-    }
-    let joined = flags.join(" ");
+    assert_eq!(contract("fold"), Contract::BitEqualToHost);
+    assert_eq!(contract("mamba_scan"), Contract::Tolerance);
+    let joined = flags_of("fold").join(" ");
     for gencode in [
         "-gencode arch=compute_80,code=sm_80",
         "-gencode arch=compute_90,code=sm_90",
@@ -189,6 +206,24 @@ fn flags_are_deterministic_and_cover_the_architectures() {
         assert!(joined.contains(gencode), "{gencode} missing: {joined}");
     }
     assert!(joined.contains("-I /inc"), "{joined}");
+}
+
+/// Every file the table lists exists, so a renamed kernel file cannot
+/// silently fall back to the other contract.
+#[test]
+fn the_fmad_table_names_existing_kernel_files() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+    let names: Vec<String> = cuda_sources(&dir)
+        .expect("kernels/cuda")
+        .iter()
+        .map(|s| module_name(s).expect("name"))
+        .collect();
+    for listed in FMA_CONTRACTED {
+        assert!(
+            names.iter().any(|n| n == listed),
+            "{listed} not in {names:?}"
+        );
+    }
 }
 
 #[test]

@@ -40,7 +40,9 @@ pub fn run() -> TaskResult {
         .map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
     println!("nvcc: {}", nvcc_path.display());
     println!(
-        "ptxas resource usage for {REPORT_ARCH} (build flags: --fmad=false, -O3, IEEE div/sqrt)\n"
+        "ptxas resource usage for {REPORT_ARCH} (build flags: -O3, IEEE div/sqrt; --fmad per \
+         file: true for {:?}, false for the rest)\n",
+        nvcc::FMA_CONTRACTED
     );
 
     let mut rows = Vec::new();
@@ -50,6 +52,7 @@ pub fn run() -> TaskResult {
             &nvcc_path,
             &cuda_dir,
             source,
+            &module,
             &scratch.join(format!("{module}.cubin")),
         )?;
         let kernels = parse_ptxas(&log);
@@ -84,11 +87,12 @@ fn ptxas_report(
     nvcc_path: &Path,
     include_dir: &Path,
     source: &Path,
+    module: &str,
     cubin: &Path,
 ) -> Result<String, String> {
     let mut cmd = Command::new(nvcc_path);
     cmd.arg("--cubin")
-        .args(nvcc::common_flags(include_dir))
+        .args(nvcc::common_flags(include_dir, module))
         .arg("-gencode")
         .arg(format!(
             "arch={},code={REPORT_ARCH}",

@@ -87,13 +87,15 @@ impl ScanShape {
         self.groups() * self.rows() * 2 * self.d_state
     }
 
-    /// Floats of one chunk staging buffer (`stage_floats` in the `.cu`
-    /// file): the chunk's B|C rows and the block's staged columns.
+    /// Floats of one chunk staging buffer (`Lanes::stage` in the `.cu`
+    /// file): the chunk's B|C rows, each padded to `lanes * 4` states, and
+    /// the block's staged columns.
     fn stage_floats(&self) -> usize {
-        SCAN_CHUNK * (2 * self.d_state + STAGED_COLS * self.channels_per_block())
+        let padded = self.lanes() * LANE_STATES;
+        SCAN_CHUNK * (2 * padded + STAGED_COLS * self.channels_per_block())
     }
     /// Floats of `values` per-channel results per step of one chunk
-    /// (`fin_floats` in the `.cu` file).
+    /// (`Lanes::fin` in the `.cu` file).
     fn fin_floats(&self, values: usize) -> usize {
         SCAN_CHUNK * values * self.channels_per_block()
     }

@@ -3,7 +3,8 @@
 //! the same global-norm association (f64 chunks of `NORM_CHUNK`, summed in
 //! order) and the same per-element AdamW arithmetic with the same per-step
 //! constants ([`AdamWStep`], computed on the host by the one optimizer).
-//! The kernels are built with `--fmad=false` for exactly this contract.
+//! Their file (`mamba_optim.cu`) is built with `--fmad=false` for exactly
+//! this contract (the `--fmad` table in `kernels/README.md`).
 //!
 //! Both operations take a shard of the arena (ZeRO-1): they run the same
 //! kernels over views into the whole arenas (`grads[shard]`,
