@@ -60,13 +60,14 @@ fn a_two_process_run_at_logical_world_four_keeps_its_pinned_digest() {
 }
 
 /// `--device cuda` with [`CUDA_FLAGS`] on one NVIDIA H200 (CUDA 13.0,
-/// driver 580, this build's kernels), as the build with the shared-memory
-/// staged scan kernels (4 states a thread) produced it (twice in one run,
-/// 2026-12-01; the first serial scan with 8 states a thread gave
-/// ca8d735d..., the chunked scan before it c923d315...). The CUDA model's bits are promised run to
+/// driver 580, this build's kernels), as the build with the model's kernel
+/// files under `--fmad=true` and the scan's recurrence as one FMA produced
+/// it (twice in one run, 2026-12-01). Earlier builds: the staged scan under
+/// `--fmad=false` gave f5dc6b23..., the first serial scan ca8d735d..., the
+/// chunked scan c923d315.... The CUDA model's bits are promised run to
 /// run on the same GPU model and build, not across GPU models: on another
 /// GPU the test checks run to run identity only and prints the digest.
-const CUDA_H200: &str = "f5dc6b23e45f49474cbbf9d1de7e1b031ad16793ec47790bbd29f05d8a30905b";
+const CUDA_H200: &str = "88f3cb82e610af23fd3ec5a3c5ef773a04e82829cfa4f461a54ac52f831fbf59";
 
 /// A tiny selective-copy model on one GPU at logical world 2 (so the
 /// reducer's fold and scale run too), 40 steps.
