@@ -250,6 +250,52 @@ fn cuda_matches_cpu_reference_on_random_shapes() {
     fail_on(&failures);
 }
 
+/// The head and the loss over row chunks (`set_loss_chunk_rows`): chunks of
+/// 1 row, of a size that does not divide the rows, and one chunk, each
+/// within the same tolerances of the CPU reference (logits, loss, every
+/// gradient; loss() and forward_backward() bit for bit), the same bits run
+/// to run, and the logits buffer sized by the chunk, not the batch.
+#[test]
+fn the_loss_over_row_chunks_matches_the_cpu_reference() {
+    let mut failures = Vec::new();
+    for (i, (label, cfg, nseq, l)) in fixed_cases().into_iter().enumerate() {
+        if !matches!(i, 0 | 5) {
+            continue; // "defaults, T 37" (74 rows) and "300 rows"
+        }
+        let Some(mut gpu) = cuda_model(&cfg) else {
+            return;
+        };
+        let b = batch(&cfg, nseq, l, 100 + i as u64);
+        let p = perturbed(&cfg, 200 + i as u64);
+        let rows = nseq * l;
+        let p_dev = gpu.upload(&p).expect("upload");
+        let mut g_dev = gpu.zeros_arena().expect("grads");
+        let mut bytes = Vec::new();
+        for chunk in [1, 7, rows] {
+            gpu.set_loss_chunk_rows(chunk);
+            assert_eq!(gpu.loss_chunk_rows(), chunk);
+            let label = format!("{label}, loss chunks of {chunk} rows");
+            failures.push((label.clone(), compare(&mut gpu, &cfg, &b, &p, &p, &label)));
+            let first = gpu.forward_backward(&p_dev, &b, &mut g_dev).expect("step");
+            let g1 = gpu.download(&g_dev).expect("grads");
+            let again = gpu.forward_backward(&p_dev, &b, &mut g_dev).expect("step");
+            let g2 = gpu.download(&g_dev).expect("grads");
+            assert_eq!(first.to_bits(), again.to_bits(), "{label}: loss run to run");
+            assert!(
+                g1.iter().zip(&g2).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{label}: gradients run to run"
+            );
+            bytes.push(gpu.workspace_bytes());
+        }
+        // Only the logits buffer depends on the chunk: (7 - 1) and
+        // (rows - 7) rows of vocab f32s more each time.
+        let v = cfg.vocab_size * 4;
+        assert_eq!(bytes[1] - bytes[0], 6 * v, "{label}: {bytes:?}");
+        assert_eq!(bytes[2] - bytes[1], (rows - 7) * v, "{label}: {bytes:?}");
+    }
+    fail_on(&failures);
+}
+
 #[test]
 fn the_comparison_catches_a_small_deviation() {
     // Negative control: the GPU runs parameters with one A_log entry of the

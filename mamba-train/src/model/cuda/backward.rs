@@ -26,8 +26,10 @@ use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
 use crate::params::ParamLayout;
 
-/// Backward pass after [`super::forward::forward`]: `ws.logits` must
-/// already hold d loss / d logits (the cross-entropy's in-place gradient).
+/// Backward pass after [`super::forward::forward`] and
+/// [`super::head::head_loss`] with gradients: `ws.dxn` must already hold
+/// d loss / d xf and `grads`' embedding the head's share of d E (the
+/// embedding lookup's share is added here).
 /// `pb` is `p` cast to bf16 (bf16 runs), as for the forward pass.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
@@ -41,43 +43,12 @@ pub(super) fn backward(
     grads: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let (t, m) = (ws.seq_len, ws.batch * ws.seq_len);
-    let (d, di, r, k, v) = (
-        cfg.d_model,
-        cfg.d_inner(),
-        cfg.dt_rank,
-        cfg.d_conv,
-        cfg.vocab_size,
-    );
+    let (d, di, r, k) = (cfg.d_model, cfg.d_inner(), cfg.dt_rank, cfg.d_conv);
     let n = cfg.d_state;
     let ldbc = r + 2 * n;
     let shape = Workspace::scan_shape(cfg, ws.batch, ws.seq_len);
     let (s, kr) = (&e.stream, &e.kernels);
-    let emb = p.slice(lay.embedding.clone());
 
-    // LM head (tied): dxf = dlogits . E, dE = dlogits^T . xf.
-    let dlogits = ws.logits.as_view();
-    e.blas.gemm(
-        "lm_head dx",
-        m,
-        d,
-        v,
-        op(&dlogits, v),
-        op(&emb, d).with_bf16(half(pb, &lay.embedding).as_ref()),
-        0.0,
-        &mut ws.dxn.as_view_mut(),
-        d,
-    )?;
-    e.blas.gemm(
-        "lm_head dW",
-        v,
-        d,
-        m,
-        op_t(&dlogits, v),
-        op(&ws.xf.as_view(), d),
-        0.0,
-        &mut grads.slice_mut(lay.embedding.clone()),
-        d,
-    )?;
     // Final norm.
     let last = ws.resid[cfg.n_layer].as_view();
     let norm_f = p.slice(lay.norm_f.clone());

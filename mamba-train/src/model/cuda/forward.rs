@@ -1,6 +1,7 @@
 //! The forward pass on the device: embedding, `n_layer` blocks of
-//! `x + Mixer(RMSNorm(x))`, final RMSNorm, tied LM head. Every activation
-//! the backward pass needs is left in the [`Workspace`].
+//! `x + Mixer(RMSNorm(x))`, final RMSNorm (the tied LM head and the loss
+//! follow in [`super::head`], over chunks of rows). Every activation the
+//! backward pass needs is left in the [`Workspace`].
 //!
 //! Per block (rows `M = batch * seq_len`, `E = d_inner`, `R = dt_rank`,
 //! `ldbc = R + 2 d_state`):
@@ -59,7 +60,7 @@ pub(super) fn half<'p>(
 }
 
 /// Run the forward pass of `p` over the tokens already in `ws.tokens`,
-/// leaving the logits in `ws.logits`. `pb` is `p` cast to bf16 (bf16 runs:
+/// leaving the final norm's output in `ws.xf`. `pb` is `p` cast to bf16 (bf16 runs:
 /// the weights' GEMM operands), `None` otherwise.
 pub(super) fn forward(
     e: &Engine,
@@ -210,17 +211,6 @@ pub(super) fn forward(
         m,
         d,
         RMS_EPS,
-    )?;
-    e.blas.gemm(
-        "lm_head",
-        m,
-        v,
-        d,
-        op(&ws.xf.as_view(), d),
-        op_t(&emb, d).with_bf16(half(pb, &lay.embedding).as_ref()),
-        0.0,
-        &mut ws.logits.as_view_mut(),
-        v,
     )?;
     Ok(())
 }

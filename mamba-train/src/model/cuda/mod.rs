@@ -57,6 +57,7 @@ mod backward;
 pub mod blas;
 mod decode;
 mod forward;
+pub mod head;
 mod optim;
 mod workspace;
 
@@ -103,6 +104,8 @@ pub struct CudaModel {
     /// bf16 runs: the parameter arena cast to bf16, the weights' GEMM
     /// operands (rewritten at the start of every pass).
     params_bf16: Option<CudaSlice<u16>>,
+    /// Rows of one loss chunk ([`head::LOSS_CHUNK_ROWS`] unless set).
+    loss_chunk_rows: usize,
 }
 
 impl CudaModel {
@@ -164,7 +167,26 @@ impl CudaModel {
             ws: None,
             optim: None,
             params_bf16: None,
+            loss_chunk_rows: head::LOSS_CHUNK_ROWS,
         })
+    }
+
+    /// Rows the head and the loss take at a time ([`head`]): a batch of
+    /// more rows runs them in chunks of this many, in order.
+    pub fn loss_chunk_rows(&self) -> usize {
+        self.loss_chunk_rows
+    }
+
+    /// Set [`Self::loss_chunk_rows`] (at least 1; 0 is taken as 1). It is
+    /// part of the configuration like the batch shape: another value gives
+    /// other bits (the GEMMs' shapes and the order d E is summed in), the
+    /// same value the same bits. The workspace is rebuilt at the next pass.
+    pub fn set_loss_chunk_rows(&mut self, rows: usize) {
+        let rows = rows.max(1);
+        if rows != self.loss_chunk_rows {
+            self.loss_chunk_rows = rows;
+            self.ws = None;
+        }
     }
 
     /// The precision of the model's GEMMs.
@@ -260,10 +282,25 @@ impl CudaModel {
         let csr =
             TokenCsr::build(&batch.tokens, self.cfg.vocab_size)?.upload(&self.engine.stream)?;
         let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
-        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
+        let ws = prepare(
+            &self.engine,
+            &self.cfg,
+            &mut self.ws,
+            batch,
+            self.loss_chunk_rows,
+        )?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
         forward::forward(e, cfg, lay, params, pb, ws)?;
-        enqueue_loss(e, cfg, ws, counted, true)?;
+        head::head_loss(
+            e,
+            cfg,
+            lay,
+            params,
+            pb,
+            ws,
+            counted,
+            head::HeadOutput::LossAndGrad(grads),
+        )?;
         backward::backward(e, cfg, lay, params, pb, ws, &csr, grads)?;
         read_loss(e, ws)
     }
@@ -276,10 +313,16 @@ impl CudaModel {
             return Ok(0.0);
         }
         let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
-        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
+        let ws = prepare(
+            &self.engine,
+            &self.cfg,
+            &mut self.ws,
+            batch,
+            self.loss_chunk_rows,
+        )?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
         forward::forward(e, cfg, lay, params, pb, ws)?;
-        enqueue_loss(e, cfg, ws, counted, false)?;
+        head::head_loss(e, cfg, lay, params, pb, ws, counted, head::HeadOutput::Loss)?;
         read_loss(e, ws)
     }
 
@@ -291,12 +334,16 @@ impl CudaModel {
             return Ok(Vec::new());
         }
         let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
-        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch)?;
-        forward::forward(&self.engine, &self.cfg, &self.layout, params, pb, ws)?;
-        self.engine
-            .stream
-            .clone_dtoh(&ws.logits)
-            .map_err(|e| cuda("downloading the logits", e))
+        let ws = prepare(
+            &self.engine,
+            &self.cfg,
+            &mut self.ws,
+            batch,
+            self.loss_chunk_rows,
+        )?;
+        let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
+        forward::forward(e, cfg, lay, params, pb, ws)?;
+        head::head_logits(e, cfg, lay, params, pb, ws)
     }
 
     /// [`Self::forward_backward`] over host arenas: uploads `params`, runs,
@@ -386,13 +433,20 @@ fn prepare<'w>(
     cfg: &ModelConfig,
     slot: &'w mut Option<Workspace>,
     batch: &Batch,
+    loss_chunk_rows: usize,
 ) -> Result<&'w mut Workspace> {
     let same = slot
         .as_ref()
         .is_some_and(|w| w.batch == batch.batch && w.seq_len == batch.seq_len);
     if !same {
         *slot = None; // free the old one first: the peak is one workspace
-        *slot = Some(Workspace::new(&e.stream, cfg, batch.batch, batch.seq_len)?);
+        *slot = Some(Workspace::new(
+            &e.stream,
+            cfg,
+            batch.batch,
+            batch.seq_len,
+            loss_chunk_rows,
+        )?);
     }
     let ws = slot
         .as_mut()
@@ -403,39 +457,6 @@ fn prepare<'w>(
     s.memcpy_htod(&batch.targets, &mut ws.targets)
         .map_err(|err| cuda("uploading the targets", err))?;
     Ok(ws)
-}
-
-/// Enqueue the batch's mean loss into `ws.loss`: the per-row cross-entropy
-/// of `ws.logits` against `ws.targets`, then their fixed-order mean over the
-/// `counted` targets. With `write_grad` the logits are overwritten in place
-/// by their gradient `(softmax - onehot) / counted` (the backward pass's
-/// input); without it they are left as the forward pass wrote them.
-fn enqueue_loss(
-    e: &Engine,
-    cfg: &ModelConfig,
-    ws: &mut Workspace,
-    counted: usize,
-    write_grad: bool,
-) -> Result<()> {
-    let rows = ws.batch * ws.seq_len;
-    e.kernels.cross_entropy(
-        &e.stream,
-        &mut ws.logits.as_view_mut(),
-        &ws.targets.as_view(),
-        &mut ws.row_loss.as_view_mut(),
-        counted,
-        rows,
-        cfg.vocab_size,
-        write_grad,
-    )?;
-    e.kernels.loss_mean(
-        &e.stream,
-        &ws.row_loss.as_view(),
-        rows,
-        counted,
-        &mut ws.loss.as_view_mut(),
-    )?;
-    Ok(())
 }
 
 /// Copy `ws.loss` to the host; synchronizes the stream, so every pass

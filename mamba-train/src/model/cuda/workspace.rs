@@ -48,8 +48,12 @@ pub(crate) struct Workspace {
     /// Final norm's 1/rms `[rows]` and output `[rows, d_model]`.
     pub rstd_f: CudaSlice<f32>,
     pub xf: CudaSlice<f32>,
-    /// Logits `[rows, vocab]`; the cross-entropy turns them into their
-    /// gradient in place.
+    /// Rows of one loss chunk (`min(rows, the model's loss chunk)`): the
+    /// head and the loss run over the rows this many at a time
+    /// ([`super::head`]).
+    pub loss_rows: usize,
+    /// One chunk's logits `[loss_rows, vocab]`; the cross-entropy turns them
+    /// into their gradient in place.
     pub logits: CudaSlice<f32>,
     /// The scan backward's d A partials ([`ScanShape::da_partial_len`]).
     pub da_part: CudaSlice<f32>,
@@ -111,14 +115,17 @@ impl Workspace {
         }
     }
 
-    /// Allocate every buffer for `batch` sequences of `seq_len` tokens.
+    /// Allocate every buffer for `batch` sequences of `seq_len` tokens,
+    /// with the loss over chunks of at most `loss_chunk_rows` rows.
     pub fn new(
         stream: &Arc<CudaStream>,
         cfg: &ModelConfig,
         batch: usize,
         seq_len: usize,
+        loss_chunk_rows: usize,
     ) -> Result<Workspace> {
         let rows = batch * seq_len;
+        let loss_rows = rows.min(loss_chunk_rows.max(1));
         let (d, di, v) = (cfg.d_model, cfg.d_inner(), cfg.vocab_size);
         let ldbc = cfg.dt_rank + 2 * cfg.d_state;
         let shape = Self::scan_shape(cfg, batch, seq_len);
@@ -152,7 +159,8 @@ impl Workspace {
             layers,
             rstd_f: a.zeros("final rstd", rows)?,
             xf: a.zeros("final norm output", rows * d)?,
-            logits: a.zeros("logits", rows * v)?,
+            loss_rows,
+            logits: a.zeros("logits of one loss chunk", loss_rows * v)?,
             da_part: a.zeros("scan dA partials", shape.da_partial_len())?,
             dbc_part: a.zeros("scan dB/dC partials", shape.dbc_partial_len())?,
             colsum: a.zeros("column-sum partials", colsum)?,

@@ -1,0 +1,200 @@
+//! The tied LM head and the cross-entropy, over chunks of rows, so that the
+//! `[rows, vocab]` logits and their gradient never sit in memory whole.
+//!
+//! For each chunk of at most [`Workspace::loss_rows`] rows, in ascending
+//! order: `logits = xf[chunk] . E^T` (cuBLAS, into the one chunk-sized
+//! buffer), the cross-entropy of those rows (their losses into `row_loss`,
+//! and with gradients the logits overwritten by `(softmax - onehot) /
+//! counted`), then `dxf[chunk] = dlogits . E` and `dE (+)= dlogits^T .
+//! xf[chunk]` (`beta = 0` for the first chunk, 1 after: the chunks' sums
+//! are added in ascending order). The mean over `row_loss` follows, as
+//! before, in its fixed order.
+//!
+//! The chunk size is part of the configuration, not of the device: a
+//! function of the batch shape and [`LOSS_CHUNK_ROWS`] only, so the
+//! association of `dE` and the GEMM shapes are the same on every run. A
+//! batch of at most `LOSS_CHUNK_ROWS` rows is one chunk: exactly the
+//! unchunked head.
+
+use cudarc::driver::CudaSlice;
+
+use super::forward::{half, op, op_t};
+use super::workspace::Workspace;
+use super::Engine;
+use crate::config::ModelConfig;
+use crate::error::{Result, TrainError};
+use crate::params::ParamLayout;
+
+/// Rows of one loss chunk by default: 2048 rows of the 50280-token
+/// vocabulary are 412 MB of f32 logits (8192 rows whole were 1.65 GB).
+pub const LOSS_CHUNK_ROWS: usize = 2048;
+
+/// The row ranges of the chunks of `rows` rows, `chunk` at a time.
+pub(crate) fn chunks(rows: usize, chunk: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let chunk = chunk.max(1);
+    (0..rows.div_ceil(chunk)).map(move |i| i * chunk..((i + 1) * chunk).min(rows))
+}
+
+/// What the head pass produces besides the per-row losses.
+pub(super) enum HeadOutput<'a> {
+    /// The loss only.
+    Loss,
+    /// The loss, `ws.dxn` = d loss / d xf and the head's share of d E in
+    /// `grads` (overwritten: the embedding's lookup gradient is added later
+    /// by the backward pass).
+    LossAndGrad(&'a mut CudaSlice<f32>),
+}
+
+/// Enqueue the head and the loss over `ws.xf` (the final norm's output):
+/// the batch's mean loss into `ws.loss` over the `counted` targets, and
+/// with [`HeadOutput::LossAndGrad`] the gradients above.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn head_loss(
+    e: &Engine,
+    cfg: &ModelConfig,
+    lay: &ParamLayout,
+    p: &CudaSlice<f32>,
+    pb: Option<&CudaSlice<u16>>,
+    ws: &mut Workspace,
+    counted: usize,
+    mut out: HeadOutput<'_>,
+) -> Result<()> {
+    let rows = ws.batch * ws.seq_len;
+    let (d, v) = (cfg.d_model, cfg.vocab_size);
+    let emb = p.slice(lay.embedding.clone());
+    let emb_half = half(pb, &lay.embedding);
+    let write_grad = matches!(out, HeadOutput::LossAndGrad(_));
+    for (i, r) in chunks(rows, ws.loss_rows).enumerate() {
+        let n = r.len();
+        let xf = ws.xf.slice(r.start * d..r.end * d);
+        let mut logits = ws.logits.slice_mut(0..n * v);
+        e.blas.gemm(
+            "lm_head",
+            n,
+            v,
+            d,
+            op(&xf, d),
+            op_t(&emb, d).with_bf16(emb_half.as_ref()),
+            0.0,
+            &mut logits,
+            v,
+        )?;
+        e.kernels.cross_entropy(
+            &e.stream,
+            &mut logits,
+            &ws.targets.slice(r.clone()),
+            &mut ws.row_loss.slice_mut(r.clone()),
+            counted,
+            n,
+            v,
+            write_grad,
+        )?;
+        if let HeadOutput::LossAndGrad(grads) = &mut out {
+            let dlogits = ws.logits.slice(0..n * v);
+            e.blas.gemm(
+                "lm_head dx",
+                n,
+                d,
+                v,
+                op(&dlogits, v),
+                op(&emb, d).with_bf16(emb_half.as_ref()),
+                0.0,
+                &mut ws.dxn.slice_mut(r.start * d..r.end * d),
+                d,
+            )?;
+            e.blas.gemm(
+                "lm_head dW",
+                v,
+                d,
+                n,
+                op_t(&dlogits, v),
+                op(&xf, d),
+                if i == 0 { 0.0 } else { 1.0 },
+                &mut grads.slice_mut(lay.embedding.clone()),
+                d,
+            )?;
+        }
+    }
+    e.kernels.loss_mean(
+        &e.stream,
+        &ws.row_loss.as_view(),
+        rows,
+        counted,
+        &mut ws.loss.as_view_mut(),
+    )?;
+    Ok(())
+}
+
+/// The logits of every row, chunk by chunk (the same GEMMs as the loss
+/// sees), downloaded into one host vector `[rows, vocab]`. Synchronizes the
+/// stream once per chunk.
+pub(super) fn head_logits(
+    e: &Engine,
+    cfg: &ModelConfig,
+    lay: &ParamLayout,
+    p: &CudaSlice<f32>,
+    pb: Option<&CudaSlice<u16>>,
+    ws: &mut Workspace,
+) -> Result<Vec<f32>> {
+    let rows = ws.batch * ws.seq_len;
+    let (d, v) = (cfg.d_model, cfg.vocab_size);
+    let emb = p.slice(lay.embedding.clone());
+    let emb_half = half(pb, &lay.embedding);
+    let mut host = vec![0.0f32; rows * v];
+    for r in chunks(rows, ws.loss_rows) {
+        let n = r.len();
+        let xf = ws.xf.slice(r.start * d..r.end * d);
+        e.blas.gemm(
+            "lm_head",
+            n,
+            v,
+            d,
+            op(&xf, d),
+            op_t(&emb, d).with_bf16(emb_half.as_ref()),
+            0.0,
+            &mut ws.logits.slice_mut(0..n * v),
+            v,
+        )?;
+        e.stream
+            .memcpy_dtoh(
+                &ws.logits.slice(0..n * v),
+                &mut host[r.start * v..r.end * v],
+            )
+            .map_err(|err| TrainError::Cuda {
+                what: "downloading the logits".into(),
+                detail: err.to_string(),
+            })?;
+    }
+    e.stream.synchronize().map_err(|err| TrainError::Cuda {
+        what: "waiting for the logits".into(),
+        detail: err.to_string(),
+    })?;
+    Ok(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunks;
+
+    #[test]
+    fn chunks_cover_the_rows_in_order_once() {
+        for (rows, chunk) in [
+            (0, 4),
+            (1, 4),
+            (4, 4),
+            (5, 4),
+            (8192, 2048),
+            (8193, 2048),
+            (7, 1),
+        ] {
+            let got: Vec<_> = chunks(rows, chunk).collect();
+            assert_eq!(got.iter().map(|r| r.len()).sum::<usize>(), rows);
+            for w in got.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+            }
+            assert!(got.iter().all(|r| !r.is_empty() && r.len() <= chunk));
+            assert_eq!(got.first().map_or(0, |r| r.start), 0);
+        }
+        assert_eq!(chunks(5, 0).count(), 5, "a chunk of 0 rows is taken as 1");
+    }
+}
