@@ -9,8 +9,15 @@
 //! and batch give the same loss and gradient bits on every run of the same
 //! build on the same GPU model, in each precision. Results agree with
 //! [`super::cpu::CpuModel`] within the precision's tolerance (f32: f32
-//! rounding of different summation orders), not bit for bit; the
-//! optimizer's arithmetic (`optim`) does match the CPU's bit for bit.
+//! rounding of different summation orders and of the FMAs nvcc contracts in
+//! the model's kernel files), not bit for bit; the optimizer's arithmetic
+//! (`optim`, its kernel file built without contraction) does match the
+//! CPU's bit for bit.
+//!
+//! The tied LM head and the loss run over chunks of rows ([`head`],
+//! [`CudaModel::set_loss_chunk_rows`], 2048 by default), so one chunk's
+//! logits exist at a time; the chunk size is part of the configuration
+//! like the batch shape (a batch within one chunk is the unchunked head).
 //!
 //! Precision ([`Precision`], `--precision`; chosen when the model is built,
 //! [`CudaModel::with_stream_in`]). What every precision keeps: the master
@@ -48,9 +55,10 @@
 //! # let _ = loss; Ok(()) }
 //! ```
 //!
-//! Over 450 lines (452): the model's state and its one constructor path
-//! (config checks, the precision's GEMM setup, the workspace); forward,
-//! backward, decoding and the optimizer are already their own files.
+//! Over 450 lines: the model's state and its one constructor path (config
+//! checks, the precision's GEMM setup, the workspace) with its public
+//! passes; forward, the head and loss, backward, decoding and the optimizer
+//! are already their own files.
 
 mod backend;
 mod backward;
