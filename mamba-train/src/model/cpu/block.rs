@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use super::float::Float;
-use super::gemm::{gemm, Accum, MatRef};
+use super::gemm::{gemm, linear_bwd, Accum, MatRef};
 use super::ops;
 use crate::config::RMS_EPS;
 
@@ -86,10 +86,9 @@ impl<'a, F: Float> Ends<'a, F> {
         let (p, t, d, e) = (self.p, self.t, self.d, self.e);
         let dx = MatRef::new(dx, t, d, d);
         let g = MatRef::new(g, t, e, e);
-        let gw = &mut grads[self.out_proj.clone()];
-        gemm(dx.t(), g, gw, e, Accum::Overwrite, panels);
         let out_proj = MatRef::new(&p[self.out_proj.clone()], d, e, e);
-        gemm(dx, out_proj, dg, e, Accum::Overwrite, panels);
+        let gw = &mut grads[self.out_proj.clone()];
+        linear_bwd(dx, g, out_proj, gw, dg, e, Accum::Overwrite, panels);
     }
 
     /// Backward of [`enter`](Self::enter), given `dzx` = d loss / d `zx`:
@@ -110,17 +109,10 @@ impl<'a, F: Float> Ends<'a, F> {
     ) {
         let (p, t, d, w) = (self.p, self.t, self.d, self.w);
         let dzx = MatRef::new(dzx, t, w, w);
-        let gw = &mut grads[self.in_proj.clone()];
-        gemm(
-            dzx.t(),
-            MatRef::new(xn, t, d, d),
-            gw,
-            d,
-            Accum::Overwrite,
-            panels,
-        );
         let in_proj = MatRef::new(&p[self.in_proj.clone()], w, d, d);
-        gemm(dzx, in_proj, dxn, d, Accum::Overwrite, panels);
+        let gw = &mut grads[self.in_proj.clone()];
+        let xn = MatRef::new(xn, t, d, d);
+        linear_bwd(dzx, xn, in_proj, gw, dxn, d, Accum::Overwrite, panels);
         let (nw, gn) = (&p[self.norm.clone()], &mut grads[self.norm.clone()]);
         ops::rmsnorm_bwd(dxn, x_in, rstd, nw, dx, true, gn);
     }

@@ -16,7 +16,7 @@
 use rayon::prelude::*;
 
 use super::float::Float;
-use super::gemm::{gemm, Accum, MatRef};
+use super::gemm::{gemm, linear_bwd, Accum, MatRef};
 use super::ops::{self, TOK_CHUNK};
 pub(crate) use super::workspace::Workspace;
 use crate::config::{ModelConfig, RMS_EPS};
@@ -134,18 +134,11 @@ pub(crate) fn backward<F: Float, S: Blocks<F>>(
     let panels = &mut ws.panels;
     // Head: logits = xf . emb^T.
     let loss = ops::cross_entropy(&ws.logits, targets, v, Some(&mut ws.dlogits)) / count as f64;
-    let dlogits = MatRef::new(&ws.dlogits, t, v, v);
-    gemm(
-        dlogits.t(),
+    linear_bwd(
+        MatRef::new(&ws.dlogits, t, v, v),
         MatRef::new(&ws.xf, t, d, d),
-        &mut grads[lay.embedding.clone()],
-        d,
-        Accum::Overwrite,
-        panels,
-    );
-    gemm(
-        dlogits,
         MatRef::new(emb, v, d, d),
+        &mut grads[lay.embedding.clone()],
         &mut ws.dxf,
         d,
         Accum::Overwrite,

@@ -84,6 +84,26 @@ pub(crate) enum Accum {
     Add,
 }
 
+/// The backward of a linear layer `y = x . w^T` (`x` is `[rows, in]`, `w`
+/// is `[out, in]`, `dy` is `[rows, out]`): `dw = dy^T . x` (overwritten,
+/// row-major `[out, in]` with row stride `in`), then `dx = dy . w`, or
+/// `dx += dy . w` with [`Accum::Add`] (row stride `ldx`). Two [`gemm`]s, so
+/// the same bits as calling them by hand.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_bwd<F: Float>(
+    dy: MatRef<'_, F>,
+    x: MatRef<'_, F>,
+    w: MatRef<'_, F>,
+    dw: &mut [F],
+    dx: &mut [F],
+    ldx: usize,
+    dx_accum: Accum,
+    panels: &mut Vec<F>,
+) {
+    gemm(dy.t(), x, dw, x.cols, Accum::Overwrite, panels);
+    gemm(dy, w, dx, ldx, dx_accum, panels);
+}
+
 /// `C = A B` (or `C += A B`), C row-major `a.rows x b.cols` with row stride
 /// `ldc`; columns of C beyond `b.cols` are not touched. `panels` is scratch
 /// for packing B (reused between calls to avoid fresh allocations). Runs on

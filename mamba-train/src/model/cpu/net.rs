@@ -16,7 +16,7 @@ use super::block::Ends;
 use super::conv;
 use super::float::Float;
 use super::frame::{Blocks, Pass};
-use super::gemm::{gemm, Accum, MatRef};
+use super::gemm::{gemm, linear_bwd, Accum, MatRef};
 use super::host::Arch;
 use super::ops;
 use super::scan::{self, ScanGrads};
@@ -145,37 +145,28 @@ impl<F: Float> Blocks<F> for Mamba1Acts<F> {
             // dt = softplus(dtr): ddt becomes d loss / d dtr in place.
             ops::softplus_bwd(&mut self.ddt, &la.dtr);
             ops::col_sum(&self.ddt, &mut grads[lo.dt_proj_b.clone()]);
-            let ddtr = MatRef::new(&self.ddt, t, e, e);
-            let dt_raw = MatRef::new(&la.dbc, t, r, ld_bc);
-            gemm(
-                ddtr.t(),
-                dt_raw,
+            // dtr = dt_raw . dt_proj^T (dt_raw: the first r columns of dbc).
+            linear_bwd(
+                MatRef::new(&self.ddt, t, e, e),
+                MatRef::new(&la.dbc, t, r, ld_bc),
+                MatRef::new(&p[lo.dt_proj_w.clone()], e, r, r),
                 &mut grads[lo.dt_proj_w.clone()],
-                r,
-                Accum::Overwrite,
-                panels,
-            );
-            let dt_proj = MatRef::new(&p[lo.dt_proj_w.clone()], e, r, r);
-            gemm(
-                ddtr,
-                dt_proj,
                 &mut self.ddbc,
                 ld_bc,
                 Accum::Overwrite,
                 panels,
             );
-            // dbc = u . x_proj^T.
-            let ddbc = MatRef::new(&self.ddbc, t, ld_bc, ld_bc);
-            gemm(
-                ddbc.t(),
+            // dbc = u . x_proj^T; du gets its share added.
+            linear_bwd(
+                MatRef::new(&self.ddbc, t, ld_bc, ld_bc),
                 MatRef::new(&la.u, t, e, e),
+                MatRef::new(&p[lo.x_proj.clone()], ld_bc, e, e),
                 &mut grads[lo.x_proj.clone()],
+                &mut self.du,
                 e,
-                Accum::Overwrite,
+                Accum::Add,
                 panels,
             );
-            let x_proj = MatRef::new(&p[lo.x_proj.clone()], ld_bc, e, e);
-            gemm(ddbc, x_proj, &mut self.du, e, Accum::Add, panels);
             // u = silu(xc): du becomes d loss / d xc in place.
             ops::silu_bwd(&mut self.du, &la.xc);
             conv::conv_weight_t(&p[lo.conv_w.clone()], e, k, &mut self.conv_wt);
