@@ -172,6 +172,14 @@ fn mismatched_pretrained_models_are_refused_by_name() {
         e.contains("--d-model 32 disagrees") && e.contains("has 16"),
         "{e}"
     );
+    let e = err(&train(
+        &dir.path().join("a2"),
+        &["--init-from", init_s, "--d-state", "8"],
+    ));
+    assert!(
+        e.contains("--d-state 8 disagrees") && e.contains("has 16"),
+        "{e}"
+    );
     // A task whose tokens do not fit the model's vocabulary.
     let e = err(&train(
         &dir.path().join("b"),

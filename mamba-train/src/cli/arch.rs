@@ -82,8 +82,9 @@ fn requested(args: &TrainArgs) -> CliArch {
 /// The shape of a fresh run (or of a resumed one whose shape flags differ
 /// from the checkpoint's `recorded` model, which the run's comparison then
 /// reports): `vocab` tokens, `d_model` wide, `layers` deep, of the run's
-/// architecture, Mamba-2 fields from their flags, else the recorded
-/// model's, else the defaults ([`ModelConfig::mamba2`]).
+/// architecture; `--d-state` and the Mamba-2 fields from their flags, else
+/// the recorded model's (of the same architecture), else the defaults
+/// ([`ModelConfig::new`], [`ModelConfig::mamba2`]).
 pub(super) fn fresh_model(
     args: &TrainArgs,
     recorded: Option<&ModelConfig>,
@@ -101,9 +102,12 @@ pub(super) fn fresh_model(
             None => "this run is Mamba-1 (the default architecture)",
         };
         refuse_ssd_flags(args, why, true)?;
-        return Ok(ModelConfig::new(vocab, d_model, layers));
+        let mut cfg = ModelConfig::new(vocab, d_model, layers);
+        cfg.d_state = state_size(args, recorded, arch, cfg.d_state);
+        return Ok(cfg);
     }
     let mut cfg = ModelConfig::mamba2(vocab, d_model, layers);
+    cfg.d_state = state_size(args, recorded, arch, cfg.d_state);
     let fallback = recorded.and_then(ModelConfig::ssd).copied();
     if let Arch::Mamba2(s) = &mut cfg.arch {
         let default = fallback.unwrap_or(*s);
@@ -115,6 +119,19 @@ pub(super) fn fresh_model(
     }
     check_ssd_shape(&cfg)?;
     Ok(cfg)
+}
+
+/// `--d-state`, else the recorded model's if it is of `arch`, else `default`.
+fn state_size(
+    args: &TrainArgs,
+    recorded: Option<&ModelConfig>,
+    arch: CliArch,
+    default: usize,
+) -> usize {
+    let same_arch = recorded.filter(|m| CliArch::of(&m.arch) == arch);
+    args.d_state
+        .or(same_arch.map(|m| m.d_state))
+        .unwrap_or(default)
 }
 
 /// Refuse any Mamba-2 shape flag on a Mamba-1 run (`why` says where the

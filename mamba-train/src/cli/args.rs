@@ -151,7 +151,8 @@ pub struct TrainArgs {
     pub steps: Option<u64>,
     /// Block architecture: mamba1 (the selective scan of Mamba) or mamba2
     /// (the SSD mixer of Mamba-2: heads of --head-dim channels, --n-groups,
-    /// a chunked scan of --chunk-size tokens; state size 128). Mamba-2
+    /// a chunked scan of --chunk-size tokens; state size --d-state, 128 by
+    /// default). Mamba-2
     /// trains and evaluates with --device cpu only for now [default:
     /// mamba1; with --resume or --init-from, the checkpoint's config.json
     /// model_type, which the flag, if given, must equal].
@@ -163,6 +164,12 @@ pub struct TrainArgs {
     /// Number of Mamba blocks [default: 2].
     #[arg(long, value_name = "N")]
     pub layers: Option<usize>,
+    /// State size: per channel (Mamba-1) or per head (Mamba-2), config.json's
+    /// d_state; --device cuda takes at most 128 [default: 16; --arch mamba2:
+    /// 128; with --resume or --init-from, the checkpoint's, which the flag,
+    /// if given, must equal].
+    #[arg(long, value_name = "N")]
+    pub d_state: Option<usize>,
     /// --arch mamba2: channels per head; must divide the inner width 2 x
     /// --d-model [default: 64, at most 2 x --d-model].
     #[arg(long, value_name = "N")]
@@ -412,6 +419,14 @@ mod tests {
             ("steps", d::STEPS.to_string()),
             ("d_model", d::D_MODEL.to_string()),
             ("layers", d::LAYERS.to_string()),
+            (
+                "d_state",
+                format!(
+                    "{}; --arch mamba2: {}",
+                    crate::ModelConfig::new(2, 2, 1).d_state,
+                    crate::ModelConfig::mamba2(2, 2, 1).d_state
+                ),
+            ),
             ("batch", d::BATCH.to_string()),
             (
                 "seq_len",

@@ -3,7 +3,7 @@
 //! The library names a bad setting by its field ([`TrainError::Setting`]:
 //! `n_layer`, `peak_lr`); a user of the command line typed `--layers` or
 //! `--lr`, so errors shown by the CLI are re-rendered with the flag. Fields
-//! without a flag (`d_state`, `beta1`, ...) can only come from a model
+//! without a flag (`d_conv`, `beta1`, ...) can only come from a model
 //! config or a checkpoint and keep their field name.
 
 use crate::error::TrainError;
@@ -13,6 +13,7 @@ use crate::error::TrainError;
 pub const SETTING_FLAGS: &[(&str, &str)] = &[
     ("d_model", "--d-model"),
     ("n_layer", "--layers"),
+    ("d_state", "--d-state"),
     ("head_dim", "--head-dim"),
     ("n_groups", "--n-groups"),
     ("chunk_size", "--chunk-size"),
@@ -83,7 +84,7 @@ mod tests {
             e.to_string().contains("n_layer"),
             "the library keeps the field"
         );
-        let unmapped = TrainError::setting("d_state", "must be at least 1, got 0");
+        let unmapped = TrainError::setting("d_conv", "must be at least 1, got 0");
         assert_eq!(user_message(&unmapped), unmapped.to_string());
         let other = TrainError::Config("x".into());
         assert_eq!(user_message(&other), other.to_string());

@@ -201,6 +201,7 @@ pub fn resolve_run_in(
         (None, Some(m))
             if m.d_model == d_model
                 && m.n_layer == layers
+                && args.d_state.is_none_or(|n| n == m.d_state)
                 && (m.vocab_size == vocab || (!task.vocab_is_open() && m.vocab_size > vocab)) =>
         {
             m.clone()
@@ -281,6 +282,7 @@ fn pretrained_model(args: &TrainArgs, given: &Path, task: &TaskSpec) -> Result<M
     for (flag, given, theirs) in [
         ("--d-model", args.d_model, m.d_model),
         ("--layers", args.layers, m.n_layer),
+        ("--d-state", args.d_state, m.d_state),
         ("--vocab-size", args.vocab_size, m.vocab_size),
     ] {
         arch::check_given(flag, given, theirs, &source, keep)?;
@@ -326,6 +328,59 @@ mod tests {
             "warmup capped at a tenth of the run"
         );
         assert_eq!(r.model.vocab_size, d::ALPHABET + 1);
+    }
+
+    #[test]
+    fn d_state_comes_from_the_flag_else_the_record_else_the_architecture() {
+        use crate::cli::args::CliArch;
+        let d_state = |args: &TrainArgs, rec: Option<&RunConfig>| {
+            resolve_run(args, rec).unwrap().run.model.d_state
+        };
+        assert_eq!(d_state(&TrainArgs::default(), None), 16);
+        let m2 = TrainArgs {
+            arch: Some(CliArch::Mamba2),
+            d_model: Some(16),
+            head_dim: Some(8),
+            ..TrainArgs::default()
+        };
+        assert_eq!(d_state(&m2, None), 128);
+        let small = TrainArgs {
+            d_state: Some(4),
+            ..TrainArgs::default()
+        };
+        assert_eq!(d_state(&small, None), 4);
+        let m2_small = TrainArgs {
+            d_state: Some(8),
+            ..m2.clone()
+        };
+        assert_eq!(d_state(&m2_small, None), 8);
+        // A resumed run keeps the recorded state size without the flag,
+        // also when another shape flag makes it a fresh shape to compare.
+        let rec = resolve_run(&small, None).unwrap().run;
+        assert_eq!(d_state(&TrainArgs::default(), Some(&rec)), 4);
+        let wider = TrainArgs {
+            d_model: Some(24),
+            ..TrainArgs::default()
+        };
+        assert_eq!(d_state(&wider, Some(&rec)), 4);
+        let other = TrainArgs {
+            d_state: Some(2),
+            ..TrainArgs::default()
+        };
+        assert_eq!(
+            d_state(&other, Some(&rec)),
+            2,
+            "the flag is what gets compared"
+        );
+        let zero = TrainArgs {
+            d_state: Some(0),
+            ..TrainArgs::default()
+        };
+        let Err(err) = resolve_run(&zero, None) else {
+            panic!("--d-state 0 was accepted");
+        };
+        let e = crate::cli::flags::user_message(&err);
+        assert!(e.contains("--d-state must be at least 1"), "{e}");
     }
 
     #[test]

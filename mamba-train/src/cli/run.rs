@@ -178,6 +178,13 @@ pub fn check_arch_device(args: &TrainArgs) -> Result<()> {
     if args.device != Device::Cuda {
         return Ok(());
     }
+    let most = kernels::mamba::MAX_D_STATE;
+    if let Some(n) = args.d_state.filter(|&n| n > most) {
+        return Err(TrainError::Config(format!(
+            "--d-state {n}: --device cuda takes at most {most} (the CUDA scan's limit); use a \
+             smaller --d-state or --device cpu"
+        )));
+    }
     let (arch, source) = match (args.arch, &args.resume, &args.init_from) {
         (Some(arch), ..) => (arch, format!("--arch {}", arch.name())),
         (None, Some(dir), _) => (
