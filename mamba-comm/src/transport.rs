@@ -9,7 +9,7 @@
 //! (`all_reduce_max_i32`).
 //!
 //! Ranges are element ranges (not bytes) into the buffer; a range past the
-//! buffer's end is a [`CommError::Config`](crate::CommError::Config).
+//! buffer's end is a [`CommError::Config`].
 
 use std::ops::Range;
 

@@ -25,7 +25,7 @@ use crate::{ReduceError, Result};
 /// method is collective: all ranks call it, in the same order, with the
 /// same shapes.
 ///
-/// Implementations here: [`TransportReducer`] over any
+/// Implementations here: [`TransportReducer`](crate::TransportReducer) over any
 /// [`Transport`] — [`HostReducer`](crate::HostReducer) (host memory, CPU
 /// worlds) and, with device memory, `NcclReducer` — each with every
 /// contract.

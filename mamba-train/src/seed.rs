@@ -1,7 +1,7 @@
 //! The rank-free seed law.
 //!
 //! Every random number in a run derives from one master seed through
-//! [`derive`], a splitmix64-style mixer keyed by a *domain* (what the
+//! [`derive()`], a splitmix64-style mixer keyed by a *domain* (what the
 //! randomness is for) and an index path (step, logical micro-batch, sample,
 //! layer...). Nothing here takes a physical rank or world size, so the sample
 //! stream and the initial weights are the same on 1 or 8 processes.
@@ -47,7 +47,7 @@ pub struct Rng {
 }
 
 impl Rng {
-    /// A stream starting from `seed` (usually a [`derive`] output).
+    /// A stream starting from `seed` (usually a [`derive()`] output).
     pub fn new(seed: u64) -> Self {
         Rng { state: seed }
     }

@@ -1,8 +1,9 @@
 //! Launchers of `kernels/cuda/mamba_scan.cu`: the selective scan.
 //!
 //! The algorithm, its formulas and the thread layout are described at the
-//! top of the `.cu` file. In short: each thread holds 8 states of one
-//! channel of one sequence in registers and walks time in order. The
+//! top of the `.cu` file. In short: each thread holds 4 states of one
+//! channel of one sequence in registers and walks time in order, reading
+//! each chunk's inputs from shared memory (staged one chunk ahead). The
 //! forward pass (one launch) keeps the state every chunk of [`SCAN_CHUNK`]
 //! steps enters with (`hin`: `1/SCAN_CHUNK` of the `(B, T, D, N)` states)
 //! and writes `y` and the gated `out`; the backward pass walks the chunks in

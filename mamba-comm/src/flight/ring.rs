@@ -89,7 +89,7 @@ pub(crate) fn store(buf: &mut [u8], rec: &CallRecord, begun: u64, completed: u64
     put(buf, 7, completed);
 }
 
-/// What [`parse`] reads back from a ring.
+/// What `parse` reads back from a ring.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RingSnapshot {
     /// The rank that wrote it.

@@ -7,7 +7,7 @@
 //! arena (the whole arena, or one ZeRO-1 owner's part). Every implementation keeps the
 //! CPU's numerical contract bit for bit: the norm's association of
 //! [`super::clip::global_norm`] (f64 chunks of
-//! [`NORM_CHUNK`](super::clip::NORM_CHUNK), summed in chunk order) and the
+//! [`NORM_CHUNK`], summed in chunk order) and the
 //! per-element AdamW formula of [`AdamWStep`] with no contraction. That is
 //! what makes an optimizer step on the GPU the same bits as on the CPU.
 
@@ -33,7 +33,7 @@ pub trait ArenaMath {
     /// Where the arenas live: host `Vec<f32>`, or device memory.
     type Arena;
 
-    /// The [`NORM_CHUNK`](super::clip::NORM_CHUNK) chunk sums of squares of
+    /// The [`NORM_CHUNK`] chunk sums of squares of
     /// `grads[shard]`, in f64 and in chunk order, exactly as
     /// [`super::clip::chunk_sums`] (non-finite where an element is).
     /// `shard` starts on a chunk boundary and ends on one or at the

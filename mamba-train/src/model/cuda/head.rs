@@ -1,7 +1,8 @@
 //! The tied LM head and the cross-entropy, over chunks of rows, so that the
 //! `[rows, vocab]` logits and their gradient never sit in memory whole.
 //!
-//! For each chunk of at most [`Workspace::loss_rows`] rows, in ascending
+//! For each chunk of at most [`super::CudaModel::loss_chunk_rows`] rows (fewer
+//! for the last, and the whole batch when it is smaller), in ascending
 //! order: `logits = xf[chunk] . E^T` (cuBLAS, into the one chunk-sized
 //! buffer), the cross-entropy of those rows (their losses into `row_loss`,
 //! and with gradients the logits overwritten by `(softmax - onehot) /
