@@ -201,15 +201,34 @@ __device__ __forceinline__ float staged_col(const float* buf, int a, int j, int 
 }
 
 // A[i] = -exp(A_log[c, n0 + i]) for this thread's live states, 0 elsewhere;
-// live[i] says which.
+// A2[i] = A[i] log2(e) (the decay's exponent in base 2); live[i] says which.
 __device__ __forceinline__ void load_a(const float* __restrict__ a_log, bool live_c, int c,
                                        int n0, int N, float (&A)[kLaneStates],
-                                       bool (&live)[kLaneStates]) {
+                                       float (&A2)[kLaneStates], bool (&live)[kLaneStates]) {
 #pragma unroll
     for (int i = 0; i < kLaneStates; ++i) {
         live[i] = live_c && n0 + i < N;
         A[i] = live[i] ? -expf(a_log[(long long)c * N + n0 + i]) : 0.0f;
+        A2[i] = A[i] * 1.4426950408889634f;
     }
+}
+
+// The decay a = exp(dt A), as exp2(dt A log2 e): one MUFU.EX2 with its
+// denormal scaling instead of expf's range reduction (a few ulp from
+// expf, inside the scan's tolerance). The forward, the backward's
+// recompute and its walk all take `a` from here, so they agree bit for bit.
+__device__ __forceinline__ float decay(float dtj, float a2) { return exp2f(dtj * a2); }
+
+// This thread's 4 consecutive staged values at `p` (16-byte aligned: rows
+// are whole multiples of 8 floats and n0 is a multiple of 4), one
+// shared-memory load.
+__device__ __forceinline__ void load4(const float* p, float (&v)[kLaneStates]) {
+    static_assert(kLaneStates == 4, "load4 reads a float4");
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
 }
 
 // One step of the recurrence: h = a h + (dt B) u with a = exp(dt A), as a
@@ -236,9 +255,9 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
     const int nch = (T + kChunk - 1) / kChunk;
     float* sFin = smem + 2 * L::stage;
     const Col cols[kCols] = {{dt, D}, {u, D}, {z, ldz}};
-    float A[kLaneStates], h[kLaneStates];
+    float A[kLaneStates], A2[kLaneStates], h[kLaneStates];
     bool live[kLaneStates];
-    load_a(a_log, live_c, c, l.n0, N, A, live);
+    load_a(a_log, live_c, c, l.n0, N, A, A2, live);
 #pragma unroll
     for (int i = 0; i < kLaneStates; ++i) h[i] = 0.0f;
     const int fc = cbase + l.fcl;
@@ -266,12 +285,14 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
             const float dtj = staged_col<SP>(buf, 0, j, l.cl);
             const float uj = staged_col<SP>(buf, 1, j, l.cl);
             const float* row = buf + j * L::row + l.n0;
+            float bv[kLaneStates], cv[kLaneStates];
+            load4(row, bv);
+            load4(row + L::npad, cv);
             part[j] = 0.0f;
 #pragma unroll
             for (int i = 0; i < kLaneStates; ++i) {
-                const float a = expf(dtj * A[i]);
-                h[i] = step_state(h[i], a, dtj, row[i], uj);
-                part[j] = part[j] + (live[i] ? row[L::npad + i] * h[i] : 0.0f);
+                h[i] = step_state(h[i], decay(dtj, A2[i]), dtj, bv[i], uj);
+                part[j] = part[j] + (live[i] ? cv[i] * h[i] : 0.0f);
             }
         }
 #pragma unroll
@@ -323,9 +344,10 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
         const bool live_c = c < D;
         const int fc = cbase + l.fcl;
         const float dp = dpar[min(fc, D - 1)];
-        float A[kLaneStates], carry[kLaneStates], dA[kLaneStates], h[kLaneStates];
+        float A[kLaneStates], A2[kLaneStates], carry[kLaneStates], dA[kLaneStates],
+            h[kLaneStates];
         bool live[kLaneStates];
-        load_a(a_log, live_c, c, l.n0, N, A, live);
+        load_a(a_log, live_c, c, l.n0, N, A, A2, live);
 #pragma unroll
         for (int i = 0; i < kLaneStates; ++i) carry[i] = dA[i] = 0.0f;
 
@@ -351,11 +373,12 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
             for (int j = 0; j < kChunk; ++j) {
                 const float dtj = staged_col<SP>(buf, 0, j, l.cl);
                 const float uj = staged_col<SP>(buf, 1, j, l.cl);
-                const float* row = buf + j * L::row + l.n0;
+                float bv[kLaneStates];
+                load4(buf + j * L::row + l.n0, bv);
 #pragma unroll
                 for (int i = 0; i < kLaneStates; ++i) {
                     sH[(j * kLaneStates + i) * kScanThreads + tid] = h[i];
-                    h[i] = step_state(h[i], expf(dtj * A[i]), dtj, row[i], uj);
+                    h[i] = step_state(h[i], decay(dtj, A2[i]), dtj, bv[i], uj);
                 }
             }
             // Walk back: h[i] is the state after step j. This lane's sums
@@ -370,14 +393,16 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
                     const float dtj = staged_col<SP>(buf, 0, j, l.cl);
                     const float uj = staged_col<SP>(buf, 1, j, l.cl);
                     const float dyj = staged_col<SP>(buf, 2, j, l.cl);
-                    const float* row = buf + j * L::row + l.n0;
+                    float bv[kLaneStates], cv[kLaneStates];
+                    load4(buf + j * L::row + l.n0, bv);
+                    load4(buf + j * L::row + l.n0 + L::npad, cv);
                     float pdt = 0.0f, pdu = 0.0f;
 #pragma unroll
                     for (int i = 0; i < kLaneStates; ++i) {
                         const float hprev = sH[(j * kLaneStates + i) * kScanThreads + tid];
-                        const float bn = row[i];
-                        const float g = row[L::npad + i] * dyj + carry[i];
-                        const float a = expf(dtj * A[i]);  // as in the recompute
+                        const float bn = bv[i];
+                        const float g = cv[i] * dyj + carry[i];
+                        const float a = decay(dtj, A2[i]);  // as in the recompute
                         const float hp = a * hprev;        // a_t h_{t-1}
                         const float gdt = g * dtj;
                         // States past N (zero B, C, A and h) add nothing;

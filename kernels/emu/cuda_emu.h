@@ -54,6 +54,10 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     return r;
 }
 
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
 // A single-rounding fused multiply-add, as the device's.
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 
