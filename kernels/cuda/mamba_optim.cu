@@ -53,7 +53,11 @@ extern "C" __global__ void mamba_adamw(float* __restrict__ p, const float* __res
 // Stage 1 of the global norm: partial[c] = sum over chunk c (elements
 // [c*chunk, min(n, (c+1)*chunk))) of (double)g^2, serially in f64: the CPU's
 // `global_norm` chunk sums. One thread per chunk; grid ceil(nchunks / 128),
-// block 128.
+// block 128. The sum stays serial in ascending i (the CPU's association);
+// only the loads are batched, kBatch elements (as float4 when the chunk
+// start is 16-byte aligned) in flight per thread ahead of the adds, since a
+// thread walking its chunk one dependent load at a time left the kernel at
+// ~0.4 TB/s (1.2 ms for a 130m gradient on an H200, ncu 2026-12-02).
 extern "C" __global__ void mamba_sumsq_chunks(const float* __restrict__ g, unsigned long long n,
                                               unsigned long long chunk,
                                               double* __restrict__ partial,
@@ -62,8 +66,28 @@ extern "C" __global__ void mamba_sumsq_chunks(const float* __restrict__ g, unsig
     if (c >= nchunks) return;
     const unsigned long long lo = c * chunk;
     const unsigned long long hi = lo + chunk < n ? lo + chunk : n;
+    constexpr int kBatch = 16;
     double s = 0.0;
-    for (unsigned long long i = lo; i < hi; ++i) {
+    unsigned long long i = lo;
+    if ((((unsigned long long)(g + lo)) & 15ull) == 0) {
+        for (; i + kBatch <= hi; i += kBatch) {
+            float v[kBatch];
+#pragma unroll
+            for (int q = 0; q < kBatch / 4; ++q) {
+                const float4 f = *reinterpret_cast<const float4*>(g + i + 4 * q);
+                v[4 * q] = f.x;
+                v[4 * q + 1] = f.y;
+                v[4 * q + 2] = f.z;
+                v[4 * q + 3] = f.w;
+            }
+#pragma unroll
+            for (int q = 0; q < kBatch; ++q) {
+                const double x = (double)v[q];
+                s = __dadd_rn(s, __dmul_rn(x, x));
+            }
+        }
+    }
+    for (; i < hi; ++i) {
         const double x = (double)g[i];
         s = __dadd_rn(s, __dmul_rn(x, x));
     }
@@ -71,12 +95,23 @@ extern "C" __global__ void mamba_sumsq_chunks(const float* __restrict__ g, unsig
 }
 
 // Stage 2: out[0] = partial[0] + partial[1] + ... in ascending order (f64),
-// by a single thread, as the CPU adds its chunk sums. grid 1, block 1.
+// by a single thread, as the CPU adds its chunk sums; the loads batched
+// kBatch ahead of the serial adds (one dependent load at a time took
+// 0.5 ms for 7.9k partials). grid 1, block 1.
 extern "C" __global__ void mamba_sum_f64_serial(const double* __restrict__ partial,
                                                 unsigned long long count,
                                                 double* __restrict__ out) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    constexpr int kBatch = 32;
     double total = 0.0;
-    for (unsigned long long i = 0; i < count; ++i) total = __dadd_rn(total, partial[i]);
+    for (unsigned long long i0 = 0; i0 < count; i0 += kBatch) {
+        double v[kBatch];
+#pragma unroll
+        for (int q = 0; q < kBatch; ++q) v[q] = i0 + q < count ? partial[i0 + q] : 0.0;
+#pragma unroll
+        for (int q = 0; q < kBatch; ++q) {
+            if (i0 + q < count) total = __dadd_rn(total, v[q]);
+        }
+    }
     out[0] = total;
 }

@@ -57,13 +57,15 @@ impl MambaKernels {
         let launch = Launch {
             kernel: K,
             func: &self.f.cast_bf16,
-            grid: Grid::Flat { n },
+            grid: Grid::Flat { n: n.div_ceil(8) },
             block: THREADS,
         };
         let mut args = [Arg::In(src), Arg::Out(dst), Arg::Long("n", n)];
         // SAFETY: matches mamba_cast_bf16(const float* src, unsigned short*
-        // dst, long long n); thread i < n touches src[i] and dst[i], both
-        // inside the extents checked above.
+        // dst, long long n); thread t touches src[j] and dst[j] for j in
+        // [8t, min(8t + 8, n)) only, inside the extents checked above (its
+        // 16-byte accesses only when the whole 8 are below n and both
+        // pointers are 16-byte aligned).
         unsafe { self.launch(stream, launch, &mut args) }
     }
 }
