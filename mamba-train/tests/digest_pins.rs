@@ -60,14 +60,15 @@ fn a_two_process_run_at_logical_world_four_keeps_its_pinned_digest() {
 }
 
 /// `--device cuda` with [`CUDA_FLAGS`] on one NVIDIA H200 (CUDA 13.0,
-/// driver 580, this build's kernels), as the build with the model's kernel
-/// files under `--fmad=true` and the scan's recurrence as one FMA produced
-/// it (twice in one run, 2026-12-01). Earlier builds: the staged scan under
-/// `--fmad=false` gave f5dc6b23..., the first serial scan ca8d735d..., the
-/// chunked scan c923d315.... The CUDA model's bits are promised run to
+/// driver 580, this build's kernels), as the build with the scan's decay
+/// as `exp2f(dt * A log2 e)` produced it (twice in one run, 2026-12-02).
+/// Earlier builds: the scan's recurrence as one FMA under `--fmad=true`
+/// gave 88f3cb82..., the staged scan under `--fmad=false` f5dc6b23..., the
+/// first serial scan ca8d735d..., the chunked scan c923d315.... The CUDA
+/// model's bits are promised run to
 /// run on the same GPU model and build, not across GPU models: on another
 /// GPU the test checks run to run identity only and prints the digest.
-const CUDA_H200: &str = "88f3cb82e610af23fd3ec5a3c5ef773a04e82829cfa4f461a54ac52f831fbf59";
+const CUDA_H200: &str = "c5db37e19bbb54993baef8619b26389d85d8551bb9434a2867682774fd46d7cb";
 
 /// A tiny selective-copy model on one GPU at logical world 2 (so the
 /// reducer's fold and scale run too), 40 steps.
