@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release -p mamba-train --example bench_cuda_step -- \
 //!     [--sizes small,130m,long] [--steps 10] [--warmup 3] [--json FILE] \
-//!     [--precision f32|tf32|bf16]
+//!     [--precision f32|tf32|bf16] [--recompute] [--gemm-detail]
 //! ```
 //!
 //! `--precision` (default f32) builds the model in that precision
@@ -42,7 +42,7 @@ use clap::Parser;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 use mamba_train::config::Precision;
-use mamba_train::model::cuda::blas::{Blas, Operand};
+use mamba_train::model::cuda::blas::{Blas, Elems, Operand};
 use mamba_train::model::cuda::CudaModel;
 use mamba_train::model::Batch;
 use mamba_train::optim::{AdamWConfig, Optimizer, Schedule};
@@ -81,6 +81,14 @@ struct Args {
     /// GEMM precision of the model and of the GEMM timings: f32, tf32, bf16.
     #[arg(long, default_value = "f32")]
     precision: Precision,
+    /// Also time every distinct GEMM shape of the step alone (per call,
+    /// TFLOP/s, calls a step; in bf16 with and without the operand casts).
+    #[arg(long)]
+    gemm_detail: bool,
+    /// Recompute each block's activations in the backward pass
+    /// (`CudaModel::set_recompute`, the CLI's `--recompute`).
+    #[arg(long)]
+    recompute: bool,
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -197,22 +205,123 @@ fn run_gemms(
             g.n,
             g.k,
             Operand {
-                data: &a.as_view(),
+                elems: Elems::F32(a.as_view()),
                 ld: lda,
                 trans: g.ta,
-                bf16: None,
             },
             Operand {
-                data: &b.as_view(),
+                elems: Elems::F32(b.as_view()),
                 ld: ldb,
                 trans: g.tb,
-                bf16: None,
             },
             0.0,
             &mut c.as_view_mut(),
             g.n,
         )?;
     }
+    Ok(())
+}
+
+/// Print each distinct shape of `shapes` timed alone (median of `reps`):
+/// per call, calls a step, the step's share and the rate; in bf16 also with
+/// both operands already cast (the GEMM without its casts).
+fn gemm_detail(
+    stream: &std::sync::Arc<CudaStream>,
+    blas: &Blas,
+    shapes: &[Shape],
+    reps: usize,
+) -> Res<()> {
+    let mut distinct: Vec<(Shape, usize)> = Vec::new();
+    for g in shapes {
+        let key = |s: &Shape| (s.m, s.n, s.k, s.ta, s.tb);
+        match distinct.iter_mut().find(|(s, _)| key(s) == key(g)) {
+            Some((_, n)) => *n += 1,
+            None => distinct.push((*g, 1)),
+        }
+    }
+    let bf16 = blas.precision() == Precision::Bf16;
+    let kernels = if bf16 {
+        Some(kernels::mamba::MambaKernels::load(stream.context())?)
+    } else {
+        None
+    };
+    println!(
+        "  GEMM shapes alone ({}; m x n x k, A/B transposed):",
+        blas.precision()
+    );
+    let mut total = (0.0, 0.0);
+    for (g, calls) in distinct {
+        let a = random_dev(stream, g.m * g.k, 4)?;
+        let b = random_dev(stream, g.k * g.n, 5)?;
+        let mut c = stream
+            .alloc_zeros::<f32>(g.m * g.n)
+            .map_err(|e| cuda_err("allocating", e))?;
+        let half = |x: &CudaSlice<f32>| -> Res<Option<CudaSlice<u16>>> {
+            let Some(k) = kernels.as_ref() else {
+                return Ok(None);
+            };
+            let mut h = stream
+                .alloc_zeros::<u16>(x.len())
+                .map_err(|e| cuda_err("allocating", e))?;
+            k.cast_bf16(stream, &x.as_view(), &mut h.as_view_mut(), x.len())?;
+            Ok(Some(h))
+        };
+        let (ha, hb) = (half(&a)?, half(&b)?);
+        let (lda, ldb) = (if g.ta { g.m } else { g.k }, if g.tb { g.k } else { g.n });
+        let mut run = |precast: bool| -> Res<f64> {
+            let mut t = Vec::new();
+            for i in 0..reps + 1 {
+                let ms = timed(stream, || {
+                    blas.gemm(
+                        "bench",
+                        g.m,
+                        g.n,
+                        g.k,
+                        Operand {
+                            elems: Elems::F32(a.as_view()),
+                            ld: lda,
+                            trans: g.ta,
+                        }
+                        .with_bf16(ha.as_ref().filter(|_| precast).map(|h| h.as_view())),
+                        Operand {
+                            elems: Elems::F32(b.as_view()),
+                            ld: ldb,
+                            trans: g.tb,
+                        }
+                        .with_bf16(hb.as_ref().filter(|_| precast).map(|h| h.as_view())),
+                        0.0,
+                        &mut c.as_view_mut(),
+                        g.n,
+                    )?;
+                    Ok(())
+                })?;
+                if i > 0 {
+                    t.push(ms);
+                }
+            }
+            Ok(median(t))
+        };
+        let with_casts = run(false)?;
+        let bare = if bf16 { run(true)? } else { with_casts };
+        let fl = 2.0 * (g.m * g.n * g.k) as f64;
+        total.0 += with_casts * calls as f64;
+        total.1 += bare * calls as f64;
+        println!(
+            "    {:>6} x {:>6} x {:>6} {}{}  x{calls:<3} {with_casts:8.3} ms/call \
+             ({:6.1} TFLOP/s), without casts {bare:8.3} ms ({:6.1} TFLOP/s)",
+            g.m,
+            g.n,
+            g.k,
+            if g.ta { 'T' } else { 'N' },
+            if g.tb { 'T' } else { 'N' },
+            fl / (with_casts * 1e-3) / 1e12,
+            fl / (bare * 1e-3) / 1e12,
+        );
+    }
+    println!(
+        "    sum over the step: {:.2} ms with casts, {:.2} ms without",
+        total.0, total.1
+    );
     Ok(())
 }
 
@@ -289,6 +398,7 @@ fn ceilings(
 struct StepRecord {
     size: String,
     precision: String,
+    recompute: bool,
     d_model: usize,
     n_layer: usize,
     vocab: usize,
@@ -374,6 +484,9 @@ fn main() -> Res<()> {
             median(t)
         };
         ceil.gemm_flops_per_s = ceil.square_rate.max(flops / (gemm_ms * 1e-3));
+        if args.gemm_detail {
+            gemm_detail(&stream, &blas, &shapes, args.steps.max(3))?;
+        }
         // Freed pool memory goes back at a synchronization; measure from here.
         stream
             .synchronize()
@@ -381,6 +494,7 @@ fn main() -> Res<()> {
         let baseline = used_bytes(&ctx)?;
 
         let mut model = CudaModel::with_stream_in(cfg.clone(), args.precision, stream.clone())?;
+        model.set_recompute(args.recompute);
         let mut params = model.init_params(1)?;
         let mut grads = model.zeros_arena()?;
         let sched = Schedule {
@@ -482,10 +596,11 @@ fn main() -> Res<()> {
         let exact =
             model.workspace_bytes() + 4 * 4 * pn + mamba_train::model::cuda::blas::WORKSPACE_BYTES;
         println!(
-            "{sz:>5}: d {} x {} layers, vocab {}, batch {nb} x {t}: step {sm:.2} ms (wall {:.2}), {:.0} tokens/s; \
+            "{sz:>5}{}: d {} x {} layers, vocab {}, batch {nb} x {t}: step {sm:.2} ms (wall {:.2}), {:.0} tokens/s; \
              forward {fm:.2} ms, optimizer {om:.2} ms, GEMMs alone {gemm_ms:.2} ms ({:.1} TFLOP/s); \
              floor {floor:.2} ms (GEMM {floor_gemm:.2}, bytes {floor_bytes:.2}) -> step/floor {:.2}; \
              memory high-water {:.2} GiB (model-owned {:.2} GiB); loss {last_loss:.4}",
+            if args.recompute { " (recompute)" } else { "" },
             cfg.d_model,
             cfg.n_layer,
             cfg.vocab_size,
@@ -499,6 +614,7 @@ fn main() -> Res<()> {
         json.push(StepRecord {
             size: sz.to_string(),
             precision: args.precision.name().to_string(),
+            recompute: args.recompute,
             d_model: cfg.d_model,
             n_layer: cfg.n_layer,
             vocab: cfg.vocab_size,

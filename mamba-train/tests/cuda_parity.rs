@@ -296,6 +296,73 @@ fn the_loss_over_row_chunks_matches_the_cpu_reference() {
     fail_on(&failures);
 }
 
+/// Two layouts of the workspace that must not change a bit: `--recompute`
+/// (one block's activations, the others recomputed in the backward) and,
+/// in bf16, the shared bf16 copies of the GEMM operands (against each GEMM
+/// casting its own). In f32 and bf16, with loss chunks smaller than the
+/// batch: the loss and every gradient the same bits as the plain layout,
+/// over two steps (a kept workspace is reused), with less workspace memory
+/// for recompute. Negative control: another batch changes the gradients
+/// (so equal bits are not equal zeros).
+#[test]
+fn recompute_and_bf16_copies_keep_every_bit() {
+    use mamba_train::config::Precision;
+    let cfg = ModelConfig::new(60, 32, 3);
+    if cuda_model(&cfg).is_none() {
+        return;
+    }
+    let (b, other) = (batch(&cfg, 3, 29, 17), batch(&cfg, 3, 29, 18));
+    let p = perturbed(&cfg, 19);
+    for precision in [Precision::F32, Precision::Bf16] {
+        let mut gpu = CudaModel::new_in(cfg.clone(), precision, 0).expect("model");
+        gpu.set_loss_chunk_rows(40);
+        let p_dev = gpu.upload(&p).expect("upload");
+        let mut g_dev = gpu.zeros_arena().expect("grads");
+        let mut step = |gpu: &mut CudaModel, b: &Batch| {
+            let loss = gpu.forward_backward(&p_dev, b, &mut g_dev).expect("step");
+            let g = gpu.download(&g_dev).expect("grads");
+            (
+                loss.to_bits(),
+                g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            )
+        };
+        let plain = step(&mut gpu, &b);
+        let plain_bytes = gpu.workspace_bytes();
+        assert!(
+            plain.1.iter().any(|&x| x != 0),
+            "{precision}: all-zero gradients"
+        );
+        assert_ne!(
+            step(&mut gpu, &other).1,
+            plain.1,
+            "{precision}: another batch"
+        );
+        let mut layouts = vec![(true, true)];
+        if precision == Precision::Bf16 {
+            layouts.extend([(false, false), (true, false)]);
+        }
+        for (recompute, copies) in layouts {
+            gpu.set_recompute(recompute);
+            gpu.set_bf16_copies(copies);
+            let label = format!("{precision}, recompute {recompute}, bf16 copies {copies}");
+            for run in 0..2 {
+                let got = step(&mut gpu, &b);
+                assert_eq!(got.0, plain.0, "{label}: loss bits (pass {run})");
+                let first = got.1.iter().zip(&plain.1).position(|(x, y)| x != y);
+                assert_eq!(
+                    first, None,
+                    "{label}: first differing gradient (pass {run})"
+                );
+            }
+            if recompute {
+                let bytes = gpu.workspace_bytes();
+                println!("{label}: workspace {bytes} bytes, {plain_bytes} without recompute");
+                assert!(bytes < plain_bytes, "{label}: {bytes} >= {plain_bytes}");
+            }
+        }
+    }
+}
+
 #[test]
 fn the_comparison_catches_a_small_deviation() {
     // Negative control: the GPU runs parameters with one A_log entry of the

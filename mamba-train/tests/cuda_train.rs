@@ -71,13 +71,26 @@ fn one_gpu_trains_repeats_its_bits_and_resumes_onto_them() {
         "two identical GPU runs must give the same digest"
     );
 
-    // Stop at step 17 (a checkpoint), resume in place: the unbroken bits.
+    // --recompute (one block's activations kept, the others recomputed in
+    // the backward): the same bits.
+    let recomputed = world_digest(
+        &train(
+            &dir.path().join("r"),
+            &[&steps[..], &["--recompute"]].concat(),
+            &[],
+        ),
+        1,
+    );
+    assert_eq!(recomputed, first, "--recompute must not change the bits");
+
+    // Stop at step 17 (a checkpoint), resume in place (with --recompute,
+    // which is not part of the run's identity): the unbroken bits.
     let c = dir.path().join("c");
     let o = train(&c, &[&steps[..], &["--stop-at", "17"]].concat(), &[]);
     let stopped = ok(&o);
     assert!(stopped.contains("stopped at step 17"), "{stopped}");
     assert_ne!(world_digest(&o, 1), first);
-    let resumed = train(&c, &["--resume", c.to_str().unwrap()], &[]);
+    let resumed = train(&c, &["--resume", c.to_str().unwrap(), "--recompute"], &[]);
     assert_eq!(
         world_digest(&resumed, 1),
         first,

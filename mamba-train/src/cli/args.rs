@@ -293,6 +293,13 @@ pub struct TrainArgs {
     /// and the same checkpoints (so a run resumes with or without it).
     #[arg(long)]
     pub shard_optimizer: bool,
+    /// With --device cuda: keep one block's activations instead of every
+    /// block's and recompute each block's forward pass during the backward
+    /// (about a third more compute, the activation memory of one block):
+    /// for sequences or batches that do not fit otherwise. The same bits
+    /// as without it, so a run resumes with or without it.
+    #[arg(long)]
+    pub recompute: bool,
     /// Arithmetic of the GEMMs with --device cuda: f32 (the reference),
     /// tf32 (tensor cores, inputs rounded to TF32, f32 accumulation) or
     /// bf16 (GEMM operands rounded to bf16, f32 accumulation and output).
@@ -522,7 +529,7 @@ mod tests {
         for p in Precision::ALL {
             let a = parse(&["--device", "cuda", "--precision", p.name()]).unwrap();
             assert_eq!(a.precision, Some(p));
-            assert!(crate::cli::run::check_precision_device(&a).is_ok());
+            assert!(crate::cli::run::check_cuda_only_flags(&a).is_ok());
         }
         let e = parse(&["--precision", "fp16"]).unwrap_err();
         assert!(
@@ -532,7 +539,7 @@ mod tests {
         // The CPU trains in f32 only: tf32 and bf16 are refused by name.
         for p in [Precision::Tf32, Precision::Bf16] {
             let a = parse(&["--precision", p.name()]).unwrap();
-            let e = crate::cli::run::check_precision_device(&a)
+            let e = crate::cli::run::check_cuda_only_flags(&a)
                 .unwrap_err()
                 .to_string();
             assert!(
@@ -541,7 +548,19 @@ mod tests {
             );
         }
         let a = parse(&["--precision", "f32"]).unwrap();
-        assert!(crate::cli::run::check_precision_device(&a).is_ok());
+        assert!(crate::cli::run::check_cuda_only_flags(&a).is_ok());
+        // --recompute too: a CUDA-only setting, refused by name on the CPU.
+        let a = parse(&["--recompute"]).unwrap();
+        let e = crate::cli::run::check_cuda_only_flags(&a)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--recompute") && e.contains("--device cuda"),
+            "{e}"
+        );
+        let a = parse(&["--device", "cuda", "--recompute"]).unwrap();
+        assert!(a.recompute && crate::cli::run::check_cuda_only_flags(&a).is_ok());
+        assert!(!parse(&[]).unwrap().recompute);
         // The whole command refuses it before anything starts.
         let a = parse(&["--precision", "bf16", "--steps", "1"]).unwrap();
         let e = crate::cli::run::train(&a, &mut Vec::new())

@@ -16,7 +16,7 @@ use mamba_reduce::RunIdentity;
 use super::args::{Device, TrainArgs};
 use super::plan::{plan_run, EnvRun, Plan};
 use super::progress::stderr_line;
-use super::run::check_precision_device;
+use super::run::check_cuda_only_flags;
 use super::run_dir::run_dir_of;
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, InitRecord};
 use crate::config::Precision;
@@ -32,7 +32,7 @@ use crate::train::{Backend, RunConfig, Trainer};
 /// says (a checkpoint in another precision is then refused by
 /// [`checkpoint::check_resume`], naming the flag).
 fn run_precision(args: &TrainArgs, ck: Option<&Checkpoint>) -> Result<Precision> {
-    check_precision_device(args)?;
+    check_cuda_only_flags(args)?;
     if let Some(p) = args.precision {
         return Ok(p);
     }

@@ -76,7 +76,7 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
             "--comm-timeout must be at least 1 second, got 0".into(),
         ));
     }
-    check_precision_device(args)?;
+    check_cuda_only_flags(args)?;
     check_arch_device(args)?;
     let env = ProcessEnv;
     let place = detect(&env)?;
@@ -159,14 +159,21 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
     }
 }
 
-/// `--precision` other than f32 needs `--device cuda` (the CPU model
-/// trains in f32 only): refused by name otherwise.
-pub fn check_precision_device(args: &TrainArgs) -> Result<()> {
+/// `--precision` other than f32 and `--recompute` need `--device cuda`
+/// (the CPU model trains in f32 and keeps its activations): refused by
+/// name otherwise.
+pub fn check_cuda_only_flags(args: &TrainArgs) -> Result<()> {
     match (args.device, args.precision) {
         (Device::Cpu, Some(p)) if p != Precision::F32 => Err(TrainError::Config(format!(
             "--precision {p} needs --device cuda: the CPU model trains in f32 only; \
              add --device cuda or drop --precision"
         ))),
+        _ if args.device == Device::Cpu && args.recompute => Err(TrainError::Config(
+            "--recompute needs --device cuda: the CPU model keeps its activations (its \
+             backward already recomputes the scan states); add --device cuda or drop \
+             --recompute"
+                .into(),
+        )),
         _ => Ok(()),
     }
 }
@@ -266,8 +273,9 @@ fn run_cuda_rank(
     } = prepare_rank(args, &place)?;
     let run = plan.run.clone();
     let link = dp::cuda::connect(&place, device, timeout)?;
-    let model =
+    let mut model =
         CudaModel::with_stream_in(run.model.clone(), precision, link.comm.stream().clone())?;
+    model.set_recompute(args.recompute);
     let trainer = start_trainer(model, &run, data, ck, init)?;
     let reducer = dp::cuda::reducer(link.comm, &run)?;
     let mut world = DataParallel::new(trainer, reducer, opts)?;

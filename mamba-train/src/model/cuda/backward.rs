@@ -3,6 +3,12 @@
 //! writes), except the embedding, which the LM head's GEMM writes and the
 //! embedding's scatter-add then adds to. Nothing is accumulated across calls.
 //!
+//! With `--recompute` ([`super::workspace::BlockActs`]) each block's
+//! activations are recomputed from its input just before its backward
+//! (the last block's are still there from the forward pass). In bf16 runs
+//! each output gradient is cast once into `grad_h`, which the two GEMMs of
+//! its linear layer share.
+//!
 //! Per block, from `dres = dL/dx_out` (which also flows straight through to
 //! `x_in`):
 //! ```text
@@ -19,7 +25,7 @@
 use cudarc::driver::CudaSlice;
 use kernels::mamba::{ColSum, DeviceTokenCsr, ScanBackward, ScanInputs};
 
-use super::forward::{half, op, op_t};
+use super::forward::{again, block_forward, cast_copy, half, op, op_t};
 use super::workspace::Workspace;
 use super::Engine;
 use crate::config::ModelConfig;
@@ -79,20 +85,36 @@ pub(super) fn backward(
     )?;
 
     for (l, lo) in lay.layers.iter().enumerate().rev() {
-        let a = &ws.layers[l];
+        if ws.acts.shared() && ws.acts.resident != Some(l) {
+            // --recompute: this block's activations again, from its input.
+            block_forward(
+                e,
+                cfg,
+                lo,
+                (p, pb),
+                shape,
+                &ws.resid[l],
+                None,
+                ws.acts.slot_mut(l),
+                &mut ws.stage,
+            )?;
+            ws.acts.resident = Some(l);
+        }
+        let a = ws.acts.slot(l);
         let x_in = ws.resid[l].as_view();
         let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
         let g = |range: &std::ops::Range<usize>| range.clone();
 
         // out_proj and the residual: x_out = x_in + g . W_out^T.
         let dres = ws.dres.as_view();
+        let dres_h = cast_copy(e, &dres, ws.grad_h.as_mut())?;
         e.blas.gemm(
             "out_proj dW",
             d,
             di,
             m,
-            op_t(&dres, d),
-            op(&a.g.as_view(), di),
+            op_t(&dres, d).with_bf16(again(&dres_h)),
+            op(a.g.elems(), di),
             0.0,
             &mut grads.slice_mut(g(&lo.out_proj)),
             di,
@@ -102,8 +124,8 @@ pub(super) fn backward(
             m,
             di,
             d,
-            op(&dres, d),
-            op(&w(&lo.out_proj), di).with_bf16(half(pb, &lo.out_proj).as_ref()),
+            op(&dres, d).with_bf16(dres_h),
+            op(&w(&lo.out_proj), di).with_bf16(half(pb, &lo.out_proj)),
             0.0,
             &mut ws.dout.as_view_mut(),
             di,
@@ -164,6 +186,7 @@ pub(super) fn backward(
 
         // dt_proj (bias, weight, input).
         let ddtr = ws.ddtr.as_view();
+        let ddtr_h = cast_copy(e, &ddtr, ws.grad_h.as_mut())?;
         kr.colsum(
             s,
             ColSum::Plain { a: &ddtr, lda: di },
@@ -177,8 +200,8 @@ pub(super) fn backward(
             di,
             r,
             m,
-            op_t(&ddtr, di),
-            op(&a.dbc.as_view(), ldbc),
+            op_t(&ddtr, di).with_bf16(again(&ddtr_h)),
+            op(&a.dbc.as_view(), ldbc).with_bf16(a.dbc_h.as_ref().map(|h| h.as_view())),
             0.0,
             &mut grads.slice_mut(g(&lo.dt_proj_w)),
             r,
@@ -188,8 +211,8 @@ pub(super) fn backward(
             m,
             r,
             di,
-            op(&ddtr, di),
-            op(&w(&lo.dt_proj_w), r).with_bf16(half(pb, &lo.dt_proj_w).as_ref()),
+            op(&ddtr, di).with_bf16(ddtr_h),
+            op(&w(&lo.dt_proj_w), r).with_bf16(half(pb, &lo.dt_proj_w)),
             0.0,
             &mut ws.ddbc.as_view_mut(),
             ldbc,
@@ -197,13 +220,14 @@ pub(super) fn backward(
 
         // x_proj.
         let ddbc = ws.ddbc.as_view();
+        let ddbc_h = cast_copy(e, &ddbc, ws.grad_h.as_mut())?;
         e.blas.gemm(
             "x_proj dW",
             ldbc,
             di,
             m,
-            op_t(&ddbc, ldbc),
-            op(&u, di),
+            op_t(&ddbc, ldbc).with_bf16(again(&ddbc_h)),
+            op(&u, di).with_bf16(a.u_h.as_ref().map(|h| h.as_view())),
             0.0,
             &mut grads.slice_mut(g(&lo.x_proj)),
             di,
@@ -213,8 +237,8 @@ pub(super) fn backward(
             m,
             di,
             ldbc,
-            op(&ddbc, ldbc),
-            op(&w(&lo.x_proj), di).with_bf16(half(pb, &lo.x_proj).as_ref()),
+            op(&ddbc, ldbc).with_bf16(ddbc_h),
+            op(&w(&lo.x_proj), di).with_bf16(half(pb, &lo.x_proj)),
             1.0,
             &mut ws.du.as_view_mut(),
             di,
@@ -277,13 +301,14 @@ pub(super) fn backward(
 
         // in_proj.
         let dxz = ws.dxz.as_view();
+        let dxz_h = cast_copy(e, &dxz, ws.grad_h.as_mut())?;
         e.blas.gemm(
             "in_proj dW",
             2 * di,
             d,
             m,
-            op_t(&dxz, 2 * di),
-            op(&a.xn.as_view(), d),
+            op_t(&dxz, 2 * di).with_bf16(again(&dxz_h)),
+            op(a.xn.elems(), d),
             0.0,
             &mut grads.slice_mut(g(&lo.in_proj)),
             d,
@@ -293,8 +318,8 @@ pub(super) fn backward(
             m,
             d,
             2 * di,
-            op(&dxz, 2 * di),
-            op(&w(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj).as_ref()),
+            op(&dxz, 2 * di).with_bf16(dxz_h),
+            op(&w(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj)),
             0.0,
             &mut ws.dxn.as_view_mut(),
             d,

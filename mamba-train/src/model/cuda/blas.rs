@@ -16,7 +16,9 @@
 //!     compute type `CUBLAS_COMPUTE_32F` (f32 accumulation and output). An
 //!     operand is cast to bf16 (round to nearest even, the `mamba_cast_bf16`
 //!     kernel) before the call unless the caller passes its bf16 copy
-//!     ([`Operand::bf16`]: the weights, cast once per pass).
+//!     ([`Elems::F32AndBf16`]: the weights, cast once per pass, and the
+//!     activations the model casts once for every GEMM that reads them) or
+//!     holds the operand in bf16 only ([`Elems::Bf16`]).
 //!
 //!   The `cublasGemmEx` calls pass `CUBLAS_GEMM_DEFAULT`: cuBLAS's own
 //!   heuristic, whose choice is a function of the shape, types, GPU model,
@@ -144,22 +146,75 @@ impl std::fmt::Debug for Blas {
     }
 }
 
-/// One operand of [`Blas::gemm`]: a row-major matrix view, its leading
-/// dimension, and whether it enters transposed.
-pub struct Operand<'a, 'b> {
-    pub data: &'a CudaView<'b, f32>,
-    pub ld: usize,
-    pub trans: bool,
-    /// `data` already cast to bf16 (the same extents and leading
-    /// dimension), used by a [`Precision::Bf16`] GEMM instead of casting
-    /// `data` itself; ignored in the other precisions.
-    pub bf16: Option<&'a CudaView<'b, u16>>,
+/// Where the elements of a GEMM operand are held (views: cheap handles on
+/// device memory borrowed for `'b`).
+pub enum Elems<'b> {
+    /// f32 only: a [`Precision::Bf16`] GEMM casts them itself (into its
+    /// scratch, every call).
+    F32(CudaView<'b, f32>),
+    /// f32 with their bf16 copy (the same extents and leading dimension,
+    /// rounded by `mamba_cast_bf16`): a bf16 GEMM reads the copy, the
+    /// other precisions the f32 values.
+    F32AndBf16(CudaView<'b, f32>, CudaView<'b, u16>),
+    /// bf16 only (an activation stored in bf16): usable by a bf16 GEMM
+    /// only; any other precision refuses it, as it has no f32 values.
+    Bf16(CudaView<'b, u16>),
 }
 
-impl<'a, 'b> Operand<'a, 'b> {
-    /// This operand with its bf16 copy (see [`Operand::bf16`]).
-    pub fn with_bf16(self, bf16: Option<&'a CudaView<'b, u16>>) -> Self {
-        Operand { bf16, ..self }
+impl<'b> From<&CudaView<'b, f32>> for Elems<'b> {
+    fn from(v: &CudaView<'b, f32>) -> Self {
+        Elems::F32(v.slice(..))
+    }
+}
+
+impl<'b> From<&CudaView<'b, u16>> for Elems<'b> {
+    fn from(v: &CudaView<'b, u16>) -> Self {
+        Elems::Bf16(v.slice(..))
+    }
+}
+
+/// One operand of [`Blas::gemm`]: a row-major matrix, its leading
+/// dimension, and whether it enters transposed.
+pub struct Operand<'b> {
+    pub elems: Elems<'b>,
+    pub ld: usize,
+    pub trans: bool,
+}
+
+impl<'b> Operand<'b> {
+    /// This operand with `bf16`, the bf16 copy of its f32 elements, when
+    /// there is one (see [`Elems::F32AndBf16`]); an operand already holding
+    /// bf16 elements is returned as it is.
+    pub fn with_bf16(self, bf16: Option<CudaView<'b, u16>>) -> Self {
+        let elems = match (self.elems, bf16) {
+            (Elems::F32(f), Some(h)) => Elems::F32AndBf16(f, h),
+            (e, _) => e,
+        };
+        Operand { elems, ..self }
+    }
+
+    /// Elements held, for the extent check of a GEMM of `precision`: those
+    /// of the copy that GEMM reads.
+    fn len_for(&self, what: &str, name: &str, precision: Precision) -> Result<usize> {
+        match (&self.elems, precision) {
+            (Elems::F32(f), _) => Ok(f.len()),
+            (Elems::F32AndBf16(_, h), Precision::Bf16) | (Elems::Bf16(h), Precision::Bf16) => {
+                Ok(h.len())
+            }
+            (Elems::F32AndBf16(f, _), _) => Ok(f.len()),
+            (Elems::Bf16(_), p) => Err(TrainError::Config(format!(
+                "GEMM {what}: operand {name} is held in bf16 only; a {p} GEMM needs its f32 values"
+            ))),
+        }
+    }
+
+    /// The f32 elements (the f32 and tf32 GEMMs; `len_for` has already
+    /// refused a bf16-only operand there).
+    fn f32(&self, what: &str) -> Result<&CudaView<'b, f32>> {
+        match &self.elems {
+            Elems::F32(f) | Elems::F32AndBf16(f, _) => Ok(f),
+            Elems::Bf16(_) => Err(cuda_err(format!("GEMM {what}"), "a bf16-only operand")),
+        }
     }
 }
 
@@ -245,16 +300,17 @@ impl Blas {
         m: usize,
         n: usize,
         k: usize,
-        a: Operand<'_, '_>,
-        b: Operand<'_, '_>,
+        a: Operand<'_>,
+        b: Operand<'_>,
         beta: f32,
         c: &mut CudaViewMut<'_, f32>,
         ldc: usize,
     ) -> Result<()> {
         let (a_rows, a_cols) = if a.trans { (k, m) } else { (m, k) };
         let (b_rows, b_cols) = if b.trans { (n, k) } else { (k, n) };
-        check(what, "A", a.data.len(), a_rows, a_cols, a.ld)?;
-        check(what, "B", b.data.len(), b_rows, b_cols, b.ld)?;
+        let p = self.precision;
+        check(what, "A", a.len_for(what, "A", p)?, a_rows, a_cols, a.ld)?;
+        check(what, "B", b.len_for(what, "B", p)?, b_rows, b_cols, b.ld)?;
         check(what, "C", c.len(), m, n, ldc)?;
         if m == 0 || n == 0 {
             return Ok(());
@@ -286,14 +342,19 @@ impl Blas {
             ldc: int(ldc.max(1), "ldc")?,
         };
         let ran = match self.precision {
-            // SAFETY: the three extents were checked against the views above,
-            // so cuBLAS reads and writes inside them; C is borrowed mutably
-            // and so does not alias A or B.
-            Precision::F32 => unsafe { self.handle.gemm(cfg, b.data, a.data, c) },
+            // SAFETY (every arm): the three extents were checked against the
+            // views each precision reads (len_for), so cuBLAS reads and
+            // writes inside them; C is borrowed mutably and so does not
+            // alias A or B.
+            Precision::F32 => {
+                let (fa, fb) = (a.f32(what)?, b.f32(what)?);
+                // SAFETY: as above.
+                unsafe { self.handle.gemm(cfg, fb, fa, c) }
+            }
             Precision::Tf32 => {
                 let s = &self.stream;
-                let (pa, _ra) = b.data.device_ptr(s);
-                let (pb, _rb) = a.data.device_ptr(s);
+                let (pa, _ra) = b.f32(what)?.device_ptr(s);
+                let (pb, _rb) = a.f32(what)?.device_ptr(s);
                 let (pc, _rc) = c.device_ptr_mut(s);
                 // SAFETY: as for f32: f32 A, B and C with the checked extents.
                 unsafe {
@@ -323,9 +384,9 @@ impl Blas {
                     Half::Scratch => sb_ptr(sa, s)?,
                 };
                 let (pc, _rc) = c.device_ptr_mut(s);
-                // SAFETY: the bf16 operands have the f32 operands' checked
-                // extents (a given copy is checked in bf16_of, a scratch copy
-                // holds the whole span), C is f32 with its checked extent.
+                // SAFETY: a given bf16 copy's extent was checked above, a
+                // scratch copy holds the operand's whole span; C is f32 with
+                // its checked extent.
                 unsafe {
                     gemm_ex(
                         *self.handle.handle(),
@@ -346,25 +407,20 @@ impl Blas {
     }
 
     /// The bf16 form of operand `op` (`name` of GEMM `what`, `need`
-    /// elements from its start): its given copy, checked, or a cast into
-    /// `slot` (grown as needed).
-    fn bf16_of<'v>(
+    /// elements from its start): its bf16 copy (whose extent the caller has
+    /// checked), or its f32 elements cast into `slot` (grown as needed).
+    fn bf16_of<'v, 'b>(
         &self,
         what: &str,
         name: &str,
-        op: &Operand<'v, '_>,
+        op: &'v Operand<'b>,
         need: usize,
         slot: &mut Option<CudaSlice<u16>>,
-    ) -> Result<Half<'v>> {
-        if let Some(v) = op.bf16 {
-            if v.len() < need {
-                return Err(TrainError::Config(format!(
-                    "GEMM {what}: the bf16 copy of {name} has {} elements, it needs {need}",
-                    v.len()
-                )));
-            }
-            return Ok(Half::Given(v));
-        }
+    ) -> Result<Half<'v, 'b>> {
+        let f = match &op.elems {
+            Elems::F32AndBf16(_, h) | Elems::Bf16(h) => return Ok(Half::Given(h)),
+            Elems::F32(f) => f,
+        };
         let kernels = self
             .kernels
             .as_ref()
@@ -380,16 +436,36 @@ impl Blas {
         let buf = slot
             .as_mut()
             .ok_or_else(|| cuda_err("casting a GEMM operand", "no scratch"))?;
-        let src = op.data.slice(0..need);
+        let src = f.slice(0..need);
         kernels.cast_bf16(&self.stream, &src, &mut buf.slice_mut(0..need), need)?;
         Ok(Half::Scratch)
+    }
+
+    /// `dst[..src.len()]` = `src` cast to bf16 (`mamba_cast_bf16`): the
+    /// copy a caller keeps to give several bf16 GEMMs one operand
+    /// ([`Elems::F32AndBf16`]) instead of each casting it again. Only for a
+    /// [`Precision::Bf16`] handle (the others have no cast kernel).
+    pub fn cast_into(&self, src: &CudaView<'_, f32>, dst: &mut CudaSlice<u16>) -> Result<()> {
+        let n = src.len();
+        let kernels = self
+            .kernels
+            .as_ref()
+            .ok_or_else(|| cuda_err("casting to bf16", "a handle of precision bf16 only"))?;
+        if dst.len() < n {
+            return Err(TrainError::Config(format!(
+                "bf16 copy: {n} elements into a buffer of {}",
+                dst.len()
+            )));
+        }
+        kernels.cast_bf16(&self.stream, src, &mut dst.slice_mut(0..n), n)?;
+        Ok(())
     }
 }
 
 /// Where a bf16 GEMM reads an operand from.
-enum Half<'v> {
+enum Half<'v, 'b> {
     /// The caller's copy.
-    Given(&'v CudaView<'v, u16>),
+    Given(&'v CudaView<'b, u16>),
     /// The operand's scratch slot, just cast.
     Scratch,
 }

@@ -16,38 +16,31 @@
 //! ```
 
 use cudarc::driver::CudaSlice;
-use kernels::mamba::{ScanForward, ScanInputs};
+use kernels::mamba::{ScanForward, ScanInputs, ScanShape};
 
-use super::blas::Operand;
-use super::workspace::Workspace;
+use super::blas::{Elems, Operand};
+use super::workspace::{LayerActs, Workspace};
 use super::Engine;
 use crate::config::{ModelConfig, RMS_EPS};
 use crate::error::{Result, TrainError};
-use crate::params::ParamLayout;
+use crate::params::{LayerOffsets, ParamLayout};
 
-/// `A` (not transposed) with leading dimension `ld`.
-pub(super) fn op<'a, 'b>(
-    data: &'a cudarc::driver::CudaView<'b, f32>,
-    ld: usize,
-) -> Operand<'a, 'b> {
+/// `A` (not transposed) with leading dimension `ld`; its elements f32 or
+/// bf16 (a view of either).
+pub(super) fn op<'b>(elems: impl Into<Elems<'b>>, ld: usize) -> Operand<'b> {
     Operand {
-        data,
+        elems: elems.into(),
         ld,
         trans: false,
-        bf16: None,
     }
 }
 
 /// `A^T` (stored untransposed) with leading dimension `ld`.
-pub(super) fn op_t<'a, 'b>(
-    data: &'a cudarc::driver::CudaView<'b, f32>,
-    ld: usize,
-) -> Operand<'a, 'b> {
+pub(super) fn op_t<'b>(elems: impl Into<Elems<'b>>, ld: usize) -> Operand<'b> {
     Operand {
-        data,
+        elems: elems.into(),
         ld,
         trans: true,
-        bf16: None,
     }
 }
 
@@ -57,6 +50,27 @@ pub(super) fn half<'p>(
     range: &std::ops::Range<usize>,
 ) -> Option<cudarc::driver::CudaView<'p, u16>> {
     pb.map(|h| h.slice(range.clone()))
+}
+
+/// bf16 runs (`dst` given): `src` cast into `dst` once, the copy every GEMM
+/// reading `src` shares (see [`Workspace`]'s docs); otherwise nothing.
+pub(super) fn cast_copy<'h>(
+    e: &Engine,
+    src: &cudarc::driver::CudaView<'_, f32>,
+    dst: Option<&'h mut CudaSlice<u16>>,
+) -> Result<Option<cudarc::driver::CudaView<'h, u16>>> {
+    let Some(dst) = dst else {
+        return Ok(None);
+    };
+    e.blas.cast_into(src, dst)?;
+    Ok(Some(dst.slice(0..src.len())))
+}
+
+/// A second handle on the same bf16 copy (for the second GEMM sharing it).
+pub(super) fn again<'h>(
+    h: &Option<cudarc::driver::CudaView<'h, u16>>,
+) -> Option<cudarc::driver::CudaView<'h, u16>> {
+    h.as_ref().map(|v| v.slice(..))
 }
 
 /// Run the forward pass of `p` over the tokens already in `ws.tokens`,
@@ -70,15 +84,8 @@ pub(super) fn forward(
     pb: Option<&CudaSlice<u16>>,
     ws: &mut Workspace,
 ) -> Result<()> {
-    let (t, m) = (ws.seq_len, ws.batch * ws.seq_len);
-    let (d, di, r, k, v) = (
-        cfg.d_model,
-        cfg.d_inner(),
-        cfg.dt_rank,
-        cfg.d_conv,
-        cfg.vocab_size,
-    );
-    let ldbc = r + 2 * cfg.d_state;
+    let m = ws.batch * ws.seq_len;
+    let (d, v) = (cfg.d_model, cfg.vocab_size);
     let shape = Workspace::scan_shape(cfg, ws.batch, ws.seq_len);
     let (s, kr) = (&e.stream, &e.kernels);
 
@@ -94,110 +101,19 @@ pub(super) fn forward(
 
     for (l, lo) in lay.layers.iter().enumerate() {
         let (before, after) = ws.resid.split_at_mut(l + 1);
-        let (x_in, x_out) = (&before[l], &mut after[0]);
-        let a = &mut ws.layers[l];
-        let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
-
-        kr.rmsnorm_fwd(
-            s,
-            &x_in.as_view(),
-            &w(&lo.norm),
-            &mut a.xn.as_view_mut(),
-            &mut a.rstd.as_view_mut(),
-            m,
-            d,
-            RMS_EPS,
-        )?;
-        e.blas.gemm(
-            "in_proj",
-            m,
-            2 * di,
-            d,
-            op(&a.xn.as_view(), d),
-            op_t(&w(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj).as_ref()),
-            0.0,
-            &mut a.xz.as_view_mut(),
-            2 * di,
-        )?;
-        kr.conv_fwd(
-            s,
-            &a.xz.as_view(),
-            2 * di,
-            &w(&lo.conv_w),
-            &w(&lo.conv_b),
-            &mut a.u.as_view_mut(),
-            m,
-            t,
-            di,
-            k,
-        )?;
-        e.blas.gemm(
-            "x_proj",
-            m,
-            ldbc,
-            di,
-            op(&a.u.as_view(), di),
-            op_t(&w(&lo.x_proj), di).with_bf16(half(pb, &lo.x_proj).as_ref()),
-            0.0,
-            &mut a.dbc.as_view_mut(),
-            ldbc,
-        )?;
-        e.blas.gemm(
-            "dt_proj",
-            m,
-            di,
-            r,
-            op(&a.dbc.as_view(), ldbc),
-            op_t(&w(&lo.dt_proj_w), r).with_bf16(half(pb, &lo.dt_proj_w).as_ref()),
-            0.0,
-            &mut a.dt.as_view_mut(),
-            di,
-        )?;
-        kr.dt_softplus(s, &mut a.dt.as_view_mut(), &w(&lo.dt_proj_b), m, di)?;
-
-        let (u, dt, bc, a_log, dpar) = (
-            a.u.as_view(),
-            a.dt.as_view(),
-            a.dbc.slice(r..),
-            w(&lo.a_log),
-            w(&lo.d),
-        );
-        let z = a.xz.slice(di..);
-        kr.scan_forward(
-            s,
+        let acts = ws.acts.slot_mut(l);
+        block_forward(
+            e,
+            cfg,
+            lo,
+            (p, pb),
             shape,
-            ScanInputs {
-                u: &u,
-                dt: &dt,
-                bc: &bc,
-                ldbc,
-                a_log: &a_log,
-                d: &dpar,
-            },
-            ScanForward {
-                z: &z,
-                ldz: 2 * di,
-                hin: &mut a.hin.as_view_mut(),
-                y: &mut a.y.as_view_mut(),
-                out: &mut a.g.as_view_mut(),
-            },
+            &before[l],
+            Some(&mut after[0]),
+            acts,
+            &mut ws.stage,
         )?;
-
-        s.memcpy_dtod(x_in, x_out).map_err(|e| TrainError::Cuda {
-            what: format!("copying the residual stream of layer {l}"),
-            detail: e.to_string(),
-        })?;
-        e.blas.gemm(
-            "out_proj",
-            m,
-            d,
-            di,
-            op(&a.g.as_view(), di),
-            op_t(&w(&lo.out_proj), di).with_bf16(half(pb, &lo.out_proj).as_ref()),
-            1.0,
-            &mut x_out.as_view_mut(),
-            d,
-        )?;
+        ws.acts.resident = Some(l);
     }
 
     let last = &ws.resid[cfg.n_layer];
@@ -211,6 +127,144 @@ pub(super) fn forward(
         m,
         d,
         RMS_EPS,
+    )?;
+    Ok(())
+}
+
+/// One block's forward pass from `x_in`: its activations into `a` (what
+/// its backward pass reads) and, when `x_out` is given, its output
+/// `x_in + Mixer(RMSNorm(x_in))` into `x_out`. Without `x_out` it is the
+/// recomputation of the activations alone (`--recompute`): the same kernels
+/// on the same input, so the same bits as the forward pass left.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_forward(
+    e: &Engine,
+    cfg: &ModelConfig,
+    lo: &LayerOffsets,
+    (p, pb): (&CudaSlice<f32>, Option<&CudaSlice<u16>>),
+    shape: ScanShape,
+    x_in: &CudaSlice<f32>,
+    x_out: Option<&mut CudaSlice<f32>>,
+    a: &mut LayerActs,
+    stage: &mut Option<CudaSlice<f32>>,
+) -> Result<()> {
+    let (t, m) = (shape.seq_len, shape.batch * shape.seq_len);
+    let (d, di, r, k) = (cfg.d_model, cfg.d_inner(), cfg.dt_rank, cfg.d_conv);
+    let ldbc = r + 2 * cfg.d_state;
+    let (s, kr) = (&e.stream, &e.kernels);
+    let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
+
+    {
+        let (xn, xn_h) = a.xn.produce(stage)?;
+        kr.rmsnorm_fwd(
+            s,
+            &x_in.as_view(),
+            &w(&lo.norm),
+            &mut xn.as_view_mut(),
+            &mut a.rstd.as_view_mut(),
+            m,
+            d,
+            RMS_EPS,
+        )?;
+        let xn = xn.slice(0..m * d);
+        e.blas.gemm(
+            "in_proj",
+            m,
+            2 * di,
+            d,
+            op(&xn, d).with_bf16(cast_copy(e, &xn, xn_h)?),
+            op_t(&w(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj)),
+            0.0,
+            &mut a.xz.as_view_mut(),
+            2 * di,
+        )?;
+    }
+    kr.conv_fwd(
+        s,
+        &a.xz.as_view(),
+        2 * di,
+        &w(&lo.conv_w),
+        &w(&lo.conv_b),
+        &mut a.u.as_view_mut(),
+        m,
+        t,
+        di,
+        k,
+    )?;
+    let u_h = cast_copy(e, &a.u.as_view(), a.u_h.as_mut())?;
+    e.blas.gemm(
+        "x_proj",
+        m,
+        ldbc,
+        di,
+        op(&a.u.as_view(), di).with_bf16(u_h),
+        op_t(&w(&lo.x_proj), di).with_bf16(half(pb, &lo.x_proj)),
+        0.0,
+        &mut a.dbc.as_view_mut(),
+        ldbc,
+    )?;
+    let dbc_h = cast_copy(e, &a.dbc.as_view(), a.dbc_h.as_mut())?;
+    e.blas.gemm(
+        "dt_proj",
+        m,
+        di,
+        r,
+        op(&a.dbc.as_view(), ldbc).with_bf16(dbc_h),
+        op_t(&w(&lo.dt_proj_w), r).with_bf16(half(pb, &lo.dt_proj_w)),
+        0.0,
+        &mut a.dt.as_view_mut(),
+        di,
+    )?;
+    kr.dt_softplus(s, &mut a.dt.as_view_mut(), &w(&lo.dt_proj_b), m, di)?;
+
+    let (u, dt, bc, a_log, dpar) = (
+        a.u.as_view(),
+        a.dt.as_view(),
+        a.dbc.slice(r..),
+        w(&lo.a_log),
+        w(&lo.d),
+    );
+    let z = a.xz.slice(di..);
+    let (g, g_h) = a.g.produce(stage)?;
+    kr.scan_forward(
+        s,
+        shape,
+        ScanInputs {
+            u: &u,
+            dt: &dt,
+            bc: &bc,
+            ldbc,
+            a_log: &a_log,
+            d: &dpar,
+        },
+        ScanForward {
+            z: &z,
+            ldz: 2 * di,
+            hin: &mut a.hin.as_view_mut(),
+            y: &mut a.y.as_view_mut(),
+            out: &mut g.slice_mut(0..m * di),
+        },
+    )?;
+    let g = g.slice(0..m * di);
+    let g_h = cast_copy(e, &g, g_h)?;
+
+    let Some(x_out) = x_out else {
+        return Ok(());
+    };
+    s.memcpy_dtod(x_in, x_out).map_err(|e| TrainError::Cuda {
+        what: "copying the residual stream".into(),
+        detail: e.to_string(),
+    })?;
+    e.blas.gemm(
+        "out_proj",
+        m,
+        d,
+        di,
+        op(&g, di).with_bf16(g_h),
+        op_t(&w(&lo.out_proj), di).with_bf16(half(pb, &lo.out_proj)),
+        1.0,
+        &mut x_out.as_view_mut(),
+        d,
     )?;
     Ok(())
 }

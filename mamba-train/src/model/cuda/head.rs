@@ -19,7 +19,7 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::forward::{half, op, op_t};
+use super::forward::{again, cast_copy, half, op, op_t};
 use super::workspace::Workspace;
 use super::Engine;
 use crate::config::ModelConfig;
@@ -65,17 +65,19 @@ pub(super) fn head_loss(
     let emb = p.slice(lay.embedding.clone());
     let emb_half = half(pb, &lay.embedding);
     let write_grad = matches!(out, HeadOutput::LossAndGrad(_));
+    let xf_all = cast_copy(e, &ws.xf.as_view(), ws.xf_h.as_mut())?;
     for (i, r) in chunks(rows, ws.loss_rows).enumerate() {
         let n = r.len();
         let xf = ws.xf.slice(r.start * d..r.end * d);
+        let xf_h = || xf_all.as_ref().map(|h| h.slice(r.start * d..r.end * d));
         let mut logits = ws.logits.slice_mut(0..n * v);
         e.blas.gemm(
             "lm_head",
             n,
             v,
             d,
-            op(&xf, d),
-            op_t(&emb, d).with_bf16(emb_half.as_ref()),
+            op(&xf, d).with_bf16(xf_h()),
+            op_t(&emb, d).with_bf16(emb_half.as_ref().map(|h| h.slice(..))),
             0.0,
             &mut logits,
             v,
@@ -92,13 +94,14 @@ pub(super) fn head_loss(
         )?;
         if let HeadOutput::LossAndGrad(grads) = &mut out {
             let dlogits = ws.logits.slice(0..n * v);
+            let dlogits_h = cast_copy(e, &dlogits, ws.dlogits_h.as_mut())?;
             e.blas.gemm(
                 "lm_head dx",
                 n,
                 d,
                 v,
-                op(&dlogits, v),
-                op(&emb, d).with_bf16(emb_half.as_ref()),
+                op(&dlogits, v).with_bf16(again(&dlogits_h)),
+                op(&emb, d).with_bf16(emb_half.as_ref().map(|h| h.slice(..))),
                 0.0,
                 &mut ws.dxn.slice_mut(r.start * d..r.end * d),
                 d,
@@ -108,8 +111,8 @@ pub(super) fn head_loss(
                 v,
                 d,
                 n,
-                op_t(&dlogits, v),
-                op(&xf, d),
+                op_t(&dlogits, v).with_bf16(dlogits_h),
+                op(&xf, d).with_bf16(xf_h()),
                 if i == 0 { 0.0 } else { 1.0 },
                 &mut grads.slice_mut(lay.embedding.clone()),
                 d,
@@ -142,16 +145,18 @@ pub(super) fn head_logits(
     let emb = p.slice(lay.embedding.clone());
     let emb_half = half(pb, &lay.embedding);
     let mut host = vec![0.0f32; rows * v];
+    let xf_all = cast_copy(e, &ws.xf.as_view(), ws.xf_h.as_mut())?;
     for r in chunks(rows, ws.loss_rows) {
         let n = r.len();
         let xf = ws.xf.slice(r.start * d..r.end * d);
+        let xf_h = xf_all.as_ref().map(|h| h.slice(r.start * d..r.end * d));
         e.blas.gemm(
             "lm_head",
             n,
             v,
             d,
-            op(&xf, d),
-            op_t(&emb, d).with_bf16(emb_half.as_ref()),
+            op(&xf, d).with_bf16(xf_h),
+            op_t(&emb, d).with_bf16(emb_half.as_ref().map(|h| h.slice(..))),
             0.0,
             &mut ws.logits.slice_mut(0..n * v),
             v,

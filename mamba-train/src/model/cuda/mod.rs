@@ -25,8 +25,9 @@
 //! and the same code; the embedding, the norms, the conv, the scan (its
 //! state `h` and every product in it), the gate, softmax/cross-entropy, the
 //! loss mean, every column sum and the gradient norm run in f32 in all
-//! three. Stored activations are f32 in all three (this round stores no
-//! activation in bf16). What changes is the GEMMs only (all of them:
+//! three. Stored activations are f32, except in bf16 the two that only
+//! GEMMs read (the norm output and the gated output), kept as their bf16
+//! GEMM operand. What changes is the GEMMs only (all of them:
 //! in_proj, x_proj, dt_proj, out_proj, the tied LM head, forward and
 //! backward):
 //! - `f32`: cuBLAS SGEMM, f32 FMA (the reference; the bits of earlier
@@ -36,8 +37,14 @@
 //! - `bf16`: both operands rounded to bf16 (8-bit mantissa; round to
 //!   nearest even, `kernels::mamba::cast`), f32 accumulation and output. The
 //!   weights are cast once per pass from the f32 arena into a bf16 copy
-//!   (that is, after each AdamW update); activations and activation
-//!   gradients are cast right before the GEMM that reads them.
+//!   (that is, after each AdamW update); an activation or activation
+//!   gradient is cast once, where it is made, into a copy that every GEMM
+//!   reading it shares (the same bits as each GEMM casting its own:
+//!   [`CudaModel::set_bf16_copies`]).
+//!
+//! Memory: every block's activations are kept for the backward pass unless
+//! [`CudaModel::set_recompute`] (`--recompute`) keeps one block's and
+//! recomputes the others' during the backward, with the same bits.
 //!
 //! Each precision is deterministic in the sense above (same bits run to
 //! run; the reducer then makes every P at fixed L the same bits), and the
@@ -81,7 +88,7 @@ use crate::model::Batch;
 use crate::params::ParamLayout;
 use blas::Blas;
 pub use decode::CudaDecoder;
-use workspace::Workspace;
+use workspace::{Workspace, WorkspaceOptions};
 
 /// What every pass needs: the stream all work is ordered on, the kernels
 /// and the cuBLAS handle bound to that stream.
@@ -112,8 +119,10 @@ pub struct CudaModel {
     /// bf16 runs: the parameter arena cast to bf16, the weights' GEMM
     /// operands (rewritten at the start of every pass).
     params_bf16: Option<CudaSlice<u16>>,
-    /// Rows of one loss chunk ([`head::LOSS_CHUNK_ROWS`] unless set).
-    loss_chunk_rows: usize,
+    /// The loss chunk, recompute mode and bf16 copies the workspace is
+    /// built with ([`Self::set_loss_chunk_rows`], [`Self::set_recompute`],
+    /// [`Self::set_bf16_copies`]).
+    options: WorkspaceOptions,
 }
 
 impl CudaModel {
@@ -175,14 +184,18 @@ impl CudaModel {
             ws: None,
             optim: None,
             params_bf16: None,
-            loss_chunk_rows: head::LOSS_CHUNK_ROWS,
+            options: WorkspaceOptions {
+                loss_chunk_rows: head::LOSS_CHUNK_ROWS,
+                recompute: false,
+                bf16_copies: true,
+            },
         })
     }
 
     /// Rows the head and the loss take at a time ([`head`]): a batch of
     /// more rows runs them in chunks of this many, in order.
     pub fn loss_chunk_rows(&self) -> usize {
-        self.loss_chunk_rows
+        self.options.loss_chunk_rows
     }
 
     /// Set [`Self::loss_chunk_rows`] (at least 1; 0 is taken as 1). It is
@@ -190,11 +203,53 @@ impl CudaModel {
     /// other bits (the GEMMs' shapes and the order d E is summed in), the
     /// same value the same bits. The workspace is rebuilt at the next pass.
     pub fn set_loss_chunk_rows(&mut self, rows: usize) {
-        let rows = rows.max(1);
-        if rows != self.loss_chunk_rows {
-            self.loss_chunk_rows = rows;
+        self.set_options(WorkspaceOptions {
+            loss_chunk_rows: rows.max(1),
+            ..self.options
+        });
+    }
+
+    /// A workspace layout: the current workspace is dropped if it differs
+    /// (rebuilt at the next pass).
+    fn set_options(&mut self, options: WorkspaceOptions) {
+        if options != self.options {
+            self.options = options;
             self.ws = None;
         }
+    }
+
+    /// Whether the backward pass recomputes the blocks' activations
+    /// ([`Self::set_recompute`]).
+    pub fn recompute(&self) -> bool {
+        self.options.recompute
+    }
+
+    /// Keep one block's activations instead of every block's, and
+    /// recompute each block's from its input (the residual stream, still
+    /// kept for every block) just before its backward: the activation
+    /// memory of one block instead of `n_layer`, for one more forward pass
+    /// of the blocks per training step. Not part of the configuration's
+    /// bits: the recomputation runs the same kernels on the same inputs, so
+    /// losses and gradients are the same bits either way. The workspace is
+    /// rebuilt at the next pass.
+    pub fn set_recompute(&mut self, on: bool) {
+        self.set_options(WorkspaceOptions {
+            recompute: on,
+            ..self.options
+        });
+    }
+
+    /// bf16 runs: whether each GEMM operand is cast to bf16 once, into a
+    /// copy all the GEMMs reading it share, with the activations that only
+    /// GEMMs read kept in bf16 alone (on, the default), or each GEMM casts
+    /// its own operands (off: the reference path, kept to show the copies
+    /// give the same bits). No effect in the other precisions. The
+    /// workspace is rebuilt at the next pass.
+    pub fn set_bf16_copies(&mut self, on: bool) {
+        self.set_options(WorkspaceOptions {
+            bf16_copies: on,
+            ..self.options
+        });
     }
 
     /// The precision of the model's GEMMs.
@@ -290,13 +345,7 @@ impl CudaModel {
         let csr =
             TokenCsr::build(&batch.tokens, self.cfg.vocab_size)?.upload(&self.engine.stream)?;
         let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
-        let ws = prepare(
-            &self.engine,
-            &self.cfg,
-            &mut self.ws,
-            batch,
-            self.loss_chunk_rows,
-        )?;
+        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch, self.options)?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
         forward::forward(e, cfg, lay, params, pb, ws)?;
         head::head_loss(
@@ -321,13 +370,7 @@ impl CudaModel {
             return Ok(0.0);
         }
         let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
-        let ws = prepare(
-            &self.engine,
-            &self.cfg,
-            &mut self.ws,
-            batch,
-            self.loss_chunk_rows,
-        )?;
+        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch, self.options)?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
         forward::forward(e, cfg, lay, params, pb, ws)?;
         head::head_loss(e, cfg, lay, params, pb, ws, counted, head::HeadOutput::Loss)?;
@@ -342,13 +385,7 @@ impl CudaModel {
             return Ok(Vec::new());
         }
         let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
-        let ws = prepare(
-            &self.engine,
-            &self.cfg,
-            &mut self.ws,
-            batch,
-            self.loss_chunk_rows,
-        )?;
+        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch, self.options)?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
         forward::forward(e, cfg, lay, params, pb, ws)?;
         head::head_logits(e, cfg, lay, params, pb, ws)
@@ -434,18 +471,21 @@ fn cast_params<'s>(
     Ok(Some(&*half))
 }
 
-/// The workspace for `batch`'s shape in `slot` (rebuilt if the shape
-/// changed), with the batch's tokens and targets uploaded.
+/// The workspace for `batch`'s shape in `slot` (rebuilt if the shape or
+/// the recompute mode changed), with the batch's tokens and targets
+/// uploaded. A kept workspace still holds a block's activations from the
+/// previous pass, which are stale for this one: the forward pass rewrites
+/// them (and `resident`) before anything reads them.
 fn prepare<'w>(
     e: &Engine,
     cfg: &ModelConfig,
     slot: &'w mut Option<Workspace>,
     batch: &Batch,
-    loss_chunk_rows: usize,
+    options: WorkspaceOptions,
 ) -> Result<&'w mut Workspace> {
-    let same = slot
-        .as_ref()
-        .is_some_and(|w| w.batch == batch.batch && w.seq_len == batch.seq_len);
+    let same = slot.as_ref().is_some_and(|w| {
+        w.batch == batch.batch && w.seq_len == batch.seq_len && w.options == options
+    });
     if !same {
         *slot = None; // free the old one first: the peak is one workspace
         *slot = Some(Workspace::new(
@@ -453,7 +493,8 @@ fn prepare<'w>(
             cfg,
             batch.batch,
             batch.seq_len,
-            loss_chunk_rows,
+            options,
+            e.blas.precision() == Precision::Bf16,
         )?);
     }
     let ws = slot

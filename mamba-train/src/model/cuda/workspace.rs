@@ -1,6 +1,14 @@
 //! Device buffers of one forward/backward shape: the activations the
 //! backward pass reads, and the scratch both passes share.
 //!
+//! In bf16 runs every GEMM operand is cast to bf16 once, where it is made,
+//! into a copy that all the GEMMs reading it share (forward and backward);
+//! an activation read by GEMMs only (the norm output, the gated output) is
+//! kept in bf16 only ([`GemmInput::Bf16`]), its f32 values passing through
+//! the shared [`Workspace::stage`]. The copies round exactly as a GEMM
+//! casting its own operand would (`mamba_cast_bf16`), so the bits are those
+//! of casting per GEMM; what changes is the casts' count and the bytes kept.
+//!
 //! Sized for one `(batch, seq_len)`; [`super::CudaModel`] rebuilds it when a
 //! batch of another shape arrives (dropping the old one first, so the peak
 //! is one workspace). Every buffer is zero-filled at allocation, so no
@@ -12,42 +20,141 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use kernels::mamba::{MambaKernels, ScanShape};
 
+use super::blas::Elems;
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
+
+/// An activation whose only readers are GEMMs: f32, or in bf16 runs its
+/// bf16 copy only (made from [`Workspace::stage`], see the module docs).
+pub(crate) enum GemmInput {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<u16>),
+}
+
+impl GemmInput {
+    /// The elements the GEMMs read.
+    pub fn elems(&self) -> Elems<'_> {
+        match self {
+            GemmInput::F32(x) => Elems::F32(x.as_view()),
+            GemmInput::Bf16(h) => Elems::Bf16(h.as_view()),
+        }
+    }
+
+    /// Where the producer writes the f32 values (this buffer, or `stage`
+    /// in bf16 runs), and the bf16 copy to cast them into afterwards.
+    pub fn produce<'s>(
+        &'s mut self,
+        stage: &'s mut Option<CudaSlice<f32>>,
+    ) -> Result<(&'s mut CudaSlice<f32>, Option<&'s mut CudaSlice<u16>>)> {
+        match self {
+            GemmInput::F32(x) => Ok((x, None)),
+            GemmInput::Bf16(h) => {
+                let st = stage.as_mut().ok_or_else(|| TrainError::Cuda {
+                    what: "staging a bf16 activation".into(),
+                    detail: "the workspace has no stage buffer".into(),
+                })?;
+                Ok((st, Some(h)))
+            }
+        }
+    }
+}
 
 /// What one block's backward pass needs from its forward pass.
 pub(crate) struct LayerActs {
     /// 1/rms of each row of the block's input, `[rows]`.
     pub rstd: CudaSlice<f32>,
     /// RMSNorm output, `[rows, d_model]` (in_proj's input).
-    pub xn: CudaSlice<f32>,
+    pub xn: GemmInput,
     /// in_proj output, `[rows, 2 d_inner]`: x then z.
     pub xz: CudaSlice<f32>,
     /// `SiLU(conv(x))`, `[rows, d_inner]`.
     pub u: CudaSlice<f32>,
+    /// bf16 runs: `u`'s bf16 copy (x_proj's input; the scan reads `u`).
+    pub u_h: Option<CudaSlice<u16>>,
     /// x_proj output, `[rows, dt_rank + 2 d_state]`: dt_raw, B, C.
     pub dbc: CudaSlice<f32>,
+    /// bf16 runs: `dbc`'s bf16 copy (dt_proj reads its dt_raw columns).
+    pub dbc_h: Option<CudaSlice<u16>>,
     /// `softplus(dt_proj(dt_raw) + bias)`, `[rows, d_inner]`.
     pub dt: CudaSlice<f32>,
     /// Scan output `C.h + D u`, `[rows, d_inner]`.
     pub y: CudaSlice<f32>,
     /// Gated output `y SiLU(z)`, `[rows, d_inner]` (out_proj's input).
-    pub g: CudaSlice<f32>,
+    pub g: GemmInput,
     /// The scan's chunk entry states ([`ScanShape::state_len`]).
     pub hin: CudaSlice<f32>,
+}
+
+/// The blocks' activations: one set per block, or with `--recompute` one
+/// set that all blocks share. Shared, the forward pass leaves the last
+/// block's activations in it and the backward pass recomputes each earlier
+/// block's from its input on the residual stream (kept for every block)
+/// just before its backward: one block's activations in memory instead of
+/// `n_layer`, for one more forward pass of the blocks. The recomputation
+/// runs the same kernels on the same inputs, so the bits are the same.
+pub(crate) struct BlockActs {
+    sets: Vec<LayerActs>,
+    shared: bool,
+    /// The block whose activations the sets hold when shared (`None`: none
+    /// yet); the forward pass sets it, the backward's recomputation too.
+    pub resident: Option<usize>,
+}
+
+impl BlockActs {
+    /// Whether one set is shared by all blocks (`--recompute`).
+    pub fn shared(&self) -> bool {
+        self.shared
+    }
+
+    /// Block `l`'s activations (the shared set when shared: see
+    /// `resident` for whose they are).
+    pub fn slot(&self, l: usize) -> &LayerActs {
+        &self.sets[if self.shared { 0 } else { l }]
+    }
+
+    /// Block `l`'s activations, to write.
+    pub fn slot_mut(&mut self, l: usize) -> &mut LayerActs {
+        &mut self.sets[if self.shared { 0 } else { l }]
+    }
+}
+
+/// How a workspace is laid out, besides the batch shape (the model's
+/// settings; a change rebuilds the workspace at the next pass).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WorkspaceOptions {
+    /// Rows of one loss chunk (at least 1).
+    pub loss_chunk_rows: usize,
+    /// One set of block activations for all blocks ([`BlockActs`]).
+    pub recompute: bool,
+    /// bf16 runs: the shared bf16 copies of the module docs; without them
+    /// each GEMM casts its own operands (the reference path: the same bits,
+    /// more casts and more memory).
+    pub bf16_copies: bool,
 }
 
 /// All device buffers of one shape.
 pub(crate) struct Workspace {
     pub batch: usize,
     pub seq_len: usize,
+    pub options: WorkspaceOptions,
     /// Residual stream: `resid[l]` enters block `l`, `resid[n_layer]` leaves
     /// the last one; each `[rows, d_model]`.
     pub resid: Vec<CudaSlice<f32>>,
-    pub layers: Vec<LayerActs>,
+    pub acts: BlockActs,
     /// Final norm's 1/rms `[rows]` and output `[rows, d_model]`.
     pub rstd_f: CudaSlice<f32>,
     pub xf: CudaSlice<f32>,
+    /// bf16 runs: `xf`'s bf16 copy (the head's GEMMs read it).
+    pub xf_h: Option<CudaSlice<u16>>,
+    /// bf16 runs: f32 values of a [`GemmInput::Bf16`] between its producer
+    /// and its cast, `[rows, max(d_model, d_inner)]`.
+    pub stage: Option<CudaSlice<f32>>,
+    /// bf16 runs: the bf16 copy of the output gradient the two GEMMs of one
+    /// linear layer's backward share (`[rows, max(2 d_inner, d_model,
+    /// dt_rank + 2 d_state)]`), and of one loss chunk's logits gradient
+    /// (`[loss_rows, vocab]`).
+    pub grad_h: Option<CudaSlice<u16>>,
+    pub dlogits_h: Option<CudaSlice<u16>>,
     /// Rows of one loss chunk (`min(rows, the model's loss chunk)`): the
     /// head and the loss run over the rows this many at a time
     /// ([`super::head`]).
@@ -102,6 +209,16 @@ impl Alloc<'_> {
         self.bytes += len * std::mem::size_of::<T>();
         Ok(s)
     }
+
+    /// [`Self::zeros`] when `wanted`, nothing otherwise.
+    fn zeros_if<T: DeviceRepr + ValidAsZeroBits>(
+        &mut self,
+        wanted: bool,
+        what: &str,
+        len: usize,
+    ) -> Result<Option<CudaSlice<T>>> {
+        wanted.then(|| self.zeros(what, len)).transpose()
+    }
 }
 
 impl Workspace {
@@ -116,14 +233,22 @@ impl Workspace {
     }
 
     /// Allocate every buffer for `batch` sequences of `seq_len` tokens,
-    /// with the loss over chunks of at most `loss_chunk_rows` rows.
+    /// laid out as `options` say (the bf16 copies only if `bf16`, a bf16
+    /// run, and `options.bf16_copies`).
     pub fn new(
         stream: &Arc<CudaStream>,
         cfg: &ModelConfig,
         batch: usize,
         seq_len: usize,
-        loss_chunk_rows: usize,
+        options: WorkspaceOptions,
+        bf16: bool,
     ) -> Result<Workspace> {
+        let WorkspaceOptions {
+            loss_chunk_rows,
+            recompute,
+            bf16_copies,
+        } = options;
+        let bf16 = bf16 && bf16_copies;
         let rows = batch * seq_len;
         let loss_rows = rows.min(loss_chunk_rows.max(1));
         let (d, di, v) = (cfg.d_model, cfg.d_inner(), cfg.vocab_size);
@@ -135,18 +260,42 @@ impl Workspace {
         for l in 0..=cfg.n_layer {
             resid.push(a.zeros(&format!("residual stream {l}"), rows * d)?);
         }
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        for l in 0..cfg.n_layer {
-            let w = |s: &str| format!("layer {l} {s}");
+        let sets = if recompute {
+            1.min(cfg.n_layer)
+        } else {
+            cfg.n_layer
+        };
+        let mut layers = Vec::with_capacity(sets);
+        for l in 0..sets {
+            let w = |s: &str| {
+                if recompute {
+                    format!("shared block activations: {s}")
+                } else {
+                    format!("layer {l} {s}")
+                }
+            };
+            let mut gemm_input = |what: &str, len: usize| -> Result<GemmInput> {
+                Ok(if bf16 {
+                    GemmInput::Bf16(a.zeros(&w(&format!("{what} (bf16)")), len)?)
+                } else {
+                    GemmInput::F32(a.zeros(&w(what), len)?)
+                })
+            };
+            let (xn, g) = (
+                gemm_input("norm output", rows * d)?,
+                gemm_input("gated output", rows * di)?,
+            );
             layers.push(LayerActs {
                 rstd: a.zeros(&w("rstd"), rows)?,
-                xn: a.zeros(&w("norm output"), rows * d)?,
+                xn,
                 xz: a.zeros(&w("in_proj output"), rows * 2 * di)?,
                 u: a.zeros(&w("conv output"), rows * di)?,
+                u_h: a.zeros_if(bf16, &w("conv output (bf16)"), rows * di)?,
                 dbc: a.zeros(&w("x_proj output"), rows * ldbc)?,
+                dbc_h: a.zeros_if(bf16, &w("x_proj output (bf16)"), rows * ldbc)?,
                 dt: a.zeros(&w("dt"), rows * di)?,
                 y: a.zeros(&w("scan output"), rows * di)?,
-                g: a.zeros(&w("gated output"), rows * di)?,
+                g,
                 hin: a.zeros(&w("scan chunk states"), sl)?,
             });
         }
@@ -155,10 +304,23 @@ impl Workspace {
         let ws = Workspace {
             batch,
             seq_len,
+            options,
             resid,
-            layers,
+            acts: BlockActs {
+                sets: layers,
+                shared: recompute,
+                resident: None,
+            },
             rstd_f: a.zeros("final rstd", rows)?,
             xf: a.zeros("final norm output", rows * d)?,
+            xf_h: a.zeros_if(bf16, "final norm output (bf16)", rows * d)?,
+            stage: a.zeros_if(bf16, "bf16 activation stage", rows * d.max(di))?,
+            grad_h: a.zeros_if(
+                bf16,
+                "output gradient (bf16)",
+                rows * (2 * di).max(d).max(ldbc),
+            )?,
+            dlogits_h: a.zeros_if(bf16, "logits gradient (bf16)", loss_rows * v)?,
             loss_rows,
             logits: a.zeros("logits of one loss chunk", loss_rows * v)?,
             da_part: a.zeros("scan dA partials", shape.da_partial_len())?,
