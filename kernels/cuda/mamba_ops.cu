@@ -118,49 +118,71 @@ static __device__ __forceinline__ float conv_pre(const float* __restrict__ x, lo
     return acc;
 }
 
-// u = SiLU(conv(x)), x = xz[:, :D] (ld ldx). grid (M, ceil(D / 128)), block 128.
+// Rows a thread of the row-group kernels takes (launcher.rs ROWS_PER_THREAD;
+// the two must agree): one column c, rows m0 .. m0 + kRowsPerThread - 1 (and
+// < M), each row computed exactly as a thread of its own would (the same
+// expression, so the same bits); only the block count and the index
+// arithmetic shrink.
+constexpr int kRowsPerThread = 8;
+
+// u = SiLU(conv(x)), x = xz[:, :D] (ld ldx), for M rows.
+// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128.
 extern "C" __global__ void mamba_conv_fwd(const float* __restrict__ x, long long ldx,
                                           const float* __restrict__ w,
                                           const float* __restrict__ bias,
-                                          float* __restrict__ u, int T, int D, int K) {
-    const long long m = blockIdx.x;
+                                          float* __restrict__ u, long long M, int T, int D,
+                                          int K) {
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= D) return;
-    const int t = (int)(m % T);
-    u[m * D + c] = siluf_(conv_pre(x, ldx, w, bias, m, t, c, K));
+    const long long m0 = (long long)blockIdx.x * kRowsPerThread;
+    const long long m1 = min(M, m0 + kRowsPerThread);
+    int t = (int)(m0 % T);
+    for (long long m = m0; m < m1; ++m) {
+        u[m * D + c] = siluf_(conv_pre(x, ldx, w, bias, m, t, c, K));
+        if (++t == T) t = 0;
+    }
 }
 
 // In place: g <- g * SiLU'(pre), turning d u into d pre (pre recomputed).
-// grid (M, ceil(D / 128)), block 128.
+// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128.
 extern "C" __global__ void mamba_conv_bwd_pre(const float* __restrict__ x, long long ldx,
                                               const float* __restrict__ w,
                                               const float* __restrict__ bias,
-                                              float* __restrict__ g, int T, int D, int K) {
-    const long long m = blockIdx.x;
+                                              float* __restrict__ g, long long M, int T, int D,
+                                              int K) {
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= D) return;
-    const int t = (int)(m % T);
-    const float pre = conv_pre(x, ldx, w, bias, m, t, c, K);
-    g[m * D + c] = g[m * D + c] * dsiluf_(pre);
+    const long long m0 = (long long)blockIdx.x * kRowsPerThread;
+    const long long m1 = min(M, m0 + kRowsPerThread);
+    int t = (int)(m0 % T);
+    for (long long m = m0; m < m1; ++m) {
+        const float pre = conv_pre(x, ldx, w, bias, m, t, c, K);
+        g[m * D + c] = g[m * D + c] * dsiluf_(pre);
+        if (++t == T) t = 0;
+    }
 }
 
 // dx[b, t, c] = sum_k w[c, k] dpre[b, t + (K-1) - k, c] over the positions
 // inside the sequence, k = 0..K-1 in order; written to dx (ld ldo).
-// grid (M, ceil(D / 128)), block 128.
+// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128.
 extern "C" __global__ void mamba_conv_bwd_dx(const float* __restrict__ dpre,
                                              const float* __restrict__ w,
-                                             float* __restrict__ dx, long long ldo, int T,
-                                             int D, int K) {
-    const long long m = blockIdx.x;
+                                             float* __restrict__ dx, long long ldo, long long M,
+                                             int T, int D, int K) {
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= D) return;
-    const int t = (int)(m % T);
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k) {
-        const int fwd = K - 1 - k;
-        if (t + fwd < T) acc = acc + w[c * K + k] * dpre[(m + fwd) * D + c];
+    const long long m0 = (long long)blockIdx.x * kRowsPerThread;
+    const long long m1 = min(M, m0 + kRowsPerThread);
+    int t = (int)(m0 % T);
+    for (long long m = m0; m < m1; ++m) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k) {
+            const int fwd = K - 1 - k;
+            if (t + fwd < T) acc = acc + w[c * K + k] * dpre[(m + fwd) * D + c];
+        }
+        dx[m * ldo + c] = acc;
+        if (++t == T) t = 0;
     }
-    dx[m * ldo + c] = acc;
 }
 
 // Stage 1 of the conv weight/bias gradients. For slab s (rows
@@ -212,13 +234,17 @@ extern "C" __global__ void mamba_conv_wgrad_partial(const float* __restrict__ dp
 
 // ---------------------------------------------------- dt, gating, reductions
 
-// dt <- softplus(dt + bias[c]) in place, [M, D]. grid (M, ceil(D / 128)), block 128.
+// dt <- softplus(dt + bias[c]) in place, [M, D].
+// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128.
 extern "C" __global__ void mamba_dt_softplus(float* __restrict__ dt,
-                                             const float* __restrict__ bias, int D) {
-    const long long m = blockIdx.x;
+                                             const float* __restrict__ bias, long long M,
+                                             int D) {
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= D) return;
-    dt[m * D + c] = softplusf_(dt[m * D + c] + bias[c]);
+    const float b = bias[c];
+    const long long m0 = (long long)blockIdx.x * kRowsPerThread;
+    const long long m1 = min(M, m0 + kRowsPerThread);
+    for (long long m = m0; m < m1; ++m) dt[m * D + c] = softplusf_(dt[m * D + c] + b);
 }
 
 // Backward of out = y * SiLU(z): dy = dout * SiLU(z) -> dy (ld D);

@@ -123,7 +123,7 @@ impl MambaKernels {
         let launch = Launch {
             kernel,
             func,
-            grid: Grid::RowsByCols {
+            grid: Grid::RowGroupsByCols {
                 rows,
                 cols: d_inner,
             },
@@ -135,15 +135,17 @@ impl MambaKernels {
             Arg::In(w),
             Arg::In(bias),
             Arg::Out(out),
+            Arg::Long("rows", rows),
             Arg::Int("seq_len", seq_len),
             Arg::Int("d_inner", d_inner),
             Arg::Int("k", k),
         ];
         // SAFETY: `func` is mamba_conv_fwd or mamba_conv_bwd_pre (the callers
         // pass the one `kernel` names); both are (const float* x, long long
-        // ldx, const float* w, const float* bias, float* out, int T, int D,
-        // int K); rows are a whole number of sequences, reads stay inside
-        // the sequence, extents checked above.
+        // ldx, const float* w, const float* bias, float* out, long long M,
+        // int T, int D, int K); threads touch rows < M only, rows are a
+        // whole number of sequences, reads stay inside the sequence, extents
+        // checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
@@ -175,7 +177,7 @@ impl MambaKernels {
         let launch = Launch {
             kernel: K,
             func: &self.f.conv_bwd_dx,
-            grid: Grid::RowsByCols {
+            grid: Grid::RowGroupsByCols {
                 rows,
                 cols: d_inner,
             },
@@ -186,12 +188,14 @@ impl MambaKernels {
             Arg::In(w),
             Arg::Out(dx),
             Arg::Long("ldo", ldo),
+            Arg::Long("rows", rows),
             Arg::Int("seq_len", seq_len),
             Arg::Int("d_inner", d_inner),
             Arg::Int("k", k),
         ];
         // SAFETY: matches mamba_conv_bwd_dx(const float* dpre, const float*
-        // w, float* dx, long long ldo, int T, int D, int K); extents checked.
+        // w, float* dx, long long ldo, long long M, int T, int D, int K);
+        // threads touch rows < M only; extents checked.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 

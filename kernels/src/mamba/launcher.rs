@@ -17,6 +17,12 @@ use crate::error::KernelError;
 /// Threads per block of the row/element kernels.
 pub(crate) const THREADS: u32 = 128;
 
+/// Rows one thread of the row-group kernels takes (`kRowsPerThread` in
+/// `mamba_ops.cu`; the two must agree): their per-row work is a few flops,
+/// so with one row a thread the time went to block scheduling and index
+/// arithmetic (the conv forward at ~3x its bytes' time, ncu 2026-12-02).
+pub(crate) const ROWS_PER_THREAD: usize = 8;
+
 /// How a launch's grid is derived from the problem (every block has
 /// `block` threads; `grid_dim` is checked against CUDA's limits).
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +30,9 @@ pub(crate) enum Grid {
     /// Grid `(rows, ceil(cols / block), 1)`: one block row per row, the
     /// columns across blocks of `block` threads.
     RowsByCols { rows: usize, cols: usize },
+    /// Grid `(ceil(rows / ROWS_PER_THREAD), ceil(cols / block), 1)`: each
+    /// thread takes one column of [`ROWS_PER_THREAD`] consecutive rows.
+    RowGroupsByCols { rows: usize, cols: usize },
     /// Grid `(ceil(n / block), 1, 1)`: one thread per item.
     Flat { n: usize },
     /// The grid as given.
@@ -111,6 +120,15 @@ impl MambaKernels {
             Grid::RowsByCols { rows, cols } => {
                 grid(kernel, (rows, cols.div_ceil(block as usize), 1), block)?
             }
+            Grid::RowGroupsByCols { rows, cols } => grid(
+                kernel,
+                (
+                    rows.div_ceil(ROWS_PER_THREAD),
+                    cols.div_ceil(block as usize),
+                    1,
+                ),
+                block,
+            )?,
             Grid::Flat { n } => grid(kernel, (n.div_ceil(block as usize), 1, 1), block)?,
             Grid::Dims(x, y, z) => grid(kernel, (x, y, z), block)?,
             Grid::Checked(cfg) => cfg,

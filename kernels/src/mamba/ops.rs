@@ -215,15 +215,21 @@ impl MambaKernels {
         let launch = Launch {
             kernel: K,
             func: &self.f.dt_softplus,
-            grid: Grid::RowsByCols {
+            grid: Grid::RowGroupsByCols {
                 rows,
                 cols: d_inner,
             },
             block: THREADS,
         };
-        let mut args = [Arg::Out(dt), Arg::In(bias), Arg::Int("d_inner", d_inner)];
-        // SAFETY: matches mamba_dt_softplus(float* dt, const float* bias, int
-        // D); extents checked above.
+        let mut args = [
+            Arg::Out(dt),
+            Arg::In(bias),
+            Arg::Long("rows", rows),
+            Arg::Int("d_inner", d_inner),
+        ];
+        // SAFETY: matches mamba_dt_softplus(float* dt, const float* bias, long
+        // long M, int D); a thread touches rows < M of its column only;
+        // extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
