@@ -8,6 +8,11 @@ one GPU; and the side-by-side report of the two.
         [--json FILE]
     python3 bench_torch_step.py --report OURS.jsonl TORCH.jsonl
 
+--report reads bench_cuda_step's rows (one per size and precision; the
+bench train commands run f32, tf32 and bf16) and puts each beside this
+script's f32 row of the same size, then prints the precision issue's goals
+at the 130m shape.
+
 The step is bench_cuda_step's: forward, mean next-token cross-entropy over
 the B x (T - 1) positions with a successor (labels = input_ids), backward,
 global-norm clipping at 1.0, AdamW (beta 0.9 / 0.95, eps 1e-8, weight decay
@@ -172,14 +177,22 @@ def failure(row):
     return "out of memory" if "out of memory" in e else e[:30]
 
 
+def precision(row):
+    """A row's precision (rows from before --precision were f32)."""
+    return row.get("precision", "f32")
+
+
 def report_rows(ours, torch_rows):
-    """Side-by-side rows, by size, in ours' order (then sizes only PyTorch ran)."""
+    """Side-by-side rows: each of ours (a size in one precision) beside
+    PyTorch's f32 run of that size, in ours' order, then sizes only PyTorch
+    ran."""
     by = {r["size"]: r for r in torch_rows}
-    order = [r["size"] for r in ours] + [r["size"] for r in torch_rows if r["size"] not in {o["size"] for o in ours}]
-    mine = {r["size"]: r for r in ours}
+    order = [(r["size"], precision(r)) for r in ours]
+    order += [(r["size"], None) for r in torch_rows if r["size"] not in {o["size"] for o in ours}]
+    mine = {(r["size"], precision(r)): r for r in ours}
     out = []
-    for s in order:
-        o, p = mine.get(s), by.get(s)
+    for s, prec in order:
+        o, p = mine.get((s, prec)), by.get(s)
         gib = lambda r: f"{r['peak_bytes'] / 2**30:.2f}" if r and "peak_bytes" in r else "-"
         shape = lambda r: f"{r['batch']}x{r['seq_len']}" if r else "-"
         ok_o = o is not None and "step_ms" in o
@@ -187,7 +200,7 @@ def report_rows(ours, torch_rows):
         ratio = f"{o['tokens_per_s'] / p['tokens_per_s']:.1f}x" if ok_o and ok_p else "-"
         same = ok_o and ok_p and o["batch"] == p["batch"] and o["seq_len"] == p["seq_len"]
         out.append([
-            s,
+            s, prec or "-",
             shape(o), f"{o['step_ms']:.2f}" if ok_o else "-", f"{o['tokens_per_s']:.0f}" if ok_o else "-",
             f"{o['step_over_floor']:.2f}" if ok_o and "step_over_floor" in o else "-", gib(o),
             shape(p), f"{p['step_ms']:.1f}" if ok_p else (failure(p) if p else "not run"),
@@ -197,22 +210,39 @@ def report_rows(ours, torch_rows):
     return out
 
 
-HEADER = ["size", "ours BxT", "ours ms", "ours tok/s", "ours/floor", "ours GiB",
-          "torch BxT", "torch ms", "torch tok/s", "torch GiB", "speedup (tok/s)"]
+HEADER = ["size", "precision", "ours BxT", "ours ms", "ours tok/s", "ours/floor", "ours GiB",
+          "torch f32 BxT", "torch ms", "torch tok/s", "torch GiB", "speedup (tok/s)"]
+
+# The precision issue's goals at the 130m shape (batch 8 x 1024, one H200):
+# step time per precision, each within 2.5x of its floor, memory <= 8 GiB.
+STEP_GOAL_MS = {"bf16": 30.0, "tf32": 60.0, "f32": 180.0}
+FLOOR_GOAL = 2.5
+MEMORY_GOAL_GIB = 8.0
 
 
 def goals(ours, torch_rows):
-    """The issue's goals, where the rows allow a verdict."""
+    """The goals, where the rows allow a verdict."""
     by = {r["size"]: r for r in torch_rows if "tokens_per_s" in r}
     lines = []
+    verdict = lambda ok: "meets" if ok else "misses"
     for o in ours:
-        if "step_over_floor" in o:
-            f = o["step_over_floor"]
-            lines.append(f"{o['size']}: step/floor {f:.2f} ({'meets' if f <= 2.0 else 'misses'} the 2x goal)")
-    o = next((r for r in ours if r["size"] == "130m" and "tokens_per_s" in r), None)
-    if o and "130m" in by:
-        x = o["tokens_per_s"] / by["130m"]["tokens_per_s"]
-        lines.append(f"130m: ours/PyTorch {x:.1f}x in tokens/s ({'meets' if x >= 10 else 'misses'} the 10x goal)")
+        if "step_over_floor" not in o:
+            continue
+        name, prec, f = o["size"], precision(o), o["step_over_floor"]
+        line = f"{name} {prec}: step/floor {f:.2f} ({verdict(f <= FLOOR_GOAL)} <= {FLOOR_GOAL})"
+        if name == "130m" and o.get("batch") == 8 and o.get("seq_len") == 1024:
+            if prec in STEP_GOAL_MS:
+                g = STEP_GOAL_MS[prec]
+                line += f"; step {o['step_ms']:.1f} ms ({verdict(o['step_ms'] <= g)} <= {g:.0f} ms)"
+            if "peak_bytes" in o:
+                gib = o["peak_bytes"] / 2**30
+                extra = ", with --recompute" if o.get("recompute") else ""
+                line += f"; memory {gib:.2f} GiB{extra} ({verdict(gib <= MEMORY_GOAL_GIB)} <= {MEMORY_GOAL_GIB:.0f} GiB)"
+        lines.append(line)
+    for o in ours:
+        if o["size"] == "130m" and "tokens_per_s" in o and "130m" in by:
+            x = o["tokens_per_s"] / by["130m"]["tokens_per_s"]
+            lines.append(f"130m {precision(o)}: ours / PyTorch f32 {x:.1f}x in tokens/s")
     return lines
 
 

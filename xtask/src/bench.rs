@@ -51,6 +51,10 @@ fn reduce() -> TaskResult {
 /// says otherwise (see `bench_cuda_step.rs` for their shapes).
 const TRAIN_SIZES: &str = "small,130m,long";
 
+/// Precisions `bench_cuda_step` runs each size in unless
+/// `MAMBA_BENCH_TRAIN_PRECISIONS` says otherwise.
+const TRAIN_PRECISIONS: &str = "f32,tf32,bf16";
+
 /// The 2-GPU scaling program's slot: an example of `mamba-train` that
 /// measures the data-parallel CUDA trainer's step at P = 2 against P = 1 at a
 /// fixed per-GPU batch. Run when its source exists.
@@ -58,8 +62,9 @@ const SCALING_EXAMPLE: &str = "dp_scaling";
 
 /// The training step against its references, on one GPU (two for scaling):
 ///
-/// 1. `bench_cuda_step` (release): ours at each size, with its floor and
-///    memory high-water mark, JSON lines to `target/bench-train/cuda_step.jsonl`;
+/// 1. `bench_cuda_step` (release): ours at each size in each precision
+///    ([`TRAIN_PRECISIONS`]), with its floor and memory high-water mark,
+///    JSON lines to `target/bench-train/cuda_step.jsonl`;
 /// 2. `scripts/bench_torch_step.py`: the same step through
 ///    transformers' pure-PyTorch path, JSON lines to
 ///    `target/bench-train/torch_step.jsonl` (it halves the batch of a size
@@ -69,7 +74,8 @@ const SCALING_EXAMPLE: &str = "dp_scaling";
 /// 4. the 2-GPU scaling slot: the [`SCALING_EXAMPLE`] example, when it
 ///    exists (`MAMBA_BENCH_TRAIN_SCALING=0` skips it).
 ///
-/// Environment: `MAMBA_BENCH_TRAIN_SIZES` (comma list), `MAMBA_BENCH_CUDA_ARGS`
+/// Environment: `MAMBA_BENCH_TRAIN_SIZES` and `MAMBA_BENCH_TRAIN_PRECISIONS`
+/// (comma lists), `MAMBA_BENCH_CUDA_ARGS`
 /// and `MAMBA_BENCH_TORCH_ARGS` (extra flags of each side, split on
 /// whitespace), `MAMBA_BENCH_SCALING_ARGS` (flags of the scaling example),
 /// `PYTHON` (default `python3`, which needs torch and transformers). On a GPU
@@ -88,12 +94,26 @@ fn train() -> TaskResult {
         }
     }
 
-    eprintln!("bench train: ours (bench_cuda_step), sizes {sizes}");
-    let mut ours = example(&root, "bench_cuda_step");
-    ours.args(["--sizes", &sizes, "--json"])
-        .arg(&ours_json)
-        .args(env_args("MAMBA_BENCH_CUDA_ARGS"));
-    run_checked(&mut ours)?;
+    let precisions =
+        std::env::var("MAMBA_BENCH_TRAIN_PRECISIONS").unwrap_or_else(|_| TRAIN_PRECISIONS.into());
+    let mut rows = String::new();
+    for p in precisions
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        eprintln!("bench train: ours (bench_cuda_step), sizes {sizes}, precision {p}");
+        let one = out.join(format!("cuda_step-{p}.jsonl"));
+        let mut ours = example(&root, "bench_cuda_step");
+        ours.args(["--sizes", &sizes, "--precision", p, "--json"])
+            .arg(&one)
+            .args(env_args("MAMBA_BENCH_CUDA_ARGS"));
+        run_checked(&mut ours)?;
+        rows += &std::fs::read_to_string(&one)
+            .map_err(|e| format!("cannot read {}: {e}", one.display()))?;
+    }
+    std::fs::write(&ours_json, rows)
+        .map_err(|e| format!("cannot write {}: {e}", ours_json.display()))?;
 
     let script = root.join("scripts/bench_torch_step.py");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());

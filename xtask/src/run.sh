@@ -59,9 +59,14 @@ bench)
     case "${2:-}" in
     reduce) exec "$here/bin/bench_reduce" "${@:3}" ;;
     train)
-        # Ours, then transformers' PyTorch path on the same sizes, then the side-by-side table.
+        # Ours in each precision, then transformers' PyTorch path on the same
+        # sizes, then the side-by-side table.
         out="${MAMBA_BENCH_DIR:-$log}"
-        "$here/bin/bench_cuda_step" --json "$out/cuda_step.jsonl" "${@:3}" || exit 1
+        : > "$out/cuda_step.jsonl"
+        for p in $(echo "${MAMBA_BENCH_TRAIN_PRECISIONS:-f32,tf32,bf16}" | tr ',' ' '); do
+            "$here/bin/bench_cuda_step" --precision "$p" --json "$out/cuda_step-$p.jsonl" "${@:3}" || exit 1
+            cat "$out/cuda_step-$p.jsonl" >> "$out/cuda_step.jsonl"
+        done
         python3 "$here/scripts/bench_torch_step.py" --json "$out/torch_step.jsonl" || exit 1
         exec python3 "$here/scripts/bench_torch_step.py" --report "$out/cuda_step.jsonl" "$out/torch_step.jsonl"
         ;;
