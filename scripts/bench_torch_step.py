@@ -182,14 +182,20 @@ def precision(row):
     return row.get("precision", "f32")
 
 
+def variant(row):
+    """What tells apart our rows of one size: the precision, and whether
+    the run recomputed its activations (--recompute)."""
+    return precision(row) + (" recompute" if row.get("recompute") else "")
+
+
 def report_rows(ours, torch_rows):
     """Side-by-side rows: each of ours (a size in one precision) beside
     PyTorch's f32 run of that size, in ours' order, then sizes only PyTorch
     ran."""
     by = {r["size"]: r for r in torch_rows}
-    order = [(r["size"], precision(r)) for r in ours]
+    order = [(r["size"], variant(r)) for r in ours]
     order += [(r["size"], None) for r in torch_rows if r["size"] not in {o["size"] for o in ours}]
-    mine = {(r["size"], precision(r)): r for r in ours}
+    mine = {(r["size"], variant(r)): r for r in ours}
     out = []
     for s, prec in order:
         o, p = mine.get((s, prec)), by.get(s)
@@ -210,7 +216,7 @@ def report_rows(ours, torch_rows):
     return out
 
 
-HEADER = ["size", "precision", "ours BxT", "ours ms", "ours tok/s", "ours/floor", "ours GiB",
+HEADER = ["size", "ours run", "ours BxT", "ours ms", "ours tok/s", "ours/floor", "ours GiB",
           "torch f32 BxT", "torch ms", "torch tok/s", "torch GiB", "speedup (tok/s)"]
 
 # The precision issue's goals at the 130m shape (batch 8 x 1024, one H200):
