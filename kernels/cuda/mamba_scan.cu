@@ -213,11 +213,23 @@ __device__ __forceinline__ void load_a(const float* __restrict__ a_log, bool liv
     }
 }
 
-// The decay a = exp(dt A), as exp2(dt A log2 e): one MUFU.EX2 with its
-// denormal scaling instead of expf's range reduction (a few ulp from
-// expf, inside the scan's tolerance). The forward, the backward's
-// recompute and its walk all take `a` from here, so they agree bit for bit.
-__device__ __forceinline__ float decay(float dtj, float a2) { return exp2f(dtj * a2); }
+// The decay a = exp(dt A), as exp2(dt A log2 e): one MUFU.EX2 instead of
+// expf's range reduction (a few ulp from expf, inside the scan's
+// tolerance), flushing a decay below 2^-126 to zero (`.ftz`: exp2f's
+// denormal scaling cost three more instructions per state-step, and a
+// factor under 1e-38 on a state is no signal). The forward, the
+// backward's recompute and its walk all take `a` from here, so they agree
+// bit for bit. The emulator models the flush.
+__device__ __forceinline__ float decay(float dtj, float a2) {
+#ifdef MAMBA_CUDA_EMU
+    const float r = exp2f(dtj * a2);
+    return r < 1.17549435e-38f ? 0.0f : r;
+#else
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(dtj * a2));
+    return r;
+#endif
+}
 
 // This thread's 4 consecutive staged values at `p` (16-byte aligned: rows
 // are whole multiples of 8 floats and n0 is a multiple of 4), one
@@ -235,6 +247,33 @@ __device__ __forceinline__ void load4(const float* p, float (&v)[kLaneStates]) {
 // fused multiply-add (the forward and the backward's recompute share it).
 __device__ __forceinline__ float step_state(float h, float a, float dtj, float bn, float uj) {
     return __fmaf_rn(a, h, (dtj * bn) * uj);
+}
+
+// Row stride of the backward's d B / d C stage: one column per thread,
+// padded against bank conflicts.
+constexpr int kRedRow = kScanThreads + 1;
+
+// The d B / d C stage of steps m0 .. m0 + kStage - 1 (stage slot q holds
+// row m0 + q; only the first `valid` are real steps), each (row, B/C, n)
+// summed over the block's channels in ascending order into the group's
+// partial (round r > 0 adds onto the previous round's partial).
+template <int SP>
+__device__ __forceinline__ void sum_stage(const float* sRed, float* __restrict__ part, int grp,
+                                          long long M, int N, long long m0, int valid, int r) {
+    using L = Lanes<SP>;
+    for (int o = threadIdx.x; o < kStage * 2 * L::npad; o += kScanThreads) {
+        const int q = o / (2 * L::npad), w = o % (2 * L::npad);
+        const int which = w / L::npad, n = w % L::npad;
+        const int i = n % kLaneStates, ln = n / kLaneStates;
+        if (q < valid && n < N) {
+            const float* src = sRed + ((q * 2 + which) * kLaneStates + i) * kRedRow;
+            float s = src[ln];
+#pragma unroll 8
+            for (int cl2 = 1; cl2 < L::cpb; ++cl2) s = s + src[cl2 * SP + ln];
+            float* dst = part + ((long long)grp * M + m0 + q) * (2 * N) + which * N + n;
+            *dst = r == 0 ? s : *dst + s;
+        }
+    }
 }
 
 template <int SP>
@@ -292,7 +331,10 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
 #pragma unroll
             for (int i = 0; i < kLaneStates; ++i) {
                 h[i] = step_state(h[i], decay(dtj, A2[i]), dtj, bv[i], uj);
-                part[j] = part[j] + (live[i] ? cv[i] * h[i] : 0.0f);
+                // No select: a state past N (C = 0, h = 0) or of a channel
+                // past D (h = 0) adds an exact +0. __fmul_rn keeps the product
+                // its own rounding, as it was behind the select.
+                part[j] = part[j] + __fmul_rn(cv[i], h[i]);
             }
         }
 #pragma unroll
@@ -326,7 +368,6 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
                                          float* __restrict__ part, float* __restrict__ dA_part,
                                          int T, int D, int N, int rounds, float* smem) {
     using L = Lanes<SP>;
-    constexpr int kRedRow = kScanThreads + 1;
     float* sH = smem;
     float* sRed = sH + kChunk * kLaneStates * kScanThreads;
     float* stage = sRed + kStage * 2 * kLaneStates * kRedRow;
@@ -385,11 +426,14 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
             // over its states of d dt and d u at step j go into its own
             // column of sH, in the slots of step j's states (i = 0, 1) once
             // those are read, and are summed over lanes after the walk.
-            int slot = 0;
+            // Step j's d B / d C addends go to stage slot j % kStage; the
+            // slots of steps j0 .. j0 + kStage - 1 (j0 a multiple of kStage)
+            // are summed over channels once step j0 is walked, so every slot
+            // index and stage position is a compile-time constant.
 #pragma unroll
             for (int j = kChunk - 1; j >= 0; --j) {
+                const int slot = j % kStage;
                 if (j < ch.len) {  // uniform over the block
-                    const long long m = ch.m0 + j;
                     const float dtj = staged_col<SP>(buf, 0, j, l.cl);
                     const float uj = staged_col<SP>(buf, 1, j, l.cl);
                     const float dyj = staged_col<SP>(buf, 2, j, l.cl);
@@ -405,46 +449,28 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
                         const float a = decay(dtj, A2[i]);  // as in the recompute
                         const float hp = a * hprev;        // a_t h_{t-1}
                         const float gdt = g * dtj;
-                        // States past N (zero B, C, A and h) add nothing;
-                        // the selects keep a non-finite dy out of them.
-                        pdt = pdt + (live[i] ? g * (A[i] * hp + bn * uj) : 0.0f);
-                        pdu = pdu + (live[i] ? gdt * bn : 0.0f);
+                        // No selects: a state past N (B = C = A = h = 0) and
+                        // a channel past D (dt = u = dy = h = 0) add exact
+                        // +0s for finite B, C, dy (a non-finite one makes the
+                        // live states' sums non-finite anyway); their stage
+                        // slots are never summed (n >= N) or add +0 (c >= D).
+                        // __fmul_rn keeps each addend its own rounding, as
+                        // it was behind the selects.
+                        pdt = pdt + __fmul_rn(g, A[i] * hp + bn * uj);
+                        pdu = pdu + __fmul_rn(gdt, bn);
                         dA[i] = dA[i] + (g * hp) * dtj;
                         carry[i] = a * g;
-                        sRed[((slot * 2 + 0) * kLaneStates + i) * kRedRow + tid] =
-                            live[i] ? gdt * uj : 0.0f;
-                        sRed[((slot * 2 + 1) * kLaneStates + i) * kRedRow + tid] =
-                            live[i] ? dyj * h[i] : 0.0f;
+                        sRed[((slot * 2 + 0) * kLaneStates + i) * kRedRow + tid] = gdt * uj;
+                        sRed[((slot * 2 + 1) * kLaneStates + i) * kRedRow + tid] = dyj * h[i];
                         h[i] = hprev;
                     }
                     sH[(j * kLaneStates + 0) * kScanThreads + tid] = pdt;
                     sH[(j * kLaneStates + 1) * kScanThreads + tid] = pdu;
-                    if (slot == kStage - 1 || j == 0) {
-                        // Slot q holds step j + slot - q. Sum each (slot,
-                        // B/C, n) over the block's channels in ascending
-                        // order.
-                        __syncthreads();
-                        const int outs = (slot + 1) * 2 * L::npad;
-                        for (int o = tid; o < outs; o += kScanThreads) {
-                            const int q = o / (2 * L::npad), w = o % (2 * L::npad);
-                            const int which = w / L::npad, n = w % L::npad;
-                            const int i = n % kLaneStates, ln = n / kLaneStates;
-                            if (n < N) {
-                                const float* src = sRed + ((q * 2 + which) * kLaneStates + i) * kRedRow;
-                                float s = src[ln];
-#pragma unroll 8
-                                for (int cl2 = 1; cl2 < L::cpb; ++cl2) s = s + src[cl2 * SP + ln];
-                                const long long mq = m + slot - q;
-                                float* dst = part + ((long long)grp * M + mq) * (2 * N) +
-                                             which * N + n;
-                                *dst = r == 0 ? s : *dst + s;
-                            }
-                        }
-                        __syncthreads();
-                        slot = 0;
-                    } else {
-                        ++slot;
-                    }
+                }
+                if (slot == 0 && j < ch.len) {  // uniform over the block
+                    __syncthreads();
+                    sum_stage<SP>(sRed, part, grp, M, N, ch.m0 + j, ch.len - j, r);
+                    __syncthreads();
                 }
             }
 #pragma unroll

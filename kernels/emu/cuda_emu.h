@@ -60,6 +60,9 @@ struct alignas(16) float4 {
 
 // A single-rounding fused multiply-add, as the device's.
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// A product never contracted into a neighbouring add (the host does not
+// contract anyway: ISO C++ mode, no FMA target).
+inline float __fmul_rn(float a, float b) { return a * b; }
 
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
