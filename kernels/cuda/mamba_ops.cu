@@ -104,29 +104,131 @@ extern "C" __global__ void mamba_rmsnorm_bwd(const float* __restrict__ dy,
 
 // ------------------------------------------------------- causal conv + SiLU
 
-// pre[b, t, c] = bias[c] + sum_k w[c, k] x[b, t - (K-1) + k, c] (zero before
-// the start of each sequence); the sum runs k = 0..K-1 in order.
-static __device__ __forceinline__ float conv_pre(const float* __restrict__ x, long long ldx,
-                                                 const float* __restrict__ w,
-                                                 const float* __restrict__ bias, long long m,
-                                                 int t, int c, int K) {
-    float acc = bias[c];
-    for (int k = 0; k < K; ++k) {
-        const int back = K - 1 - k;
-        if (t - back >= 0) acc = acc + w[c * K + k] * x[(m - back) * ldx + c];
-    }
-    return acc;
-}
-
 // Rows a thread of the row-group kernels takes (launcher.rs ROWS_PER_THREAD;
 // the two must agree): one column c, rows m0 .. m0 + kRowsPerThread - 1 (and
 // < M), each row computed exactly as a thread of its own would (the same
 // expression, so the same bits); only the block count and the index
 // arithmetic shrink.
 constexpr int kRowsPerThread = 8;
+// Widest conv the kernels take (conv.rs MAX_CONV_WIDTH).
+constexpr int kMaxConv = 8;
+
+// The conv kernels are templates over the width K (dispatched once per
+// launch), so a thread's window of kRowsPerThread + K - 1 input rows and the
+// K weights of its channel sit in registers: each input element is loaded
+// once instead of once per tap, and each tap is a compile-time register.
+#define MAMBA_CONV_DISPATCH(K_VAR, CALL) \
+    switch (K_VAR) {                     \
+        case 1: CALL(1); break;          \
+        case 2: CALL(2); break;          \
+        case 3: CALL(3); break;          \
+        case 4: CALL(4); break;          \
+        case 5: CALL(5); break;          \
+        case 6: CALL(6); break;          \
+        case 7: CALL(7); break;          \
+        case 8: CALL(8); break;          \
+        default: break;                  \
+    }
+
+// pre[r] for rows m0 + r (r < kRowsPerThread; rows at or past m1 get a value
+// that is never written): pre[b, t, c] = bias[c] + sum_k w[c, k]
+// x[b, t - (K-1) + k, c] over the taps inside the sequence, k = 0..K-1 in
+// order, t the row's position in its sequence (a group may span a
+// sequence boundary). Window slot j holds row m0 - (K-1) + j; rows outside
+// [0, m1) are not read (the taps that would use them are outside the
+// sequence or past the group).
+template <int K>
+static __device__ __forceinline__ void conv_pre_rows(const float* __restrict__ x, long long ldx,
+                                                     const float* __restrict__ w,
+                                                     const float* __restrict__ bias,
+                                                     long long m0, long long m1, int T, int c,
+                                                     float (&pre)[kRowsPerThread]) {
+    float xs[kRowsPerThread + K - 1], wk[K];
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread + K - 1; ++j) {
+        const long long m = m0 - (K - 1) + j;
+        xs[j] = (m >= 0 && m < m1) ? x[m * ldx + c] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) wk[k] = w[c * K + k];
+    const float b = bias[c];
+    int t = (int)(m0 % T);
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+        float acc = b;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int back = K - 1 - k;
+            if (t - back >= 0) acc = acc + wk[k] * xs[r + k];
+        }
+        pre[r] = acc;
+        if (++t == T) t = 0;
+    }
+}
+
+template <int K>
+static __device__ __forceinline__ void conv_fwd_rows(const float* __restrict__ x, long long ldx,
+                                                     const float* __restrict__ w,
+                                                     const float* __restrict__ bias,
+                                                     float* __restrict__ u, long long m0,
+                                                     long long m1, int T, int D, int c) {
+    float pre[kRowsPerThread];
+    conv_pre_rows<K>(x, ldx, w, bias, m0, m1, T, c, pre);
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+        if (m0 + r < m1) u[(m0 + r) * D + c] = siluf_(pre[r]);
+    }
+}
+
+template <int K>
+static __device__ __forceinline__ void conv_bwd_pre_rows(const float* __restrict__ x,
+                                                         long long ldx,
+                                                         const float* __restrict__ w,
+                                                         const float* __restrict__ bias,
+                                                         float* __restrict__ g, long long m0,
+                                                         long long m1, int T, int D, int c) {
+    float pre[kRowsPerThread];
+    conv_pre_rows<K>(x, ldx, w, bias, m0, m1, T, c, pre);
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+        const long long m = m0 + r;
+        if (m < m1) g[m * D + c] = g[m * D + c] * dsiluf_(pre[r]);
+    }
+}
+
+// dx for rows m0 + r: sum_k w[c, k] dpre[m + (K-1) - k, c] over the taps
+// inside the sequence, k = 0..K-1 in order. Window slot j holds dpre row
+// m0 + j (rows at or past M are not read).
+template <int K>
+static __device__ __forceinline__ void conv_bwd_dx_rows(const float* __restrict__ dpre,
+                                                        const float* __restrict__ w,
+                                                        float* __restrict__ dx, long long ldo,
+                                                        long long m0, long long m1, long long M,
+                                                        int T, int D, int c) {
+    float ds[kRowsPerThread + K - 1], wk[K];
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread + K - 1; ++j) {
+        const long long m = m0 + j;
+        ds[j] = m < M ? dpre[m * D + c] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) wk[k] = w[c * K + k];
+    int t = (int)(m0 % T);
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int fwd = K - 1 - k;
+            if (t + fwd < T) acc = acc + wk[k] * ds[r + fwd];
+        }
+        if (m0 + r < m1) dx[(m0 + r) * ldo + c] = acc;
+        if (++t == T) t = 0;
+    }
+}
 
 // u = SiLU(conv(x)), x = xz[:, :D] (ld ldx), for M rows.
-// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128.
+// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128. K in 1..kMaxConv.
 extern "C" __global__ void mamba_conv_fwd(const float* __restrict__ x, long long ldx,
                                           const float* __restrict__ w,
                                           const float* __restrict__ bias,
@@ -136,15 +238,13 @@ extern "C" __global__ void mamba_conv_fwd(const float* __restrict__ x, long long
     if (c >= D) return;
     const long long m0 = (long long)blockIdx.x * kRowsPerThread;
     const long long m1 = min(M, m0 + kRowsPerThread);
-    int t = (int)(m0 % T);
-    for (long long m = m0; m < m1; ++m) {
-        u[m * D + c] = siluf_(conv_pre(x, ldx, w, bias, m, t, c, K));
-        if (++t == T) t = 0;
-    }
+#define MAMBA_CONV_FWD(KW) conv_fwd_rows<KW>(x, ldx, w, bias, u, m0, m1, T, D, c)
+    MAMBA_CONV_DISPATCH(K, MAMBA_CONV_FWD)
+#undef MAMBA_CONV_FWD
 }
 
 // In place: g <- g * SiLU'(pre), turning d u into d pre (pre recomputed).
-// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128.
+// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128. K in 1..kMaxConv.
 extern "C" __global__ void mamba_conv_bwd_pre(const float* __restrict__ x, long long ldx,
                                               const float* __restrict__ w,
                                               const float* __restrict__ bias,
@@ -154,17 +254,14 @@ extern "C" __global__ void mamba_conv_bwd_pre(const float* __restrict__ x, long 
     if (c >= D) return;
     const long long m0 = (long long)blockIdx.x * kRowsPerThread;
     const long long m1 = min(M, m0 + kRowsPerThread);
-    int t = (int)(m0 % T);
-    for (long long m = m0; m < m1; ++m) {
-        const float pre = conv_pre(x, ldx, w, bias, m, t, c, K);
-        g[m * D + c] = g[m * D + c] * dsiluf_(pre);
-        if (++t == T) t = 0;
-    }
+#define MAMBA_CONV_BWD_PRE(KW) conv_bwd_pre_rows<KW>(x, ldx, w, bias, g, m0, m1, T, D, c)
+    MAMBA_CONV_DISPATCH(K, MAMBA_CONV_BWD_PRE)
+#undef MAMBA_CONV_BWD_PRE
 }
 
 // dx[b, t, c] = sum_k w[c, k] dpre[b, t + (K-1) - k, c] over the positions
 // inside the sequence, k = 0..K-1 in order; written to dx (ld ldo).
-// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128.
+// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128. K in 1..kMaxConv.
 extern "C" __global__ void mamba_conv_bwd_dx(const float* __restrict__ dpre,
                                              const float* __restrict__ w,
                                              float* __restrict__ dx, long long ldo, long long M,
@@ -173,17 +270,12 @@ extern "C" __global__ void mamba_conv_bwd_dx(const float* __restrict__ dpre,
     if (c >= D) return;
     const long long m0 = (long long)blockIdx.x * kRowsPerThread;
     const long long m1 = min(M, m0 + kRowsPerThread);
-    int t = (int)(m0 % T);
-    for (long long m = m0; m < m1; ++m) {
-        float acc = 0.0f;
-        for (int k = 0; k < K; ++k) {
-            const int fwd = K - 1 - k;
-            if (t + fwd < T) acc = acc + w[c * K + k] * dpre[(m + fwd) * D + c];
-        }
-        dx[m * ldo + c] = acc;
-        if (++t == T) t = 0;
-    }
+#define MAMBA_CONV_BWD_DX(KW) conv_bwd_dx_rows<KW>(dpre, w, dx, ldo, m0, m1, M, T, D, c)
+    MAMBA_CONV_DISPATCH(K, MAMBA_CONV_BWD_DX)
+#undef MAMBA_CONV_BWD_DX
 }
+
+#undef MAMBA_CONV_DISPATCH
 
 // Stage 1 of the conv weight/bias gradients. For slab s (rows
 // [s*kColSlab, ...)) writes part[s * (D*K + D) + c*K + k] = sum over its rows
