@@ -75,4 +75,27 @@ static __device__ __forceinline__ float group_sum(float v, int width) {
     return v;
 }
 
+// bf16(x) rounded to nearest even, as its bits (mamba_cast_bf16, and every
+// kernel that stores an activation's bf16 copy itself: the same function,
+// so a fused store and a cast afterwards agree bit for bit): integer arithmetic only
+// (no flush to zero, no hardware conversion), so subnormals round like any
+// other value and the result is the host twin's (kernels/src/mamba/cast.rs,
+// f32_to_bf16_rne) bit for bit: a NaN keeps its sign and top payload bits
+// and is made quiet; +-inf stays inf; a finite value past bf16's largest
+// rounds to inf.
+static __device__ __forceinline__ unsigned bf16_rne(float v) {
+    const unsigned x = __float_as_uint(v);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x0040u;
+    return (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+}
+
+// Store v at i of the f32 output (when given) and its bf16 rounding at i of
+// the bf16 output (when given): how a kernel writes an activation that a
+// bf16 GEMM reads, without a cast pass over it afterwards.
+static __device__ __forceinline__ void store_f32_bf16(float* __restrict__ f, unsigned short* __restrict__ h,
+                                                      long long i, float v) {
+    if (f) f[i] = v;
+    if (h) h[i] = (unsigned short)bf16_rne(v);
+}
+
 }  // namespace mamba

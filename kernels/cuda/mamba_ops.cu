@@ -56,13 +56,16 @@ extern "C" __global__ void mamba_embed_bwd(const unsigned* __restrict__ uniq,
 
 // ------------------------------------------------------------------ RMSNorm
 
-// y = w * (x * r), r = 1 / sqrt(mean(x^2) + eps) (Hugging Face MambaRMSNorm).
+// y = w * (x * r), r = 1 / sqrt(mean(x^2) + eps) (Hugging Face MambaRMSNorm),
+// into y and/or its bf16 copy y_h (either may be null).
 // One warp per row: lane-strided serial sums, then a xor butterfly.
 // grid ceil(M / 8), block 256.
 extern "C" __global__ void mamba_rmsnorm_fwd(const float* __restrict__ x,
                                              const float* __restrict__ w,
-                                             float* __restrict__ y, float* __restrict__ rstd,
-                                             long long M, int d, float eps) {
+                                             float* __restrict__ y,
+                                             unsigned short* __restrict__ y_h,
+                                             float* __restrict__ rstd, long long M, int d,
+                                             float eps) {
     const long long m = (long long)blockIdx.x * 8 + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (m >= M) return;  // whole warp leaves together
@@ -71,20 +74,21 @@ extern "C" __global__ void mamba_rmsnorm_fwd(const float* __restrict__ x,
     for (int j = lane; j < d; j += 32) ss = ss + xr[j] * xr[j];
     ss = group_sum(ss, 32);
     const float r = 1.0f / sqrtf(ss / (float)d + eps);
-    float* yr = y + m * d;
-    for (int j = lane; j < d; j += 32) yr[j] = w[j] * (xr[j] * r);
+    for (int j = lane; j < d; j += 32) store_f32_bf16(y, y_h, m * d + j, w[j] * (xr[j] * r));
     if (lane == 0) rstd[m] = r;
 }
 
 // dx = r * w * dy - x * r^3 * (sum_k dy_k w_k x_k) / d; written (accumulate
-// = 0) or added to dx (accumulate = 1: the residual stream's gradient).
+// = 0) or added to dx (accumulate = 1: the residual stream's gradient); the
+// result's bf16 copy into dx_h when it is not null.
 // grid ceil(M / 8), block 256.
 extern "C" __global__ void mamba_rmsnorm_bwd(const float* __restrict__ dy,
                                              const float* __restrict__ x,
                                              const float* __restrict__ w,
                                              const float* __restrict__ rstd,
-                                             float* __restrict__ dx, long long M, int d,
-                                             int accumulate) {
+                                             float* __restrict__ dx,
+                                             unsigned short* __restrict__ dx_h, long long M,
+                                             int d, int accumulate) {
     const long long m = (long long)blockIdx.x * 8 + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (m >= M) return;
@@ -98,7 +102,7 @@ extern "C" __global__ void mamba_rmsnorm_bwd(const float* __restrict__ dy,
     float* out = dx + m * d;
     for (int j = lane; j < d; j += 32) {
         const float v = r * w[j] * gr[j] - xr[j] * k;
-        out[j] = accumulate ? out[j] + v : v;
+        store_f32_bf16(out, dx_h ? dx_h + m * d : nullptr, j, accumulate ? out[j] + v : v);
     }
 }
 
@@ -110,13 +114,12 @@ extern "C" __global__ void mamba_rmsnorm_bwd(const float* __restrict__ dy,
 // expression, so the same bits); only the block count and the index
 // arithmetic shrink.
 constexpr int kRowsPerThread = 8;
-// Widest conv the kernels take (conv.rs MAX_CONV_WIDTH).
-constexpr int kMaxConv = 8;
 
 // The conv kernels are templates over the width K (dispatched once per
 // launch), so a thread's window of kRowsPerThread + K - 1 input rows and the
 // K weights of its channel sit in registers: each input element is loaded
 // once instead of once per tap, and each tap is a compile-time register.
+// Widths 1..8 (conv.rs MAX_CONV_WIDTH, checked on the host) have a case.
 #define MAMBA_CONV_DISPATCH(K_VAR, CALL) \
     switch (K_VAR) {                     \
         case 1: CALL(1); break;          \
@@ -170,13 +173,15 @@ template <int K>
 static __device__ __forceinline__ void conv_fwd_rows(const float* __restrict__ x, long long ldx,
                                                      const float* __restrict__ w,
                                                      const float* __restrict__ bias,
-                                                     float* __restrict__ u, long long m0,
-                                                     long long m1, int T, int D, int c) {
+                                                     float* __restrict__ u,
+                                                     unsigned short* __restrict__ u_h,
+                                                     long long m0, long long m1, int T, int D,
+                                                     int c) {
     float pre[kRowsPerThread];
     conv_pre_rows<K>(x, ldx, w, bias, m0, m1, T, c, pre);
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
-        if (m0 + r < m1) u[(m0 + r) * D + c] = siluf_(pre[r]);
+        if (m0 + r < m1) store_f32_bf16(u, u_h, (m0 + r) * D + c, siluf_(pre[r]));
     }
 }
 
@@ -202,7 +207,9 @@ static __device__ __forceinline__ void conv_bwd_pre_rows(const float* __restrict
 template <int K>
 static __device__ __forceinline__ void conv_bwd_dx_rows(const float* __restrict__ dpre,
                                                         const float* __restrict__ w,
-                                                        float* __restrict__ dx, long long ldo,
+                                                        float* __restrict__ dx,
+                                                        unsigned short* __restrict__ dx_h,
+                                                        long long ldo,
                                                         long long m0, long long m1, long long M,
                                                         int T, int D, int c) {
     float ds[kRowsPerThread + K - 1], wk[K];
@@ -222,29 +229,30 @@ static __device__ __forceinline__ void conv_bwd_dx_rows(const float* __restrict_
             const int fwd = K - 1 - k;
             if (t + fwd < T) acc = acc + wk[k] * ds[r + fwd];
         }
-        if (m0 + r < m1) dx[(m0 + r) * ldo + c] = acc;
+        if (m0 + r < m1) store_f32_bf16(dx, dx_h, (m0 + r) * ldo + c, acc);
         if (++t == T) t = 0;
     }
 }
 
-// u = SiLU(conv(x)), x = xz[:, :D] (ld ldx), for M rows.
-// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128. K in 1..kMaxConv.
+// u = SiLU(conv(x)), x = xz[:, :D] (ld ldx), for M rows; u's bf16 copy into
+// u_h when it is not null.
+// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128; K in 1..8.
 extern "C" __global__ void mamba_conv_fwd(const float* __restrict__ x, long long ldx,
                                           const float* __restrict__ w,
                                           const float* __restrict__ bias,
-                                          float* __restrict__ u, long long M, int T, int D,
-                                          int K) {
+                                          float* __restrict__ u, unsigned short* __restrict__ u_h,
+                                          long long M, int T, int D, int K) {
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= D) return;
     const long long m0 = (long long)blockIdx.x * kRowsPerThread;
     const long long m1 = min(M, m0 + kRowsPerThread);
-#define MAMBA_CONV_FWD(KW) conv_fwd_rows<KW>(x, ldx, w, bias, u, m0, m1, T, D, c)
+#define MAMBA_CONV_FWD(KW) conv_fwd_rows<KW>(x, ldx, w, bias, u, u_h, m0, m1, T, D, c)
     MAMBA_CONV_DISPATCH(K, MAMBA_CONV_FWD)
 #undef MAMBA_CONV_FWD
 }
 
 // In place: g <- g * SiLU'(pre), turning d u into d pre (pre recomputed).
-// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128. K in 1..kMaxConv.
+// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128; K in 1..8.
 extern "C" __global__ void mamba_conv_bwd_pre(const float* __restrict__ x, long long ldx,
                                               const float* __restrict__ w,
                                               const float* __restrict__ bias,
@@ -260,17 +268,19 @@ extern "C" __global__ void mamba_conv_bwd_pre(const float* __restrict__ x, long 
 }
 
 // dx[b, t, c] = sum_k w[c, k] dpre[b, t + (K-1) - k, c] over the positions
-// inside the sequence, k = 0..K-1 in order; written to dx (ld ldo).
-// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128. K in 1..kMaxConv.
+// inside the sequence, k = 0..K-1 in order; written to dx (ld ldo) and, when
+// dx_h is not null, its bf16 copy to dx_h (ld ldo).
+// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128; K in 1..8.
 extern "C" __global__ void mamba_conv_bwd_dx(const float* __restrict__ dpre,
                                              const float* __restrict__ w,
-                                             float* __restrict__ dx, long long ldo, long long M,
-                                             int T, int D, int K) {
+                                             float* __restrict__ dx,
+                                             unsigned short* __restrict__ dx_h, long long ldo,
+                                             long long M, int T, int D, int K) {
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= D) return;
     const long long m0 = (long long)blockIdx.x * kRowsPerThread;
     const long long m1 = min(M, m0 + kRowsPerThread);
-#define MAMBA_CONV_BWD_DX(KW) conv_bwd_dx_rows<KW>(dpre, w, dx, ldo, m0, m1, M, T, D, c)
+#define MAMBA_CONV_BWD_DX(KW) conv_bwd_dx_rows<KW>(dpre, w, dx, dx_h, ldo, m0, m1, M, T, D, c)
     MAMBA_CONV_DISPATCH(K, MAMBA_CONV_BWD_DX)
 #undef MAMBA_CONV_BWD_DX
 }
@@ -340,13 +350,14 @@ extern "C" __global__ void mamba_dt_softplus(float* __restrict__ dt,
 }
 
 // Backward of out = y * SiLU(z): dy = dout * SiLU(z) -> dy (ld D);
-// dz = dout * y * SiLU'(z) -> dz (ld ldz). z is read with ld ldz.
+// dz = dout * y * SiLU'(z) -> dz (ld ldz) and, when dz_h is not null, its
+// bf16 copy -> dz_h (ld ldz). z is read with ld ldz.
 // grid (M, ceil(D / 128)), block 128.
 extern "C" __global__ void mamba_gate_bwd(const float* __restrict__ dout,
                                           const float* __restrict__ y,
                                           const float* __restrict__ z, long long ldz,
                                           float* __restrict__ dy, float* __restrict__ dz,
-                                          int D) {
+                                          unsigned short* __restrict__ dz_h, int D) {
     const long long m = blockIdx.x;
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= D) return;
@@ -354,7 +365,7 @@ extern "C" __global__ void mamba_gate_bwd(const float* __restrict__ dout,
     const float s = sigmoidf_(zv);
     const float g = dout[m * D + c];
     dy[m * D + c] = g * (zv * s);
-    dz[m * ldz + c] = g * y[m * D + c] * (s * (1.0f + zv * (1.0f - s)));
+    store_f32_bf16(dz, dz_h, m * ldz + c, g * y[m * D + c] * (s * (1.0f + zv * (1.0f - s))));
 }
 
 // Stage 1 of a column sum over rows: part[s * C + c] = sum over slab s of
@@ -428,22 +439,28 @@ extern "C" __global__ void mamba_reduce_partials(const float* __restrict__ part,
 // One block per row of logits [M, V]. For target t != -100:
 //   row_loss[m] = logsumexp(l) - l[t]; l <- (softmax(l) - onehot(t)) * inv_count
 // (when write_grad); for target -100: row_loss = 0 and the row becomes 0.
+// With grad_h not null the gradient goes to grad_h ([M, V] bf16, the bits
+// mamba_cast_bf16 would give it) instead of over the logits, which stay.
 // The max and the sum of exponentials are merged online per thread (strided,
 // in order) and then in a fixed tree of (max, sum) pairs.
 // grid M, block 256.
 extern "C" __global__ void mamba_ce_fwd_bwd(float* __restrict__ logits,
                                             const int* __restrict__ targets,
-                                            float* __restrict__ row_loss, float inv_count,
+                                            float* __restrict__ row_loss,
+                                            unsigned short* __restrict__ grad_h, float inv_count,
                                             int V, int write_grad) {
     __shared__ float smax[kReduceThreads];
     __shared__ float ssum[kReduceThreads];
     const long long m = blockIdx.x;
     const int tid = threadIdx.x;
     float* l = logits + m * V;
+    // Where the gradient goes: over the logits, or only into the bf16 copy.
+    float* gl = grad_h ? nullptr : l;
+    unsigned short* gh = grad_h ? grad_h + m * V : nullptr;
     const int target = targets[m];
     if (target < 0) {  // ignore index (the host rejects any other negative)
         if (write_grad)
-            for (int j = tid; j < V; j += kReduceThreads) l[j] = 0.0f;
+            for (int j = tid; j < V; j += kReduceThreads) store_f32_bf16(gl, gh, j, 0.0f);
         if (tid == 0) row_loss[m] = 0.0f;
         return;
     }
@@ -482,7 +499,7 @@ extern "C" __global__ void mamba_ce_fwd_bwd(float* __restrict__ logits,
         for (int j = tid; j < V; j += kReduceThreads) {
             float p = expf(l[j] - gmax) * inv_sum;
             if (j == target) p = p - 1.0f;
-            l[j] = p * inv_count;
+            store_f32_bf16(gl, gh, j, p * inv_count);
         }
     }
 }
@@ -499,18 +516,6 @@ extern "C" __global__ void mamba_loss_mean(const float* __restrict__ row_loss, l
 }
 
 // ---------------------------------------------------------------- bf16 cast
-
-// bf16(x) rounded to nearest even, as its bits: integer arithmetic only
-// (no flush to zero, no hardware conversion), so subnormals round like any
-// other value and the result is the host twin's (kernels/src/mamba/cast.rs,
-// f32_to_bf16_rne) bit for bit: a NaN keeps its sign and top payload bits
-// and is made quiet; +-inf stays inf; a finite value past bf16's largest
-// rounds to inf.
-__device__ __forceinline__ unsigned bf16_rne(float v) {
-    const unsigned x = __float_as_uint(v);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x0040u;
-    return (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-}
 
 // dst[i] = bf16_rne(src[i]) for i < n, 8 elements a thread: two 16-byte
 // loads and one 16-byte store when both pointers are 16-byte aligned (the

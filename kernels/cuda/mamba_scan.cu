@@ -91,6 +91,15 @@ struct Lanes {
     // Per-channel results of one chunk, `nv` per (step, channel):
     // fin[(j * nv + v) * cpb + cl].
     static constexpr int fin(int nv) { return kChunk * nv * cpb; }
+    // Row stride of the backward's d B / d C stage (one column per thread,
+    // a row per (slot, B/C, state slot i)). The walk's stores are
+    // conflict-free for any stride (consecutive threads, one row); the
+    // channel sums read, across a warp, rows (q, which, i) at columns
+    // cl2 * SP + ln, and a stride of 128 + min(SP, 8) puts those 32 reads
+    // in 32 distinct banks (128 + 1 left them 3-4 ways conflicted at SP =
+    // 4; ncu 2026-12-02 had the backward at 76 % of its memory pipes).
+    // Must match ScanShape::red_row (scan_shape.rs).
+    static constexpr int red_row = kScanThreads + (SP < 8 ? SP : 8);
     int lane;  // this thread's lane within its channel
     int cl;    // this thread's channel within the block
     int n0;    // this thread's first state: lane * kLaneStates
@@ -249,9 +258,6 @@ __device__ __forceinline__ float step_state(float h, float a, float dtj, float b
     return __fmaf_rn(a, h, (dtj * bn) * uj);
 }
 
-// Row stride of the backward's d B / d C stage: one column per thread,
-// padded against bank conflicts.
-constexpr int kRedRow = kScanThreads + 1;
 
 // The d B / d C stage of steps m0 .. m0 + kStage - 1 (stage slot q holds
 // row m0 + q; only the first `valid` are real steps), each (row, B/C, n)
@@ -266,7 +272,7 @@ __device__ __forceinline__ void sum_stage(const float* sRed, float* __restrict__
         const int which = w / L::npad, n = w % L::npad;
         const int i = n % kLaneStates, ln = n / kLaneStates;
         if (q < valid && n < N) {
-            const float* src = sRed + ((q * 2 + which) * kLaneStates + i) * kRedRow;
+            const float* src = sRed + ((q * 2 + which) * kLaneStates + i) * L::red_row;
             float s = src[ln];
 #pragma unroll 8
             for (int cl2 = 1; cl2 < L::cpb; ++cl2) s = s + src[cl2 * SP + ln];
@@ -283,8 +289,9 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
                                          const float* __restrict__ dpar,
                                          const float* __restrict__ z, long long ldz,
                                          float* __restrict__ Hin, float* __restrict__ y,
-                                         float* __restrict__ out, int T, int D, int N,
-                                         float* smem) {
+                                         float* __restrict__ out,
+                                         unsigned short* __restrict__ out_h, int T, int D,
+                                         int N, float* smem) {
     using L = Lanes<SP>;
     const L l;
     const int b = blockIdx.y;
@@ -348,7 +355,7 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
                 const long long m = ch.m0 + j;
                 const float yv = sFin[j * L::cpb + l.fcl] + dp * staged_col<SP>(buf, 1, j, l.fcl);
                 y[m * D + fc] = yv;
-                out[m * D + fc] = yv * siluf_(staged_col<SP>(buf, 2, j, l.fcl));
+                store_f32_bf16(out, out_h, m * D + fc, yv * siluf_(staged_col<SP>(buf, 2, j, l.fcl)));
             }
         }
         // Every thread is done with this buffer and sFin before the next
@@ -364,13 +371,15 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
                                          const float* __restrict__ dpar,
                                          const float* __restrict__ dy,
                                          const float* __restrict__ Hin,
-                                         float* __restrict__ ddtr, float* __restrict__ du,
-                                         float* __restrict__ part, float* __restrict__ dA_part,
-                                         int T, int D, int N, int rounds, float* smem) {
+                                         float* __restrict__ ddtr,
+                                         unsigned short* __restrict__ ddtr_h,
+                                         float* __restrict__ du, float* __restrict__ part,
+                                         float* __restrict__ dA_part, int T, int D, int N,
+                                         int rounds, float* smem) {
     using L = Lanes<SP>;
     float* sH = smem;
     float* sRed = sH + kChunk * kLaneStates * kScanThreads;
-    float* stage = sRed + kStage * 2 * kLaneStates * kRedRow;
+    float* stage = sRed + kStage * 2 * kLaneStates * L::red_row;
     float* sFin = stage + 2 * L::stage;
     const L l;
     const int b = blockIdx.y, grp = blockIdx.x;
@@ -460,8 +469,8 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
                         pdu = pdu + __fmul_rn(gdt, bn);
                         dA[i] = dA[i] + (g * hp) * dtj;
                         carry[i] = a * g;
-                        sRed[((slot * 2 + 0) * kLaneStates + i) * kRedRow + tid] = gdt * uj;
-                        sRed[((slot * 2 + 1) * kLaneStates + i) * kRedRow + tid] = dyj * h[i];
+                        sRed[((slot * 2 + 0) * kLaneStates + i) * L::red_row + tid] = gdt * uj;
+                        sRed[((slot * 2 + 1) * kLaneStates + i) * L::red_row + tid] = dyj * h[i];
                         h[i] = hprev;
                     }
                     sH[(j * kLaneStates + 0) * kScanThreads + tid] = pdt;
@@ -490,7 +499,8 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
                     const long long m = ch.m0 + j;
                     const float dtj = staged_col<SP>(buf, 0, j, l.fcl);
                     const float dyj = staged_col<SP>(buf, 2, j, l.fcl);
-                    ddtr[m * D + fc] = sFin[(j * 2 + 0) * L::cpb + l.fcl] * -expm1f(-dtj);
+                    store_f32_bf16(ddtr, ddtr_h, m * D + fc,
+                                   sFin[(j * 2 + 0) * L::cpb + l.fcl] * -expm1f(-dtj));
                     du[m * D + fc] = sFin[(j * 2 + 1) * L::cpb + l.fcl] + dp * dyj;
                 }
             }
@@ -521,6 +531,8 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
         default: break;                   \
     }
 
+// `out` and its bf16 copy `out_h`: either may be null (a bf16 run keeps the
+// gated output in bf16 alone).
 // grid (ceil(D / cpb), B), block kScanThreads, dynamic shared memory
 // 2 * Lanes::stage + Lanes::fin(1) floats.
 extern "C" __global__ void __launch_bounds__(kScanThreads)
@@ -528,21 +540,22 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
                    const float* __restrict__ bc, long long ldbc,
                    const float* __restrict__ a_log, const float* __restrict__ dpar,
                    const float* __restrict__ z, long long ldz, float* __restrict__ Hin,
-                   float* __restrict__ y, float* __restrict__ out, int T, int D, int N,
-                   int sp) {
+                   float* __restrict__ y, float* __restrict__ out,
+                   unsigned short* __restrict__ out_h, int T, int D, int N, int sp) {
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
     extern __shared__ float smem[];
 #endif
 #define MAMBA_SCAN_FWD(SP) \
-    scan_fwd<SP>(u, dt, bc, ldbc, a_log, dpar, z, ldz, Hin, y, out, T, D, N, smem)
+    scan_fwd<SP>(u, dt, bc, ldbc, a_log, dpar, z, ldz, Hin, y, out, out_h, T, D, N, smem)
     MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_FWD)
 #undef MAMBA_SCAN_FWD
 }
 
 // Outputs: ddtr[m, c] = (dL/d dt) * sigmoid(pre) (softplus' from dt itself:
-// sigmoid(pre) = 1 - exp(-softplus(pre)) = -expm1(-dt)); du[m, c] = scan
+// sigmoid(pre) = 1 - exp(-softplus(pre)) = -expm1(-dt)), and its bf16 copy
+// into ddtr_h when that is not null; du[m, c] = scan
 // part + Dp dy (x_proj's backward GEMM adds its share later);
 // dA_part[b][c][n] = sum over t (descending) of g a h_{t-1} dt;
 // part[grp][m][0..N) = d B, part[grp][m][N..2N) = d C summed over the
@@ -550,7 +563,7 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
 // after the other (set r adds onto set r-1's partial in place).
 // grid (groups, B), block kScanThreads. Dynamic shared memory, in floats:
 // sH [kChunk][kLaneStates][kScanThreads] (the chunk's recomputed states,
-// each thread's own column), sRed [kStage][2][kLaneStates][kScanThreads + 1]
+// each thread's own column), sRed [kStage][2][kLaneStates][Lanes::red_row]
 // (the d B / d C stage, rows padded against bank conflicts), two staging
 // buffers of Lanes::stage, then Lanes::fin(2) (d dt and d u per step and
 // channel).
@@ -561,7 +574,8 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
                    const float* __restrict__ bc, long long ldbc,
                    const float* __restrict__ a_log, const float* __restrict__ dpar,
                    const float* __restrict__ dy, const float* __restrict__ Hin,
-                   float* __restrict__ ddtr, float* __restrict__ du, float* __restrict__ part,
+                   float* __restrict__ ddtr, unsigned short* __restrict__ ddtr_h,
+                   float* __restrict__ du, float* __restrict__ part,
                    float* __restrict__ dA_part, int T, int D, int N, int sp, int rounds) {
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
@@ -569,8 +583,8 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
     extern __shared__ float smem[];
 #endif
 #define MAMBA_SCAN_BWD(SP)                                                                  \
-    scan_bwd<SP>(u, dt, bc, ldbc, a_log, dpar, dy, Hin, ddtr, du, part, dA_part, T, D, N, \
-                 rounds, smem)
+    scan_bwd<SP>(u, dt, bc, ldbc, a_log, dpar, dy, Hin, ddtr, ddtr_h, du, part, dA_part, T, D, \
+                 N, rounds, smem)
     MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_BWD)
 #undef MAMBA_SCAN_BWD
 }

@@ -63,6 +63,11 @@ inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 // A product never contracted into a neighbouring add (the host does not
 // contract anyway: ISO C++ mode, no FMA target).
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline unsigned __float_as_uint(float v) {
+    unsigned b;
+    std::memcpy(&b, &v, 4);
+    return b;
+}
 
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

@@ -119,6 +119,8 @@ int main() {
         std::vector<float> hin((size_t)B * nch * D * N, nan), y(M * D, nan), out(M * D, nan);
         std::vector<float> ddtr(M * D, nan), du(M * D, nan), part((size_t)groups * M * 2 * N, nan),
             dapart((size_t)B * D * N, nan), ddbc((size_t)M * ld, nan);
+        // The fused bf16 copies of out and ddtr (0xffff: never written).
+        std::vector<unsigned short> out_h(M * D, 0xffff), ddtr_h(M * D, 0xffff);
         // Dynamic shared memory in floats (ScanShape::fwd_smem_bytes and
         // bwd_smem_bytes / 4): two chunk staging buffers and the chunk's
         // per-channel sums (1 a step forward, 2 backward); the backward adds
@@ -126,16 +128,16 @@ int main() {
         const size_t stage = 16 * (2 * sp * EMU_LANE_STATES + 3 * cpb);
         const size_t fwd_dyn = 2 * stage + 16 * cpb;
         const size_t bwd_dyn = 16 * EMU_LANE_STATES * EMU_BLOCK +
-                               EMU_RED_STEPS * 2 * EMU_LANE_STATES * (EMU_BLOCK + 1) + 2 * stage +
+                               EMU_RED_STEPS * 2 * EMU_LANE_STATES * (EMU_BLOCK + std::min(sp, 8)) + 2 * stage +
                                16 * 2 * cpb;
         const float* bc = fdbc.data() + R;
         emu_launch({(unsigned)sets, (unsigned)B, 1}, EMU_BLOCK, fwd_dyn, [&] {
             mamba_scan_fwd(fu.data(), fdt.data(), bc, ld, fal.data(), fdp.data(), fxz.data() + D,
-                           2 * D, hin.data(), y.data(), out.data(), T, D, N, sp);
+                           2 * D, hin.data(), y.data(), out.data(), out_h.data(), T, D, N, sp);
         });
         emu_launch({(unsigned)groups, (unsigned)B, 1}, EMU_BLOCK, bwd_dyn, [&] {
             mamba_scan_bwd(fu.data(), fdt.data(), bc, ld, fal.data(), fdp.data(), fdy.data(),
-                           hin.data(), ddtr.data(), du.data(), part.data(), dapart.data(), T, D, N,
+                           hin.data(), ddtr.data(), ddtr_h.data(), du.data(), part.data(), dapart.data(), T, D, N,
                            sp, rounds);
         });
         emu_launch({(unsigned)((M * 2 * N + 255) / 256), 1, 1}, 256, 0, [&] {
@@ -154,7 +156,14 @@ int main() {
             {"y", rel_l2(y, ey), 2e-6},       {"out", rel_l2(out, eout), 2e-6},
             {"ddt_raw", rel_l2(ddtr, eddtr), 1e-5}, {"du", rel_l2(du, edu), 1e-5},
             {"dB|dC", rel_l2(dbc_cols, edbc), 1e-5}, {"dA_log", rel_l2(da, eda), 1e-5}};
-        printf("B %d T %d D %d N %d (sp %d cpb %d rounds %d groups %d):", B, T, D, N, sp, cpb, rounds, groups);
+        // Each bf16 copy must be the cast of its f32 value, bit for bit.
+        int copy_bad = 0;
+        for (int i = 0; i < M * D; ++i) {
+            copy_bad += out_h[i] != (unsigned short)mamba::bf16_rne(out[i]);
+            copy_bad += ddtr_h[i] != (unsigned short)mamba::bf16_rne(ddtr[i]);
+        }
+        fails += copy_bad != 0;
+        printf("B %d T %d D %d N %d (sp %d cpb %d rounds %d groups %d): bf16 copies %s,", B, T, D, N, sp, cpb, rounds, groups, copy_bad ? "DIFFER" : "exact");
         for (auto& k : checks) {
             bool bad = !(k.err <= k.tol);
             fails += bad;

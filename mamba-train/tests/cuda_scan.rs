@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use cuda_common::{gpu_required, no_gpu_reason, rel_l2};
 use cudarc::driver::{CudaSlice, CudaStream};
-use kernels::mamba::{MambaKernels, ScanBackward, ScanForward, ScanInputs, ScanShape};
+use kernels::mamba::{
+    f32_to_bf16_rne, MambaKernels, ScanBackward, ScanForward, ScanInputs, ScanShape, Store,
+};
 use mamba_train::seed::Rng;
 
 fn device() -> Option<(Arc<CudaStream>, MambaKernels)> {
@@ -245,6 +247,10 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
         let sl = shape.state_len();
         let (mut da_part, mut hin) = (nan(shape.da_partial_len()), nan(sl));
         let (mut y, mut out) = (nan(m * d), nan(m * d));
+        // The bf16 copies the kernels store beside out and ddt_raw (0xffff,
+        // a NaN pattern the rounding never yields, where nothing is written).
+        let unwritten = |len: usize| s.clone_htod(&vec![0xffffu16; len.max(1)]).expect("alloc");
+        let (mut out_h, mut ddtr_h) = (unwritten(m * d), unwritten(m * d));
         let (uv, dtv, bc, alv, dpv) = (
             u.as_view(),
             dt.as_view(),
@@ -269,7 +275,7 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
                 ldz: 2 * d,
                 hin: &mut hin.as_view_mut(),
                 y: &mut y.as_view_mut(),
-                out: &mut out.as_view_mut(),
+                out: Store::Both(out.as_view_mut(), out_h.as_view_mut()),
             },
         )
         .expect("scan_forward");
@@ -285,7 +291,7 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
                 hin: &hin.as_view(),
                 scratch_da: &mut da_part.as_view_mut(),
                 scratch_dbc: &mut dbc_part.as_view_mut(),
-                ddt_raw: &mut ddtr.as_view_mut(),
+                ddt_raw: Store::Both(ddtr.as_view_mut(), ddtr_h.as_view_mut()),
                 du: &mut du.as_view_mut(),
                 dbc: &mut ddbc.slice_mut(r..),
                 da_log: &mut da.as_view_mut(),
@@ -301,6 +307,21 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
             "batch {} T {} d_inner {} d_state {} dt_rank {}",
             c.b, c.t, d, n, r
         );
+        // Each stored bf16 copy is its f32 value's cast, bit for bit.
+        for (what, f, h) in [("out", &out, &out_h), ("ddt_raw", &ddtr, &ddtr_h)] {
+            let (f, h) = (host(f), s.clone_dtoh(h).expect("download"));
+            let bad = f
+                .iter()
+                .zip(&h)
+                .filter(|(x, b)| f32_to_bf16_rne(**x) != **b)
+                .count();
+            if bad > 0 {
+                failures.push(format!(
+                    "{label}: {bad} of {} elements of {what}'s bf16 copy are not its cast",
+                    h.len()
+                ));
+            }
+        }
         for (what, got, want, tol) in [
             ("y", host(&y), &want.y, 2e-6),
             ("out", host(&out), &want.out, 2e-6),
@@ -366,7 +387,7 @@ fn scan_launchers_refuse_short_buffers() {
                 ldz: 8,
                 hin: &mut hin.as_view_mut(),
                 y: &mut y.as_view_mut(),
-                out: &mut out.as_view_mut(),
+                out: Store::F32(out.as_view_mut()),
             },
         )
         .unwrap_err()

@@ -61,7 +61,9 @@ fn a_two_process_run_at_logical_world_four_keeps_its_pinned_digest() {
 
 /// `--device cuda` with [`CUDA_FLAGS`] on one NVIDIA H200 (CUDA 13.0,
 /// driver 580, this build's kernels), as the build with the scan's decay
-/// as `exp2f(dt * A log2 e)` produced it (twice in one run, 2026-12-02).
+/// as `exp2f(dt * A log2 e)` produced it (twice in one run, 2026-12-02; the
+/// decay as `ex2.approx.ftz`, which differs only below 2^-126, and the
+/// fused bf16 stores kept it).
 /// Earlier builds: the scan's recurrence as one FMA under `--fmad=true`
 /// gave 88f3cb82..., the staged scan under `--fmad=false` f5dc6b23..., the
 /// first serial scan ca8d735d..., the chunked scan c923d315.... The CUDA

@@ -8,6 +8,7 @@ use cudarc::driver::{CudaFunction, CudaStream, CudaView, CudaViewMut};
 use super::check;
 use super::launcher::{Arg, Grid, Launch, THREADS};
 use super::reductions::REDUCE_THREADS;
+use super::store::Store;
 use super::{MambaKernels, COL_SLAB};
 use crate::error::KernelError;
 
@@ -18,7 +19,7 @@ impl MambaKernels {
     /// `u = SiLU(conv(x))`: causal depthwise conv of width `k` with bias
     /// over each sequence of `seq_len` rows; `x` is `[rows, d_inner]` with
     /// leading dimension `ldx` (the first half of in_proj's output), `w` is
-    /// `[d_inner, 1, k]`, `u` is `[rows, d_inner]`.
+    /// `[d_inner, 1, k]`, `u` is `[rows, d_inner]` (f32, bf16 or both).
     #[allow(clippy::too_many_arguments)]
     pub fn conv_fwd(
         &self,
@@ -27,7 +28,7 @@ impl MambaKernels {
         ldx: usize,
         w: &CudaView<f32>,
         bias: &CudaView<f32>,
-        u: &mut CudaViewMut<f32>,
+        u: Store<'_>,
         rows: usize,
         seq_len: usize,
         d_inner: usize,
@@ -42,7 +43,7 @@ impl MambaKernels {
             ldx,
             w,
             bias,
-            u,
+            ConvOut::Stored(u),
             rows,
             seq_len,
             d_inner,
@@ -76,7 +77,7 @@ impl MambaKernels {
             ldx,
             w,
             bias,
-            g,
+            ConvOut::InPlace(g),
             rows,
             seq_len,
             d_inner,
@@ -100,7 +101,7 @@ impl MambaKernels {
         ldx: usize,
         w: &CudaView<f32>,
         bias: &CudaView<f32>,
-        out: &mut CudaViewMut<f32>,
+        out: ConvOut<'_, '_>,
         rows: usize,
         seq_len: usize,
         d_inner: usize,
@@ -111,12 +112,13 @@ impl MambaKernels {
         check::matrix(kernel, "x", x.len(), rows, d_inner, ldx)?;
         check::len(kernel, "w", w.len(), check::mul(kernel, "w", d_inner, k)?)?;
         check::len(kernel, "bias", bias.len(), d_inner)?;
-        check::len(
-            kernel,
-            out_name,
-            out.len(),
-            check::mul(kernel, out_name, rows, d_inner)?,
-        )?;
+        // The forward's kernel takes u's bf16 pointer after u; the
+        // backward's has no such parameter.
+        let (mut out, takes_bf16) = match out {
+            ConvOut::Stored(s) => (s, true),
+            ConvOut::InPlace(g) => (Store::F32(g.slice_mut(..)), false),
+        };
+        out.check_matrix(kernel, out_name, rows, d_inner, d_inner)?;
         if rows == 0 || d_inner == 0 {
             return Ok(());
         }
@@ -129,36 +131,43 @@ impl MambaKernels {
             },
             block: THREADS,
         };
-        let mut args = [
+        let [out_f32, out_bf16] = out.args();
+        let mut args = vec![
             Arg::In(x),
             Arg::Long("ldx", ldx),
             Arg::In(w),
             Arg::In(bias),
-            Arg::Out(out),
+            out_f32,
+        ];
+        if takes_bf16 {
+            args.push(out_bf16);
+        }
+        args.extend([
             Arg::Long("rows", rows),
             Arg::Int("seq_len", seq_len),
             Arg::Int("d_inner", d_inner),
             Arg::Int("k", k),
-        ];
-        // SAFETY: `func` is mamba_conv_fwd or mamba_conv_bwd_pre (the callers
-        // pass the one `kernel` names); both are (const float* x, long long
-        // ldx, const float* w, const float* bias, float* out, long long M,
-        // int T, int D, int K); threads touch rows < M only, rows are a
-        // whole number of sequences, reads stay inside the sequence, extents
-        // checked above.
+        ]);
+        // SAFETY: `func` is mamba_conv_fwd (const float* x, long long ldx,
+        // const float* w, const float* bias, float* u, unsigned short* u_h,
+        // long long M, int T, int D, int K; u and u_h each null or checked
+        // above) or mamba_conv_bwd_pre (the same without u_h, g in u's place:
+        // always f32, ConvOut::InPlace), as the callers pass with `kernel`;
+        // threads touch rows < M only, rows are a whole number of sequences,
+        // reads stay inside the sequence, extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
     /// `dx[b, t, c] = sum_k w[c, k] dpre[b, t + k_max - k, c]` (inside the
-    /// sequence), written to `dx` (leading dimension `ldo`; the first half
-    /// of in_proj's output gradient).
+    /// sequence), written to `dx` (f32 and/or bf16, leading dimension `ldo`;
+    /// the first half of in_proj's output gradient).
     #[allow(clippy::too_many_arguments)]
     pub fn conv_bwd_dx(
         &self,
         stream: &CudaStream,
         dpre: &CudaView<f32>,
         w: &CudaView<f32>,
-        dx: &mut CudaViewMut<f32>,
+        mut dx: Store<'_>,
         ldo: usize,
         rows: usize,
         seq_len: usize,
@@ -170,7 +179,7 @@ impl MambaKernels {
         conv_checks(K, rows, seq_len, k)?;
         check::len(K, "dpre", dpre.len(), check::mul(K, "dpre", rows, d_inner)?)?;
         check::len(K, "w", w.len(), check::mul(K, "w", d_inner, k)?)?;
-        check::matrix(K, "dx", dx.len(), rows, d_inner, ldo)?;
+        dx.check_matrix(K, "dx", rows, d_inner, ldo)?;
         if rows == 0 || d_inner == 0 {
             return Ok(());
         }
@@ -183,10 +192,12 @@ impl MambaKernels {
             },
             block: THREADS,
         };
+        let [dx_f32, dx_bf16] = dx.args();
         let mut args = [
             Arg::In(dpre),
             Arg::In(w),
-            Arg::Out(dx),
+            dx_f32,
+            dx_bf16,
             Arg::Long("ldo", ldo),
             Arg::Long("rows", rows),
             Arg::Int("seq_len", seq_len),
@@ -194,8 +205,9 @@ impl MambaKernels {
             Arg::Int("k", k),
         ];
         // SAFETY: matches mamba_conv_bwd_dx(const float* dpre, const float*
-        // w, float* dx, long long ldo, long long M, int T, int D, int K);
-        // threads touch rows < M only; extents checked.
+        // w, float* dx, unsigned short* dx_h, long long ldo, long long M, int
+        // T, int D, int K) (dx and dx_h each null or checked); threads touch
+        // rows < M only; extents checked.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
@@ -274,6 +286,13 @@ impl MambaKernels {
 }
 
 /// Shared conv checks: rows are whole sequences, the width fits the kernel.
+/// The output of [`MambaKernels::conv_pointwise`]: the forward's `u`
+/// (f32 and/or bf16) or the backward's gradient, rewritten in place (f32).
+enum ConvOut<'a, 'b> {
+    Stored(Store<'b>),
+    InPlace(&'a mut CudaViewMut<'b, f32>),
+}
+
 fn conv_checks(
     kernel: &'static str,
     rows: usize,

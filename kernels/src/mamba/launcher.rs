@@ -80,12 +80,17 @@ impl<T> WriteArg for CudaViewMut<'_, T> {
     }
 }
 
+/// The value pushed for [`Arg::Null`]: a device pointer of 0.
+static NULL_POINTER: u64 = 0;
+
 /// One kernel argument, in the kernel's parameter order.
 pub(crate) enum Arg<'a> {
     /// `const T*`: pushed as a shared borrow (cudarc records a read).
     In(&'a dyn ReadArg),
     /// `T*`: pushed as a mutable borrow (cudarc records a write).
     Out(&'a mut dyn WriteArg),
+    /// A null `T*`: an optional output the kernel skips (it checks for null).
+    Null,
     /// A size passed as C `int`, named in the error if it does not fit.
     Int(&'static str, usize),
     /// A size passed as C `long long`, named in the error if it does not fit.
@@ -155,6 +160,9 @@ impl MambaKernels {
                 }
                 Arg::U64(v) => {
                     b.arg(&*v);
+                }
+                Arg::Null => {
+                    b.arg(&NULL_POINTER);
                 }
                 Arg::F32(v) => {
                     b.arg(&*v);

@@ -32,6 +32,7 @@ pub mod scan;
 #[cfg(test)]
 mod scan_emu_tests;
 mod scan_shape;
+pub mod store;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -46,8 +47,9 @@ pub use cast::{bf16_to_f32, f32_to_bf16_rne};
 pub use conv::MAX_CONV_WIDTH;
 pub use decode::{DecodeKernels, ScanStepInputs};
 pub use optim::{check_decay_ranges, AdamWStep, NORM_CHUNK};
-pub use reductions::ColSum;
+pub use reductions::{ColSum, LogitGrad};
 pub use scan::{ScanBackward, ScanForward, ScanInputs, ScanShape, MAX_D_STATE, SCAN_CHUNK};
+pub use store::Store;
 pub use tokens::{DeviceTokenCsr, TokenCsr};
 
 /// Rows summed per block by the two-stage column reductions

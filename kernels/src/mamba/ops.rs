@@ -9,6 +9,7 @@ use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
 use super::check;
 use super::launcher::{Arg, Grid, Launch, THREADS};
 use super::reductions::REDUCE_THREADS;
+use super::store::Store;
 use super::MambaKernels;
 use crate::error::KernelError;
 
@@ -100,15 +101,16 @@ impl MambaKernels {
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
-    /// RMSNorm forward over `rows` rows of width `d`: `y = w * (x * r)`,
-    /// `r = 1/sqrt(mean(x^2) + eps)`, saving `rstd[m] = r`.
+    /// RMSNorm forward over `rows` rows of width `d`: `y = w * (x * r)`
+    /// (f32, bf16 or both), `r = 1/sqrt(mean(x^2) + eps)`, saving
+    /// `rstd[m] = r`.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_fwd(
         &self,
         stream: &CudaStream,
         x: &CudaView<f32>,
         w: &CudaView<f32>,
-        y: &mut CudaViewMut<f32>,
+        mut y: Store<'_>,
         rstd: &mut CudaViewMut<f32>,
         rows: usize,
         d: usize,
@@ -118,7 +120,7 @@ impl MambaKernels {
         self.check_stream(K, stream)?;
         let n = check::mul(K, "x", rows, d)?;
         check::len(K, "x", x.len(), n)?;
-        check::len(K, "y", y.len(), n)?;
+        y.check_each("y", |what, have| check::len(K, what, have, n))?;
         check::len(K, "w", w.len(), d)?;
         check::len(K, "rstd", rstd.len(), rows)?;
         if rows == 0 || d == 0 {
@@ -130,25 +132,29 @@ impl MambaKernels {
             grid: Grid::Dims(rows.div_ceil(ROWS_PER_BLOCK), 1, 1),
             block: REDUCE_THREADS,
         };
+        let [y_f32, y_bf16] = y.args();
         let mut args = [
             Arg::In(x),
             Arg::In(w),
-            Arg::Out(y),
+            y_f32,
+            y_bf16,
             Arg::Out(rstd),
             Arg::Long("rows", rows),
             Arg::Int("d", d),
             Arg::F32(eps),
         ];
         // SAFETY: matches mamba_rmsnorm_fwd(const float* x, const float* w,
-        // float* y, float* rstd, long long M, int d, float eps); all extents
-        // checked above.
+        // float* y, unsigned short* y_h, float* rstd, long long M, int d,
+        // float eps) (y and y_h each null or checked); all extents checked
+        // above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
     /// RMSNorm backward: `dx = r w dy - x r^3 (sum_k dy_k w_k x_k) / d`,
     /// written to `dx` or, with `accumulate`, added to it (the residual
-    /// stream's gradient). The weight gradient is a [`ColSum::ProductRowScaled`]
-    /// of `dy`, `x` and `rstd`.
+    /// stream's gradient; `dx` must then hold f32 values), and the result's
+    /// bf16 copy stored too when `dx` has one. The weight gradient is a
+    /// [`ColSum::ProductRowScaled`] of `dy`, `x` and `rstd`.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_bwd(
         &self,
@@ -157,7 +163,7 @@ impl MambaKernels {
         x: &CudaView<f32>,
         w: &CudaView<f32>,
         rstd: &CudaView<f32>,
-        dx: &mut CudaViewMut<f32>,
+        mut dx: Store<'_>,
         rows: usize,
         d: usize,
         accumulate: bool,
@@ -167,7 +173,13 @@ impl MambaKernels {
         let n = check::mul(K, "x", rows, d)?;
         check::len(K, "dy", dy.len(), n)?;
         check::len(K, "x", x.len(), n)?;
-        check::len(K, "dx", dx.len(), n)?;
+        dx.check_each("dx", |what, have| check::len(K, what, have, n))?;
+        if accumulate && !dx.has_f32() {
+            return Err(KernelError::invalid(
+                K,
+                "accumulating into dx needs its f32 values; a bf16-only dx was given",
+            ));
+        }
         check::len(K, "w", w.len(), d)?;
         check::len(K, "rstd", rstd.len(), rows)?;
         if rows == 0 || d == 0 {
@@ -179,19 +191,22 @@ impl MambaKernels {
             grid: Grid::Dims(rows.div_ceil(ROWS_PER_BLOCK), 1, 1),
             block: REDUCE_THREADS,
         };
+        let [dx_f32, dx_bf16] = dx.args();
         let mut args = [
             Arg::In(dy),
             Arg::In(x),
             Arg::In(w),
             Arg::In(rstd),
-            Arg::Out(dx),
+            dx_f32,
+            dx_bf16,
             Arg::Long("rows", rows),
             Arg::Int("d", d),
             Arg::I32(accumulate as i32),
         ];
         // SAFETY: matches mamba_rmsnorm_bwd(const float* dy, const float* x,
-        // const float* w, const float* rstd, float* dx, long long M, int d,
-        // int accumulate); extents checked above.
+        // const float* w, const float* rstd, float* dx, unsigned short* dx_h,
+        // long long M, int d, int accumulate) (dx and dx_h each null or
+        // checked; dx not null when accumulating); extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
@@ -234,8 +249,9 @@ impl MambaKernels {
     }
 
     /// Backward of `out = y * SiLU(z)`: `dy = dout SiLU(z)` (`[rows,
-    /// d_inner]`) and `dz = dout y SiLU'(z)`; `z` and `dz` have leading
-    /// dimension `ldz` (the second half of in_proj's output / its gradient).
+    /// d_inner]`) and `dz = dout y SiLU'(z)` (f32 and/or bf16); `z` and `dz`
+    /// have leading dimension `ldz` (the second half of in_proj's output /
+    /// its gradient).
     #[allow(clippy::too_many_arguments)]
     pub fn gate_bwd(
         &self,
@@ -245,7 +261,7 @@ impl MambaKernels {
         z: &CudaView<f32>,
         ldz: usize,
         dy: &mut CudaViewMut<f32>,
-        dz: &mut CudaViewMut<f32>,
+        mut dz: Store<'_>,
         rows: usize,
         d_inner: usize,
     ) -> Result<(), KernelError> {
@@ -256,7 +272,7 @@ impl MambaKernels {
         check::len(K, "y", y.len(), n)?;
         check::len(K, "dy", dy.len(), n)?;
         check::matrix(K, "z", z.len(), rows, d_inner, ldz)?;
-        check::matrix(K, "dz", dz.len(), rows, d_inner, ldz)?;
+        dz.check_matrix(K, "dz", rows, d_inner, ldz)?;
         if rows == 0 || d_inner == 0 {
             return Ok(());
         }
@@ -269,18 +285,21 @@ impl MambaKernels {
             },
             block: THREADS,
         };
+        let [dz_f32, dz_bf16] = dz.args();
         let mut args = [
             Arg::In(dout),
             Arg::In(y),
             Arg::In(z),
             Arg::Long("ldz", ldz),
             Arg::Out(dy),
-            Arg::Out(dz),
+            dz_f32,
+            dz_bf16,
             Arg::Int("d_inner", d_inner),
         ];
         // SAFETY: matches mamba_gate_bwd(const float* dout, const float* y,
-        // const float* z, long long ldz, float* dy, float* dz, int D);
-        // extents checked above.
+        // const float* z, long long ldz, float* dy, float* dz, unsigned
+        // short* dz_h, int D) (dz and dz_h each null or checked); extents
+        // checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 }

@@ -47,6 +47,18 @@ pub enum ColSum<'a> {
     },
 }
 
+/// What [`MambaKernels::cross_entropy`] does with the gradient of the
+/// logits.
+pub enum LogitGrad<'b> {
+    /// The loss only: the logits stay.
+    None,
+    /// The gradient over the logits, in place (f32).
+    InPlace,
+    /// The gradient rounded to bf16 into this `[rows, vocab]` buffer (what
+    /// only a bf16 GEMM reads); the logits stay.
+    Bf16(CudaViewMut<'b, u16>),
+}
+
 impl MambaKernels {
     /// Partial buffer length [`Self::colsum`] needs.
     pub fn colsum_scratch_len(rows: usize, cols: usize) -> usize {
@@ -190,8 +202,10 @@ impl MambaKernels {
 
     /// Cross-entropy of `logits` (`[rows, vocab]`) against `targets` (one
     /// per row, `-100` = ignored). Per row: `row_loss[m] = logsumexp -
-    /// logit[target]` (0 for ignored rows); with `write_grad`, the row
-    /// becomes `(softmax - onehot) / counted` (0 for ignored rows), in place.
+    /// logit[target]` (0 for ignored rows), and the gradient `(softmax -
+    /// onehot) / counted` (0 for ignored rows) as `grad` says: none, over
+    /// the logits in place, or rounded to bf16 into its own buffer (the
+    /// bits a cast of the in-place values would give).
     /// A target outside `[0, vocab)` other than `-100` must be refused by the
     /// caller before upload (the kernel would read outside the row).
     #[allow(clippy::too_many_arguments)]
@@ -204,7 +218,7 @@ impl MambaKernels {
         counted: usize,
         rows: usize,
         vocab: usize,
-        write_grad: bool,
+        mut grad: LogitGrad<'_>,
     ) -> Result<(), KernelError> {
         const K: &str = "mamba_ce_fwd_bwd";
         self.check_stream(K, stream)?;
@@ -216,6 +230,14 @@ impl MambaKernels {
         )?;
         check::len(K, "targets", targets.len(), rows)?;
         check::len(K, "row_loss", row_loss.len(), rows)?;
+        if let LogitGrad::Bf16(h) = &grad {
+            check::len(
+                K,
+                "grad_bf16",
+                h.len(),
+                check::mul(K, "grad_bf16", rows, vocab)?,
+            )?;
+        }
         if rows == 0 {
             return Ok(());
         }
@@ -233,17 +255,24 @@ impl MambaKernels {
             grid: Grid::Dims(rows, 1, 1),
             block: REDUCE_THREADS,
         };
+        let write_grad = !matches!(grad, LogitGrad::None);
+        let grad_h = match &mut grad {
+            LogitGrad::Bf16(h) => Arg::Out(h),
+            LogitGrad::None | LogitGrad::InPlace => Arg::Null,
+        };
         let mut args = [
             Arg::Out(logits),
             Arg::In(targets),
             Arg::Out(row_loss),
+            grad_h,
             Arg::F32(inv),
             Arg::Int("vocab", vocab),
             Arg::I32(write_grad as i32),
         ];
         // SAFETY: matches mamba_ce_fwd_bwd(float* logits, const int*
-        // targets, float* row_loss, float inv_count, int V, int write_grad);
-        // extents checked above, target values validated by the caller.
+        // targets, float* row_loss, unsigned short* grad_h, float inv_count,
+        // int V, int write_grad) (grad_h null or checked); extents checked
+        // above, target values validated by the caller.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 

@@ -16,6 +16,7 @@ use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
 use super::check::{self, grid};
 use super::launcher::{Arg, Grid, Launch};
 use super::scan_shape::{BLOCK, FLAT};
+use super::store::Store;
 use super::MambaKernels;
 
 pub use super::scan_shape::{ScanShape, MAX_D_STATE, SCAN_CHUNK};
@@ -50,8 +51,9 @@ pub struct ScanForward<'a, 'b> {
     pub hin: &'a mut CudaViewMut<'b, f32>,
     /// Out: `y = C.h + D u`, `[rows, d_inner]` (kept for the gate's backward).
     pub y: &'a mut CudaViewMut<'b, f32>,
-    /// Out: `y * SiLU(z)`, `[rows, d_inner]` (out_proj's input).
-    pub out: &'a mut CudaViewMut<'b, f32>,
+    /// Out: `y * SiLU(z)`, `[rows, d_inner]` (out_proj's input): f32, bf16
+    /// (all a bf16 out_proj reads) or both.
+    pub out: Store<'b>,
 }
 
 /// Buffers of [`MambaKernels::scan_backward`].
@@ -65,8 +67,10 @@ pub struct ScanBackward<'a, 'b> {
     pub scratch_da: &'a mut CudaViewMut<'b, f32>,
     /// Scratch, [`ScanShape::dbc_partial_len`] elements.
     pub scratch_dbc: &'a mut CudaViewMut<'b, f32>,
-    /// Out: `dL/d(dt_proj output)` = `dL/d dt * softplus'`, `[rows, d_inner]`.
-    pub ddt_raw: &'a mut CudaViewMut<'b, f32>,
+    /// Out: `dL/d(dt_proj output)` = `dL/d dt * softplus'`, `[rows,
+    /// d_inner]`: f32, bf16 or both (dt_proj's bias gradient reads the f32
+    /// values, its bf16 GEMMs the copy).
+    pub ddt_raw: Store<'b>,
     /// Out: `dL/du` from the scan and the skip term, `[rows, d_inner]`
     /// (x_proj's backward adds its share afterwards).
     pub du: &'a mut CudaViewMut<'b, f32>,
@@ -101,7 +105,7 @@ impl MambaKernels {
         stream: &CudaStream,
         shape: ScanShape,
         inp: ScanInputs<'_>,
-        buf: ScanForward<'_, '_>,
+        mut buf: ScanForward<'_, '_>,
     ) -> Result<(), KernelError> {
         const K: &str = "mamba_scan_forward";
         let (rd, sl) = self.scan_checks(K, stream, &shape, &inp)?;
@@ -109,7 +113,8 @@ impl MambaKernels {
         check::matrix(K, "z", buf.z.len(), rows, d, buf.ldz)?;
         check::len(K, "hin", buf.hin.len(), sl)?;
         check::len(K, "y", buf.y.len(), rd)?;
-        check::len(K, "out", buf.out.len(), rd)?;
+        buf.out
+            .check_each("out", |what, have| check::len(K, what, have, rd))?;
         if shape.is_empty() {
             return Ok(());
         }
@@ -124,6 +129,7 @@ impl MambaKernels {
             grid: Grid::Checked(lp.fwd_grid),
             block: BLOCK as u32,
         };
+        let [out_f32, out_bf16] = buf.out.args();
         let mut args = [
             Arg::In(inp.u),
             Arg::In(inp.dt),
@@ -135,7 +141,8 @@ impl MambaKernels {
             Arg::I64(ldz),
             Arg::Out(&mut *buf.hin),
             Arg::Out(&mut *buf.y),
-            Arg::Out(&mut *buf.out),
+            out_f32,
+            out_bf16,
             Arg::I32(lp.t),
             Arg::I32(lp.di),
             Arg::I32(lp.ni),
@@ -144,7 +151,8 @@ impl MambaKernels {
         // SAFETY: matches mamba_scan_fwd(const float* u, const float* dt,
         // const float* bc, long long ldbc, const float* a_log, const float*
         // dpar, const float* z, long long ldz, float* Hin, float* y, float*
-        // out, int T, int D, int N, int sp); check_inputs and the checks above
+        // out, unsigned short* out_h, int T, int D, int N, int sp) (out and
+        // out_h each null or checked); check_inputs and the checks above
         // bound every index (rows < batch*seq_len, channels < d_inner, states
         // < state_len); the grid's y extent is the batch.
         unsafe { self.launch(stream, launch, &mut args) }
@@ -157,7 +165,7 @@ impl MambaKernels {
         stream: &CudaStream,
         shape: ScanShape,
         inp: ScanInputs<'_>,
-        buf: ScanBackward<'_, '_>,
+        mut buf: ScanBackward<'_, '_>,
     ) -> Result<(), KernelError> {
         const K: &str = "mamba_scan_backward";
         let (rd, sl) = self.scan_checks(K, stream, &shape, &inp)?;
@@ -176,7 +184,8 @@ impl MambaKernels {
             buf.scratch_dbc.len(),
             shape.dbc_partial_len(),
         )?;
-        check::len(K, "ddt_raw", buf.ddt_raw.len(), rd)?;
+        buf.ddt_raw
+            .check_each("ddt_raw", |what, have| check::len(K, what, have, rd))?;
         check::len(K, "du", buf.du.len(), rd)?;
         check::matrix(K, "dbc", buf.dbc.len(), rows, 2 * n, inp.ldbc)?;
         check::len(K, "da_log", buf.da_log.len(), d * n)?;
@@ -193,6 +202,7 @@ impl MambaKernels {
             grid: Grid::Checked(lp.bwd_grid),
             block: BLOCK as u32,
         };
+        let [ddt_f32, ddt_bf16] = buf.ddt_raw.args();
         let mut args = [
             Arg::In(inp.u),
             Arg::In(inp.dt),
@@ -202,7 +212,8 @@ impl MambaKernels {
             Arg::In(inp.d),
             Arg::In(buf.dy),
             Arg::In(buf.hin),
-            Arg::Out(&mut *buf.ddt_raw),
+            ddt_f32,
+            ddt_bf16,
             Arg::Out(&mut *buf.du),
             Arg::Out(&mut *buf.scratch_dbc),
             Arg::Out(&mut *buf.scratch_da),
@@ -213,8 +224,9 @@ impl MambaKernels {
             Arg::I32(lp.rounds),
         ];
         // SAFETY: matches mamba_scan_bwd(u, dt, bc, long long ldbc, a_log,
-        // dpar, dy, Hin, float* ddtr, float* du, float* part, float* dA_part,
-        // int T, int D, int N, int sp, int rounds); the grid is (groups,
+        // dpar, dy, Hin, float* ddtr, unsigned short* ddtr_h, float* du,
+        // float* part, float* dA_part, int T, int D, int N, int sp, int
+        // rounds) (ddtr and ddtr_h each null or checked); the grid is (groups,
         // batch) with groups = ceil(ceil(D / cpb) / rounds), so every channel
         // index is bounded by c < D checks in the kernel; part is
         // [groups][rows][2N] and dA_part [batch][D][N] (checked above).

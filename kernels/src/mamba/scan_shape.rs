@@ -104,12 +104,18 @@ impl ScanShape {
     pub(super) fn fwd_smem_bytes(&self) -> usize {
         (2 * self.stage_floats() + self.fin_floats(1)) * 4
     }
+    /// Row stride of the backward's d B / d C stage (`Lanes::red_row` in the
+    /// `.cu` file): a column per thread, padded by `min(lanes, 8)` floats so
+    /// the channel sums read 32 distinct banks.
+    pub(super) fn red_row(&self) -> usize {
+        BLOCK + self.lanes().min(8)
+    }
     /// Dynamic shared memory of the backward kernel: the chunk's recomputed
     /// states, the d B / d C stage, the two staging buffers, then the
     /// chunk's d dt and d u sums.
     pub(super) fn bwd_smem_bytes(&self) -> usize {
         let states = SCAN_CHUNK * LANE_STATES * BLOCK;
-        let red = RED_STEPS * 2 * LANE_STATES * (BLOCK + 1);
+        let red = RED_STEPS * 2 * LANE_STATES * self.red_row();
         (states + red + 2 * self.stage_floats() + self.fin_floats(2)) * 4
     }
     /// The most dynamic shared memory any valid state size needs, per
@@ -266,13 +272,14 @@ mod tests {
         let (f, b) = ScanShape::max_smem_bytes();
         // An sm_80 / sm_90 block may opt in to up to 163 / 227 KiB.
         assert!(f <= 160 * 1024 && b <= 160 * 1024, "{f} {b}");
-        // The 130m shape: 18 KiB forward, 68 KiB backward (three backward
+        // The 130m shape: 18 KiB forward, 68.5 KiB backward (the d B / d C
+        // stage rows padded to 128 + 4 floats at 4 lanes; three backward
         // blocks fit an H200 SM's 228 KiB, as the 384-block grid needs).
         let s = shape(8, 1024, 1536, 16);
         assert_eq!(s.fwd_smem_bytes(), (2 * 16 * (32 + 3 * 32) + 16 * 32) * 4);
         assert_eq!(
             s.bwd_smem_bytes(),
-            (16 * 4 * 128 + 4 * 2 * 4 * 129 + 2 * 16 * (32 + 3 * 32) + 16 * 2 * 32) * 4
+            (16 * 4 * 128 + 4 * 2 * 4 * 132 + 2 * 16 * (32 + 3 * 32) + 16 * 2 * 32) * 4
         );
         assert!(3 * (s.bwd_smem_bytes() + 1024) <= 228 * 1024);
     }

@@ -6,8 +6,12 @@
 //! With `--recompute` ([`super::workspace::BlockActs`]) each block's
 //! activations are recomputed from its input just before its backward
 //! (the last block's are still there from the forward pass). In bf16 runs
-//! each output gradient is cast once into `grad_h`, which the two GEMMs of
-//! its linear layer share.
+//! each output gradient has one bf16 copy, which the two GEMMs of its linear
+//! layer share: stored by the kernel that makes the gradient (the norm's
+//! backward for `dres`, the gate and conv backward for `dxz`, the scan for
+//! `ddtr`), cast afterwards only for cuBLAS's `ddbc`. `grad_h` holds `dres`'s
+//! copy and then `dxz`'s (their lives do not overlap: out_proj's GEMMs read
+//! the first before the gate's backward writes the second).
 //!
 //! Per block, from `dres = dL/dx_out` (which also flows straight through to
 //! `x_in`):
@@ -23,9 +27,9 @@
 //! ```
 
 use cudarc::driver::CudaSlice;
-use kernels::mamba::{ColSum, DeviceTokenCsr, ScanBackward, ScanInputs};
+use kernels::mamba::{ColSum, DeviceTokenCsr, ScanBackward, ScanInputs, Store};
 
-use super::forward::{again, block_forward, cast_copy, half, op, op_t};
+use super::forward::{again, block_forward, cast_copy, half, op, op_t, store_into, stored};
 use super::workspace::Workspace;
 use super::Engine;
 use crate::config::ModelConfig;
@@ -78,7 +82,7 @@ pub(super) fn backward(
         &last,
         &norm_f,
         &ws.rstd_f.as_view(),
-        &mut ws.dres.as_view_mut(),
+        Store::f32_and(ws.dres.as_view_mut(), store_into(&mut ws.grad_h, m * d)),
         m,
         d,
         false,
@@ -96,7 +100,6 @@ pub(super) fn backward(
                 &ws.resid[l],
                 None,
                 ws.acts.slot_mut(l),
-                &mut ws.stage,
             )?;
             ws.acts.resident = Some(l);
         }
@@ -107,7 +110,7 @@ pub(super) fn backward(
 
         // out_proj and the residual: x_out = x_in + g . W_out^T.
         let dres = ws.dres.as_view();
-        let dres_h = cast_copy(e, &dres, ws.grad_h.as_mut())?;
+        let dres_h = stored(&ws.grad_h, m * d);
         e.blas.gemm(
             "out_proj dW",
             d,
@@ -140,7 +143,10 @@ pub(super) fn backward(
             &z,
             2 * di,
             &mut ws.dy.as_view_mut(),
-            &mut ws.dxz.slice_mut(di..),
+            Store::f32_and(
+                ws.dxz.slice_mut(di..),
+                ws.grad_h.as_mut().map(|h| h.slice_mut(di..m * 2 * di)),
+            ),
             m,
             di,
         )?;
@@ -177,7 +183,7 @@ pub(super) fn backward(
                 hin: &a.hin.as_view(),
                 scratch_da: &mut ws.da_part.as_view_mut(),
                 scratch_dbc: &mut ws.dbc_part.as_view_mut(),
-                ddt_raw: &mut ws.ddtr.as_view_mut(),
+                ddt_raw: Store::f32_and(ws.ddtr.as_view_mut(), store_into(&mut ws.ddtr_h, m * di)),
                 du: &mut ws.du.as_view_mut(),
                 dbc: &mut ws.ddbc.slice_mut(r..),
                 da_log: &mut grads.slice_mut(g(&lo.a_log)),
@@ -186,7 +192,7 @@ pub(super) fn backward(
 
         // dt_proj (bias, weight, input).
         let ddtr = ws.ddtr.as_view();
-        let ddtr_h = cast_copy(e, &ddtr, ws.grad_h.as_mut())?;
+        let ddtr_h = stored(&ws.ddtr_h, m * di);
         kr.colsum(
             s,
             ColSum::Plain { a: &ddtr, lda: di },
@@ -220,7 +226,7 @@ pub(super) fn backward(
 
         // x_proj.
         let ddbc = ws.ddbc.as_view();
-        let ddbc_h = cast_copy(e, &ddbc, ws.grad_h.as_mut())?;
+        let ddbc_h = cast_copy(e, &ddbc, ws.ddbc_h.as_mut())?;
         e.blas.gemm(
             "x_proj dW",
             ldbc,
@@ -265,7 +271,7 @@ pub(super) fn backward(
             s,
             &dpre,
             &conv_w,
-            &mut ws.dxz.as_view_mut(),
+            Store::f32_and(ws.dxz.as_view_mut(), store_into(&mut ws.grad_h, m * 2 * di)),
             2 * di,
             m,
             t,
@@ -301,7 +307,7 @@ pub(super) fn backward(
 
         // in_proj.
         let dxz = ws.dxz.as_view();
-        let dxz_h = cast_copy(e, &dxz, ws.grad_h.as_mut())?;
+        let dxz_h = stored(&ws.grad_h, m * 2 * di);
         e.blas.gemm(
             "in_proj dW",
             2 * di,
@@ -347,7 +353,16 @@ pub(super) fn backward(
             &x_in,
             &w(&lo.norm),
             &rstd,
-            &mut ws.dres.as_view_mut(),
+            // The next block down reads dres's bf16 copy; below block 0 only
+            // the embedding's scatter reads dres, in f32.
+            Store::f32_and(
+                ws.dres.as_view_mut(),
+                if l > 0 {
+                    store_into(&mut ws.grad_h, m * d)
+                } else {
+                    None
+                },
+            ),
             m,
             d,
             true,

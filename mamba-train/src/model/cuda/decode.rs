@@ -14,7 +14,7 @@
 //! states the tolerance), not bit for bit (cuBLAS's order, `expf`).
 
 use cudarc::driver::CudaSlice;
-use kernels::mamba::{DecodeKernels, ScanStepInputs};
+use kernels::mamba::{DecodeKernels, ScanStepInputs, Store};
 
 use super::forward::{op, op_t};
 use super::{cuda, CudaModel};
@@ -137,7 +137,7 @@ impl CudaDecoder {
                 s,
                 &b.x.as_view(),
                 &w(&lo.norm),
-                &mut b.xn.as_view_mut(),
+                Store::F32(b.xn.as_view_mut()),
                 &mut b.rstd.as_view_mut(),
                 1,
                 d,
@@ -235,7 +235,7 @@ impl CudaDecoder {
             s,
             &b.x.as_view(),
             &p.slice(lay.norm_f.clone()),
-            &mut b.xf.as_view_mut(),
+            Store::F32(b.xf.as_view_mut()),
             &mut b.rstd.as_view_mut(),
             1,
             d,

@@ -16,7 +16,7 @@
 //! ```
 
 use cudarc::driver::CudaSlice;
-use kernels::mamba::{ScanForward, ScanInputs, ScanShape};
+use kernels::mamba::{ScanForward, ScanInputs, ScanShape, Store};
 
 use super::blas::{Elems, Operand};
 use super::workspace::{LayerActs, Workspace};
@@ -53,7 +53,8 @@ pub(super) fn half<'p>(
 }
 
 /// bf16 runs (`dst` given): `src` cast into `dst` once, the copy every GEMM
-/// reading `src` shares (see [`Workspace`]'s docs); otherwise nothing.
+/// reading `src` shares (see [`Workspace`]'s docs); otherwise nothing. For
+/// cuBLAS outputs: a kernel's output has its copy stored by the kernel.
 pub(super) fn cast_copy<'h>(
     e: &Engine,
     src: &cudarc::driver::CudaView<'_, f32>,
@@ -64,6 +65,22 @@ pub(super) fn cast_copy<'h>(
     };
     e.blas.cast_into(src, dst)?;
     Ok(Some(dst.slice(0..src.len())))
+}
+
+/// `h`'s first `len` elements, as the bf16 copy a kernel stored there.
+pub(super) fn stored(
+    h: &Option<CudaSlice<u16>>,
+    len: usize,
+) -> Option<cudarc::driver::CudaView<'_, u16>> {
+    h.as_ref().map(|h| h.slice(0..len))
+}
+
+/// `h`'s first `len` elements, for a kernel to store a bf16 copy into.
+pub(super) fn store_into(
+    h: &mut Option<CudaSlice<u16>>,
+    len: usize,
+) -> Option<cudarc::driver::CudaViewMut<'_, u16>> {
+    h.as_mut().map(|h| h.slice_mut(0..len))
 }
 
 /// A second handle on the same bf16 copy (for the second GEMM sharing it).
@@ -111,7 +128,6 @@ pub(super) fn forward(
             &before[l],
             Some(&mut after[0]),
             acts,
-            &mut ws.stage,
         )?;
         ws.acts.resident = Some(l);
     }
@@ -122,7 +138,7 @@ pub(super) fn forward(
         s,
         &last.as_view(),
         &norm_f,
-        &mut ws.xf.as_view_mut(),
+        Store::f32_and(ws.xf.as_view_mut(), store_into(&mut ws.xf_h, m * d)),
         &mut ws.rstd_f.as_view_mut(),
         m,
         d,
@@ -146,7 +162,6 @@ pub(super) fn block_forward(
     x_in: &CudaSlice<f32>,
     x_out: Option<&mut CudaSlice<f32>>,
     a: &mut LayerActs,
-    stage: &mut Option<CudaSlice<f32>>,
 ) -> Result<()> {
     let (t, m) = (shape.seq_len, shape.batch * shape.seq_len);
     let (d, di, r, k) = (cfg.d_model, cfg.d_inner(), cfg.dt_rank, cfg.d_conv);
@@ -154,50 +169,45 @@ pub(super) fn block_forward(
     let (s, kr) = (&e.stream, &e.kernels);
     let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
 
-    {
-        let (xn, xn_h) = a.xn.produce(stage)?;
-        kr.rmsnorm_fwd(
-            s,
-            &x_in.as_view(),
-            &w(&lo.norm),
-            &mut xn.as_view_mut(),
-            &mut a.rstd.as_view_mut(),
-            m,
-            d,
-            RMS_EPS,
-        )?;
-        let xn = xn.slice(0..m * d);
-        e.blas.gemm(
-            "in_proj",
-            m,
-            2 * di,
-            d,
-            op(&xn, d).with_bf16(cast_copy(e, &xn, xn_h)?),
-            op_t(&w(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj)),
-            0.0,
-            &mut a.xz.as_view_mut(),
-            2 * di,
-        )?;
-    }
+    kr.rmsnorm_fwd(
+        s,
+        &x_in.as_view(),
+        &w(&lo.norm),
+        a.xn.produce(),
+        &mut a.rstd.as_view_mut(),
+        m,
+        d,
+        RMS_EPS,
+    )?;
+    e.blas.gemm(
+        "in_proj",
+        m,
+        2 * di,
+        d,
+        op(a.xn.elems(), d),
+        op_t(&w(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj)),
+        0.0,
+        &mut a.xz.as_view_mut(),
+        2 * di,
+    )?;
     kr.conv_fwd(
         s,
         &a.xz.as_view(),
         2 * di,
         &w(&lo.conv_w),
         &w(&lo.conv_b),
-        &mut a.u.as_view_mut(),
+        Store::f32_and(a.u.as_view_mut(), store_into(&mut a.u_h, m * di)),
         m,
         t,
         di,
         k,
     )?;
-    let u_h = cast_copy(e, &a.u.as_view(), a.u_h.as_mut())?;
     e.blas.gemm(
         "x_proj",
         m,
         ldbc,
         di,
-        op(&a.u.as_view(), di).with_bf16(u_h),
+        op(&a.u.as_view(), di).with_bf16(stored(&a.u_h, m * di)),
         op_t(&w(&lo.x_proj), di).with_bf16(half(pb, &lo.x_proj)),
         0.0,
         &mut a.dbc.as_view_mut(),
@@ -225,7 +235,6 @@ pub(super) fn block_forward(
         w(&lo.d),
     );
     let z = a.xz.slice(di..);
-    let (g, g_h) = a.g.produce(stage)?;
     kr.scan_forward(
         s,
         shape,
@@ -242,11 +251,9 @@ pub(super) fn block_forward(
             ldz: 2 * di,
             hin: &mut a.hin.as_view_mut(),
             y: &mut a.y.as_view_mut(),
-            out: &mut g.slice_mut(0..m * di),
+            out: a.g.produce(),
         },
     )?;
-    let g = g.slice(0..m * di);
-    let g_h = cast_copy(e, &g, g_h)?;
 
     let Some(x_out) = x_out else {
         return Ok(());
@@ -260,7 +267,7 @@ pub(super) fn block_forward(
         m,
         d,
         di,
-        op(&g, di).with_bf16(g_h),
+        op(a.g.elems(), di),
         op_t(&w(&lo.out_proj), di).with_bf16(half(pb, &lo.out_proj)),
         1.0,
         &mut x_out.as_view_mut(),

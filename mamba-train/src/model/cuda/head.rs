@@ -6,7 +6,8 @@
 //! order: `logits = xf[chunk] . E^T` (cuBLAS, into the one chunk-sized
 //! buffer), the cross-entropy of those rows (their losses into `row_loss`,
 //! and with gradients the logits overwritten by `(softmax - onehot) /
-//! counted`), then `dxf[chunk] = dlogits . E` and `dE (+)= dlogits^T .
+//! counted`; in bf16 runs it is stored in bf16 alone, into `dlogits_h`,
+//! the only form its GEMMs read), then `dxf[chunk] = dlogits . E` and `dE (+)= dlogits^T .
 //! xf[chunk]` (`beta = 0` for the first chunk, 1 after: the chunks' sums
 //! are added in ascending order). The mean over `row_loss` follows, as
 //! before, in its fixed order.
@@ -18,8 +19,10 @@
 //! unchunked head.
 
 use cudarc::driver::CudaSlice;
+use kernels::mamba::LogitGrad;
 
-use super::forward::{again, cast_copy, half, op, op_t};
+use super::blas::Operand;
+use super::forward::{half, op, op_t, stored};
 use super::workspace::Workspace;
 use super::Engine;
 use crate::config::ModelConfig;
@@ -65,7 +68,8 @@ pub(super) fn head_loss(
     let emb = p.slice(lay.embedding.clone());
     let emb_half = half(pb, &lay.embedding);
     let write_grad = matches!(out, HeadOutput::LossAndGrad(_));
-    let xf_all = cast_copy(e, &ws.xf.as_view(), ws.xf_h.as_mut())?;
+    // The forward pass's final norm stored xf's bf16 copy (bf16 runs).
+    let xf_all = stored(&ws.xf_h, rows * d);
     for (i, r) in chunks(rows, ws.loss_rows).enumerate() {
         let n = r.len();
         let xf = ws.xf.slice(r.start * d..r.end * d);
@@ -82,6 +86,11 @@ pub(super) fn head_loss(
             &mut logits,
             v,
         )?;
+        let grad = match (write_grad, ws.dlogits_h.as_mut()) {
+            (false, _) => LogitGrad::None,
+            (true, Some(h)) => LogitGrad::Bf16(h.slice_mut(0..n * v)),
+            (true, None) => LogitGrad::InPlace,
+        };
         e.kernels.cross_entropy(
             &e.stream,
             &mut logits,
@@ -90,17 +99,27 @@ pub(super) fn head_loss(
             counted,
             n,
             v,
-            write_grad,
+            grad,
         )?;
         if let HeadOutput::LossAndGrad(grads) = &mut out {
+            // The gradient: in bf16 alone when the copies are kept (the f32
+            // logits are then still the logits), else in place in f32.
             let dlogits = ws.logits.slice(0..n * v);
-            let dlogits_h = cast_copy(e, &dlogits, ws.dlogits_h.as_mut())?;
+            let dlogits_h = stored(&ws.dlogits_h, n * v);
+            let dlogits_op = |trans: bool| Operand {
+                elems: match &dlogits_h {
+                    Some(h) => h.into(),
+                    None => (&dlogits).into(),
+                },
+                ld: v,
+                trans,
+            };
             e.blas.gemm(
                 "lm_head dx",
                 n,
                 d,
                 v,
-                op(&dlogits, v).with_bf16(again(&dlogits_h)),
+                dlogits_op(false),
                 op(&emb, d).with_bf16(emb_half.as_ref().map(|h| h.slice(..))),
                 0.0,
                 &mut ws.dxn.slice_mut(r.start * d..r.end * d),
@@ -111,7 +130,7 @@ pub(super) fn head_loss(
                 v,
                 d,
                 n,
-                op_t(&dlogits, v).with_bf16(dlogits_h),
+                dlogits_op(true),
                 op(&xf, d).with_bf16(xf_h()),
                 if i == 0 { 0.0 } else { 1.0 },
                 &mut grads.slice_mut(lay.embedding.clone()),
@@ -145,7 +164,7 @@ pub(super) fn head_logits(
     let emb = p.slice(lay.embedding.clone());
     let emb_half = half(pb, &lay.embedding);
     let mut host = vec![0.0f32; rows * v];
-    let xf_all = cast_copy(e, &ws.xf.as_view(), ws.xf_h.as_mut())?;
+    let xf_all = stored(&ws.xf_h, rows * d);
     for r in chunks(rows, ws.loss_rows) {
         let n = r.len();
         let xf = ws.xf.slice(r.start * d..r.end * d);

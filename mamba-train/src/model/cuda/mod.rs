@@ -38,8 +38,9 @@
 //!   nearest even, `kernels::mamba::cast`), f32 accumulation and output. The
 //!   weights are cast once per pass from the f32 arena into a bf16 copy
 //!   (that is, after each AdamW update); an activation or activation
-//!   gradient is cast once, where it is made, into a copy that every GEMM
-//!   reading it shares (the same bits as each GEMM casting its own:
+//!   gradient has one bf16 copy, stored by the kernel that makes it (cast
+//!   afterwards only for cuBLAS outputs), that every GEMM reading it shares
+//!   (the same bits as each GEMM casting its own:
 //!   [`CudaModel::set_bf16_copies`]).
 //!
 //! Memory: every block's activations are kept for the backward pass unless
@@ -239,9 +240,10 @@ impl CudaModel {
         });
     }
 
-    /// bf16 runs: whether each GEMM operand is cast to bf16 once, into a
-    /// copy all the GEMMs reading it share, with the activations that only
-    /// GEMMs read kept in bf16 alone (on, the default), or each GEMM casts
+    /// bf16 runs: whether each GEMM operand has one bf16 copy, stored by
+    /// its producer, that all the GEMMs reading it share, with the
+    /// activations that only GEMMs read kept in bf16 alone (on, the
+    /// default), or each GEMM casts
     /// its own operands (off: the reference path, kept to show the copies
     /// give the same bits). No effect in the other precisions. The
     /// workspace is rebuilt at the next pass.

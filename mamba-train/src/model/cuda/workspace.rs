@@ -1,13 +1,16 @@
 //! Device buffers of one forward/backward shape: the activations the
 //! backward pass reads, and the scratch both passes share.
 //!
-//! In bf16 runs every GEMM operand is cast to bf16 once, where it is made,
-//! into a copy that all the GEMMs reading it share (forward and backward);
-//! an activation read by GEMMs only (the norm output, the gated output) is
-//! kept in bf16 only ([`GemmInput::Bf16`]), its f32 values passing through
-//! the shared [`Workspace::stage`]. The copies round exactly as a GEMM
-//! casting its own operand would (`mamba_cast_bf16`), so the bits are those
-//! of casting per GEMM; what changes is the casts' count and the bytes kept.
+//! In bf16 runs every GEMM operand has one bf16 copy, made where the operand
+//! is made, that all the GEMMs reading it share (forward and backward): the
+//! kernel producing an activation stores the copy itself ([`Store`]), and
+//! only cuBLAS outputs (x_proj's and its gradient) are cast afterwards. An
+//! activation read by GEMMs only (the norm output, the gated output, a loss
+//! chunk's logits gradient) is stored in bf16 only ([`GemmInput::Bf16`]).
+//! The copies round exactly as a GEMM casting its own operand would (the
+//! same device function as `mamba_cast_bf16`), so the bits are those of
+//! casting per GEMM; what changes is the passes over memory and the bytes
+//! kept.
 //!
 //! Sized for one `(batch, seq_len)`; [`super::CudaModel`] rebuilds it when a
 //! batch of another shape arrives (dropping the old one first, so the peak
@@ -18,14 +21,14 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use kernels::mamba::{MambaKernels, ScanShape};
+use kernels::mamba::{MambaKernels, ScanShape, Store};
 
 use super::blas::Elems;
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
 
 /// An activation whose only readers are GEMMs: f32, or in bf16 runs its
-/// bf16 copy only (made from [`Workspace::stage`], see the module docs).
+/// bf16 rounding only (stored by its producer, see the module docs).
 pub(crate) enum GemmInput {
     F32(CudaSlice<f32>),
     Bf16(CudaSlice<u16>),
@@ -40,21 +43,12 @@ impl GemmInput {
         }
     }
 
-    /// Where the producer writes the f32 values (this buffer, or `stage`
-    /// in bf16 runs), and the bf16 copy to cast them into afterwards.
-    pub fn produce<'s>(
-        &'s mut self,
-        stage: &'s mut Option<CudaSlice<f32>>,
-    ) -> Result<(&'s mut CudaSlice<f32>, Option<&'s mut CudaSlice<u16>>)> {
+    /// Where its producer stores it: the f32 values, or only their bf16
+    /// rounding.
+    pub fn produce(&mut self) -> Store<'_> {
         match self {
-            GemmInput::F32(x) => Ok((x, None)),
-            GemmInput::Bf16(h) => {
-                let st = stage.as_mut().ok_or_else(|| TrainError::Cuda {
-                    what: "staging a bf16 activation".into(),
-                    detail: "the workspace has no stage buffer".into(),
-                })?;
-                Ok((st, Some(h)))
-            }
+            GemmInput::F32(x) => Store::F32(x.as_view_mut()),
+            GemmInput::Bf16(h) => Store::Bf16(h.as_view_mut()),
         }
     }
 }
@@ -146,21 +140,22 @@ pub(crate) struct Workspace {
     pub xf: CudaSlice<f32>,
     /// bf16 runs: `xf`'s bf16 copy (the head's GEMMs read it).
     pub xf_h: Option<CudaSlice<u16>>,
-    /// bf16 runs: f32 values of a [`GemmInput::Bf16`] between its producer
-    /// and its cast, `[rows, max(d_model, d_inner)]`.
-    pub stage: Option<CudaSlice<f32>>,
-    /// bf16 runs: the bf16 copy of the output gradient the two GEMMs of one
-    /// linear layer's backward share (`[rows, max(2 d_inner, d_model,
-    /// dt_rank + 2 d_state)]`), and of one loss chunk's logits gradient
-    /// (`[loss_rows, vocab]`).
+    /// bf16 runs: the bf16 copies of output gradients the two GEMMs of one
+    /// linear layer's backward share: `dres`'s and then `dxz`'s (`[rows,
+    /// max(2 d_inner, d_model)]`, see [`super::backward`]), `ddtr`'s
+    /// (`[rows, d_inner]`), `ddbc`'s (`[rows, dt_rank + 2 d_state]`), and
+    /// one loss chunk's logits gradient (`[loss_rows, vocab]`, the only copy
+    /// of it: the cross-entropy stores it there and leaves the logits).
     pub grad_h: Option<CudaSlice<u16>>,
+    pub ddtr_h: Option<CudaSlice<u16>>,
+    pub ddbc_h: Option<CudaSlice<u16>>,
     pub dlogits_h: Option<CudaSlice<u16>>,
     /// Rows of one loss chunk (`min(rows, the model's loss chunk)`): the
     /// head and the loss run over the rows this many at a time
     /// ([`super::head`]).
     pub loss_rows: usize,
     /// One chunk's logits `[loss_rows, vocab]`; the cross-entropy turns them
-    /// into their gradient in place.
+    /// into their gradient in place (into `dlogits_h` instead in bf16 runs).
     pub logits: CudaSlice<f32>,
     /// The scan backward's d A partials ([`ScanShape::da_partial_len`]).
     pub da_part: CudaSlice<f32>,
@@ -314,12 +309,9 @@ impl Workspace {
             rstd_f: a.zeros("final rstd", rows)?,
             xf: a.zeros("final norm output", rows * d)?,
             xf_h: a.zeros_if(bf16, "final norm output (bf16)", rows * d)?,
-            stage: a.zeros_if(bf16, "bf16 activation stage", rows * d.max(di))?,
-            grad_h: a.zeros_if(
-                bf16,
-                "output gradient (bf16)",
-                rows * (2 * di).max(d).max(ldbc),
-            )?,
+            grad_h: a.zeros_if(bf16, "output gradient (bf16)", rows * (2 * di).max(d))?,
+            ddtr_h: a.zeros_if(bf16, "dt_proj output gradient (bf16)", rows * di)?,
+            ddbc_h: a.zeros_if(bf16, "x_proj output gradient (bf16)", rows * ldbc)?,
             dlogits_h: a.zeros_if(bf16, "logits gradient (bf16)", loss_rows * v)?,
             loss_rows,
             logits: a.zeros("logits of one loss chunk", loss_rows * v)?,

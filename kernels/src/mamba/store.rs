@@ -1,0 +1,83 @@
+//! Where a kernel writes an activation it produces: its f32 values, their
+//! bf16 rounding, or both ([`Store`]).
+//!
+//! A bf16 GEMM reads a bf16 copy of its operands. Casting an f32 activation
+//! afterwards ([`MambaKernels::cast_bf16`](super::MambaKernels::cast_bf16))
+//! reads it back from memory once more; a kernel that stores the copy itself
+//! saves that pass. Both round with the same device function (`bf16_rne` in
+//! `mamba_common.cuh`, the host twin [`f32_to_bf16_rne`](super::f32_to_bf16_rne)),
+//! so a fused store and a cast afterwards give the same bits.
+
+use cudarc::driver::CudaViewMut;
+
+use super::check;
+use super::launcher::Arg;
+use crate::error::KernelError;
+
+/// The buffers one activation is written to. Each has the activation's
+/// shape and leading dimension; a kernel given one of them leaves the other
+/// untouched (it is passed as a null pointer).
+pub enum Store<'b> {
+    /// f32 values only.
+    F32(CudaViewMut<'b, f32>),
+    /// Their bf16 rounding only (an activation only bf16 GEMMs read).
+    Bf16(CudaViewMut<'b, u16>),
+    /// Both.
+    Both(CudaViewMut<'b, f32>, CudaViewMut<'b, u16>),
+}
+
+impl<'b> Store<'b> {
+    /// f32 values, plus their bf16 copy when `bf16` is given.
+    pub fn f32_and(f32s: CudaViewMut<'b, f32>, bf16: Option<CudaViewMut<'b, u16>>) -> Self {
+        match bf16 {
+            Some(h) => Store::Both(f32s, h),
+            None => Store::F32(f32s),
+        }
+    }
+
+    /// Whether the f32 values are written.
+    pub fn has_f32(&self) -> bool {
+        !matches!(self, Store::Bf16(_))
+    }
+
+    /// Check every given buffer with `check` (its name in errors, its
+    /// length): `name` for the f32 values, `name` + `"_bf16"` for the copy.
+    pub(crate) fn check_each(
+        &self,
+        name: &str,
+        check: impl Fn(&str, usize) -> Result<(), KernelError>,
+    ) -> Result<(), KernelError> {
+        if let Store::F32(f) | Store::Both(f, _) = self {
+            check(name, f.len())?;
+        }
+        if let Store::Bf16(h) | Store::Both(_, h) = self {
+            check(&format!("{name}_bf16"), h.len())?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::check_each`] against a `[rows, width]` matrix of leading
+    /// dimension `ld`.
+    pub(crate) fn check_matrix(
+        &self,
+        kernel: &'static str,
+        name: &str,
+        rows: usize,
+        width: usize,
+        ld: usize,
+    ) -> Result<(), KernelError> {
+        self.check_each(name, |what, have| {
+            check::matrix(kernel, what, have, rows, width, ld)
+        })
+    }
+
+    /// The kernel's two pointer arguments, in the order `float* f32s,
+    /// unsigned short* bf16` (null for the one not given).
+    pub(crate) fn args<'s>(&'s mut self) -> [Arg<'s>; 2] {
+        match self {
+            Store::F32(f) => [Arg::Out(f), Arg::Null],
+            Store::Bf16(h) => [Arg::Null, Arg::Out(h)],
+            Store::Both(f, h) => [Arg::Out(f), Arg::Out(h)],
+        }
+    }
+}
