@@ -40,10 +40,23 @@
 // shuffle, and no lane-0 branch sits in the walk. The sums keep their
 // association: serial over a lane's states, then the xor butterfly.
 //
-// Forward (mamba_scan_fwd, one launch): walks t upward; at the start of each
-// chunk it stores the state it enters with in Hin ([B][nch][D][N], 1/kChunk
-// of the (B, T, D, N) states, kept for the backward pass), and writes y and
-// out at every step.
+// Forward (mamba_scan_fwd): walks t upward; at the start of each chunk it
+// stores the state it enters with in Hin ([B][nch][D][N], 1/kChunk of the
+// (B, T, D, N) states, kept for the backward pass), and writes y and out at
+// every step.
+//
+// Time segments. A sequence of more than `seg` chunks (ScanShape's
+// SEGMENT_CHUNKS, a function of nothing but the constant: the association
+// depends on T alone) is cut into segments of `seg` chunks, each walked by
+// its own blocks (grid z), so that a short batch of long sequences still
+// fills the GPU: the serial walk is B x D x lanes threads, 48 blocks for one
+// 8192-step sequence at the 130m shape. A first pass (mamba_scan_fwd_seg)
+// gives each segment but the last its end state from a zero entry and the
+// product of its decays; segment s then enters with h = P_{s-1} (...(P_0 0
+// + hloc_0)...) + hloc_{s-1}, one FMA per earlier segment, in order. The
+// backward does the same for the carry (mamba_scan_bwd_seg, folded from the
+// last segment down), and writes one d A partial per segment. One segment
+// (T <= 16 * seg) is exactly the unsegmented walk.
 // Backward (mamba_scan_bwd): walks the chunks downward, carrying
 // g_t = dL/dh_t = C_t dy_t + a_{t+1} g_{t+1} across them. Per chunk it
 // recomputes the chunk's states from Hin into shared memory (same formula,
@@ -115,6 +128,22 @@ struct Lanes {
 __device__ __forceinline__ long long state_index(int b, int k, int nch, int c, int D, int n,
                                                  int N) {
     return (((long long)b * nch + k) * D + c) * N + n;
+}
+
+// The chunks k0 .. k1 - 1 of time segment s (segments of `seg` chunks; the
+// last may be shorter), and the number of segments.
+struct Segment {
+    int k0, k1, count;
+};
+
+__device__ __forceinline__ Segment segment_at(int s, int seg, int nch) {
+    return Segment{s * seg, min(nch, (s + 1) * seg), (nch + seg - 1) / seg};
+}
+
+// Index of (b, segment s, c, n) in a [B][nseg][D][N] per-segment array.
+__device__ __forceinline__ long long seg_index(int b, int s, int nseg, int c, int D, int n,
+                                               int N) {
+    return (((long long)b * nseg + s) * D + c) * N + n;
 }
 
 // One chunk of one sequence: steps t0 .. t0 + len - 1 (1 <= len <= kChunk),
@@ -291,7 +320,7 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
                                          float* __restrict__ Hin, float* __restrict__ y,
                                          float* __restrict__ out,
                                          unsigned short* __restrict__ out_h, int T, int D,
-                                         int N, float* smem) {
+                                         int N, int seg, float* smem) {
     using L = Lanes<SP>;
     const L l;
     const int b = blockIdx.y;
@@ -304,21 +333,28 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
     float A[kLaneStates], A2[kLaneStates], h[kLaneStates];
     bool live[kLaneStates];
     load_a(a_log, live_c, c, l.n0, N, A, A2, live);
+    // Segment blockIdx.z > 0 enters with the state mamba_scan_seg_link left
+    // in Hin at its first chunk; segment 0 with h = 0.
+    const Segment sg = segment_at(blockIdx.z, seg, nch);
 #pragma unroll
-    for (int i = 0; i < kLaneStates; ++i) h[i] = 0.0f;
+    for (int i = 0; i < kLaneStates; ++i) {
+        h[i] = live[i] && blockIdx.z > 0 ? Hin[state_index(b, sg.k0, nch, c, D, l.n0 + i, N)]
+                                         : 0.0f;
+    }
     const int fc = cbase + l.fcl;
     const float dp = dpar[min(fc, D - 1)];
 
-    stage_chunk<SP>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, 0, T));
-    for (int k = 0; k < nch; ++k) {
+    // Chunk k is staged in buffer (k - k0) & 1.
+    stage_chunk<SP>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k0, T));
+    for (int k = sg.k0; k < sg.k1; ++k) {
         const Chunk ch = chunk_at(b, k, T);
-        if (k + 1 < nch) {
-            stage_chunk<SP>(smem + ((k + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+        if (k + 1 < sg.k1) {
+            stage_chunk<SP>(smem + ((k + 1 - sg.k0) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
                             chunk_at(b, k + 1, T));
         }
-        cp_async_wait(k + 1 < nch ? 1 : 0);
+        cp_async_wait(k + 1 < sg.k1 ? 1 : 0);
         __syncthreads();
-        const float* buf = smem + (k & 1) * L::stage;
+        const float* buf = smem + ((k - sg.k0) & 1) * L::stage;
 #pragma unroll
         for (int i = 0; i < kLaneStates; ++i) {
             if (live[i]) Hin[state_index(b, k, nch, c, D, l.n0 + i, N)] = h[i];
@@ -374,8 +410,9 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
                                          float* __restrict__ ddtr,
                                          unsigned short* __restrict__ ddtr_h,
                                          float* __restrict__ du, float* __restrict__ part,
-                                         float* __restrict__ dA_part, int T, int D, int N,
-                                         int rounds, float* smem) {
+                                         float* __restrict__ dA_part,
+                                         const float* __restrict__ seg_carry, int T, int D,
+                                         int N, int rounds, int seg, float* smem) {
     using L = Lanes<SP>;
     float* sH = smem;
     float* sRed = sH + kChunk * kLaneStates * kScanThreads;
@@ -387,6 +424,7 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
     const int nch = (T + kChunk - 1) / kChunk;
     const int tid = threadIdx.x;
     const Col cols[kCols] = {{dt, D}, {u, D}, {dy, D}};
+    const Segment sg = segment_at(blockIdx.z, seg, nch);
 
     for (int r = 0; r < rounds; ++r) {
         const int cbase = (grp * rounds + r) * L::cpb;
@@ -398,23 +436,30 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
             h[kLaneStates];
         bool live[kLaneStates];
         load_a(a_log, live_c, c, l.n0, N, A, A2, live);
+        // A segment below the last enters with the carry mamba_scan_seg_link
+        // left in seg_carry; the last with 0.
 #pragma unroll
-        for (int i = 0; i < kLaneStates; ++i) carry[i] = dA[i] = 0.0f;
+        for (int i = 0; i < kLaneStates; ++i) {
+            dA[i] = 0.0f;
+            carry[i] = live[i] && (int)blockIdx.z + 1 < sg.count
+                           ? seg_carry[seg_index(b, blockIdx.z, sg.count, c, D, l.n0 + i, N)]
+                           : 0.0f;
+        }
 
-        // Iteration it walks chunk k = nch - 1 - it from staging buffer it & 1.
-        stage_chunk<SP>(stage, bc, ldbc, N, cols, D, cbase, chunk_at(b, nch - 1, T));
-        for (int it = 0; it < nch; ++it) {
-            const int k = nch - 1 - it;
+        // Iteration it walks chunk k = k1 - 1 - it from staging buffer it & 1.
+        stage_chunk<SP>(stage, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k1 - 1, T));
+        for (int it = 0; it < sg.k1 - sg.k0; ++it) {
+            const int k = sg.k1 - 1 - it;
             const Chunk ch = chunk_at(b, k, T);
 #pragma unroll
             for (int i = 0; i < kLaneStates; ++i) {
                 h[i] = live[i] ? Hin[state_index(b, k, nch, c, D, l.n0 + i, N)] : 0.0f;
             }
-            if (k > 0) {
+            if (k > sg.k0) {
                 stage_chunk<SP>(stage + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
                                 chunk_at(b, k - 1, T));
             }
-            cp_async_wait(k > 0 ? 1 : 0);
+            cp_async_wait(k > sg.k0 ? 1 : 0);
             __syncthreads();
             const float* buf = stage + (it & 1) * L::stage;
             // Recompute the chunk's states (the forward's step, same bits).
@@ -510,7 +555,148 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
         }
 #pragma unroll
         for (int i = 0; i < kLaneStates; ++i) {
-            if (live[i]) dA_part[((long long)b * D + c) * N + l.n0 + i] = dA[i];
+            if (live[i]) {
+                dA_part[seg_index(b, blockIdx.z, segment_at(0, seg, nch).count, c, D, l.n0 + i, N)] =
+                    dA[i];
+            }
+        }
+    }
+}
+
+// Pass 1 of a forward over several time segments, for segment s =
+// blockIdx.z < nseg - 1: the state the segment ends with when it enters
+// with h = 0 (hloc, the same steps as the forward) and the product of its
+// decays (P, ascending), per (b, s, c, n): seg_state[0 .. len) holds hloc,
+// seg_state[len .. 2 len) P, len = B * nseg * D * N. The segment's true end
+// state is then P h_entry + hloc, which is how scan_fwd finds its entry.
+template <int SP>
+__device__ __forceinline__ void scan_fwd_seg(const float* __restrict__ u,
+                                             const float* __restrict__ dt,
+                                             const float* __restrict__ bc, long long ldbc,
+                                             const float* __restrict__ a_log,
+                                             float* __restrict__ seg_state, int T, int D, int N,
+                                             int seg, float* smem) {
+    using L = Lanes<SP>;
+    const L l;
+    const int b = blockIdx.y, s = blockIdx.z;
+    const int cbase = blockIdx.x * L::cpb;
+    const int c = cbase + l.cl;
+    const int nch = (T + kChunk - 1) / kChunk;
+    const Segment sg = segment_at(s, seg, nch);
+    // Only dt, u and B are read; u stands in for the third column.
+    const Col cols[kCols] = {{dt, D}, {u, D}, {u, D}};
+    float A[kLaneStates], A2[kLaneStates], h[kLaneStates], p[kLaneStates];
+    bool live[kLaneStates];
+    load_a(a_log, c < D, c, l.n0, N, A, A2, live);
+#pragma unroll
+    for (int i = 0; i < kLaneStates; ++i) {
+        h[i] = 0.0f;
+        p[i] = 1.0f;
+    }
+    stage_chunk<SP>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k0, T));
+    for (int k = sg.k0; k < sg.k1; ++k) {
+        if (k + 1 < sg.k1) {
+            stage_chunk<SP>(smem + ((k + 1 - sg.k0) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+                            chunk_at(b, k + 1, T));
+        }
+        cp_async_wait(k + 1 < sg.k1 ? 1 : 0);
+        __syncthreads();
+        const float* buf = smem + ((k - sg.k0) & 1) * L::stage;
+        // Steps past the sequence's end read zeros (a = 1, nothing added).
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) {
+            const float dtj = staged_col<SP>(buf, 0, j, l.cl);
+            const float uj = staged_col<SP>(buf, 1, j, l.cl);
+            float bv[kLaneStates];
+            load4(buf + j * L::row + l.n0, bv);
+#pragma unroll
+            for (int i = 0; i < kLaneStates; ++i) {
+                const float a = decay(dtj, A2[i]);
+                h[i] = step_state(h[i], a, dtj, bv[i], uj);
+                p[i] = p[i] * a;
+            }
+        }
+        // Every thread is done with this buffer before chunk k + 2 lands in it.
+        __syncthreads();
+    }
+    const long long len = (long long)gridDim.y * sg.count * D * N;
+#pragma unroll
+    for (int i = 0; i < kLaneStates; ++i) {
+        if (live[i]) {
+            const long long at = seg_index(b, s, sg.count, c, D, l.n0 + i, N);
+            seg_state[at] = h[i];
+            seg_state[len + at] = p[i];
+        }
+    }
+}
+
+// Pass 1 of a backward over several time segments, for segment s =
+// blockIdx.z + 1 (1 .. nseg - 1): the carry the segment passes down when
+// nothing comes in from above (cloc: g_t = C_t dy_t + carry, carry = a_t
+// g_t, walking down as scan_bwd does) and the product of its decays (P,
+// descending), per (b, s, c, n), laid out as scan_fwd_seg's. The carry
+// into segment s is then P_{s+1} carry_{s+1} + cloc_{s+1}, folded from the
+// last segment down.
+template <int SP>
+__device__ __forceinline__ void scan_bwd_seg(const float* __restrict__ dt,
+                                             const float* __restrict__ bc, long long ldbc,
+                                             const float* __restrict__ a_log,
+                                             const float* __restrict__ dy,
+                                             float* __restrict__ seg_carry, int T, int D, int N,
+                                             int seg, float* smem) {
+    using L = Lanes<SP>;
+    const L l;
+    const int b = blockIdx.y, s = blockIdx.z + 1;
+    const int cbase = blockIdx.x * L::cpb;
+    const int c = cbase + l.cl;
+    const int nch = (T + kChunk - 1) / kChunk;
+    const Segment sg = segment_at(s, seg, nch);
+    // Only dt, C and dy are read; dt stands in for the second column.
+    const Col cols[kCols] = {{dt, D}, {dt, D}, {dy, D}};
+    float A[kLaneStates], A2[kLaneStates], carry[kLaneStates], p[kLaneStates];
+    bool live[kLaneStates];
+    load_a(a_log, c < D, c, l.n0, N, A, A2, live);
+#pragma unroll
+    for (int i = 0; i < kLaneStates; ++i) {
+        carry[i] = 0.0f;
+        p[i] = 1.0f;
+    }
+    stage_chunk<SP>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k1 - 1, T));
+    for (int it = 0; it < sg.k1 - sg.k0; ++it) {
+        const int k = sg.k1 - 1 - it;
+        const Chunk ch = chunk_at(b, k, T);
+        if (k > sg.k0) {
+            stage_chunk<SP>(smem + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+                            chunk_at(b, k - 1, T));
+        }
+        cp_async_wait(k > sg.k0 ? 1 : 0);
+        __syncthreads();
+        const float* buf = smem + (it & 1) * L::stage;
+#pragma unroll
+        for (int j = kChunk - 1; j >= 0; --j) {
+            if (j < ch.len) {  // uniform over the block
+                const float dtj = staged_col<SP>(buf, 0, j, l.cl);
+                const float dyj = staged_col<SP>(buf, 2, j, l.cl);
+                float cv[kLaneStates];
+                load4(buf + j * L::row + l.n0 + L::npad, cv);
+#pragma unroll
+                for (int i = 0; i < kLaneStates; ++i) {
+                    const float g = cv[i] * dyj + carry[i];
+                    const float a = decay(dtj, A2[i]);
+                    carry[i] = a * g;
+                    p[i] = p[i] * a;
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const long long len = (long long)gridDim.y * sg.count * D * N;
+#pragma unroll
+    for (int i = 0; i < kLaneStates; ++i) {
+        if (live[i]) {
+            const long long at = seg_index(b, s, sg.count, c, D, l.n0 + i, N);
+            seg_carry[at] = carry[i];
+            seg_carry[len + at] = p[i];
         }
     }
 }
@@ -533,22 +719,24 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
 
 // `out` and its bf16 copy `out_h`: either may be null (a bf16 run keeps the
 // gated output in bf16 alone).
-// grid (ceil(D / cpb), B), block kScanThreads, dynamic shared memory
-// 2 * Lanes::stage + Lanes::fin(1) floats.
+// grid (ceil(D / cpb), B, nseg), block kScanThreads, dynamic shared memory
+// 2 * Lanes::stage + Lanes::fin(1) floats. Block z walks time segment z
+// (`seg` chunks), entering with the state mamba_scan_seg_link left in Hin
+// at the segment's first chunk (z > 0).
 extern "C" __global__ void __launch_bounds__(kScanThreads)
     mamba_scan_fwd(const float* __restrict__ u, const float* __restrict__ dt,
                    const float* __restrict__ bc, long long ldbc,
                    const float* __restrict__ a_log, const float* __restrict__ dpar,
                    const float* __restrict__ z, long long ldz, float* __restrict__ Hin,
                    float* __restrict__ y, float* __restrict__ out,
-                   unsigned short* __restrict__ out_h, int T, int D, int N, int sp) {
+                   unsigned short* __restrict__ out_h, int T, int D, int N, int sp, int seg) {
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
     extern __shared__ float smem[];
 #endif
 #define MAMBA_SCAN_FWD(SP) \
-    scan_fwd<SP>(u, dt, bc, ldbc, a_log, dpar, z, ldz, Hin, y, out, out_h, T, D, N, smem)
+    scan_fwd<SP>(u, dt, bc, ldbc, a_log, dpar, z, ldz, Hin, y, out, out_h, T, D, N, seg, smem)
     MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_FWD)
 #undef MAMBA_SCAN_FWD
 }
@@ -557,11 +745,14 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
 // sigmoid(pre) = 1 - exp(-softplus(pre)) = -expm1(-dt)), and its bf16 copy
 // into ddtr_h when that is not null; du[m, c] = scan
 // part + Dp dy (x_proj's backward GEMM adds its share later);
-// dA_part[b][c][n] = sum over t (descending) of g a h_{t-1} dt;
+// dA_part[b][s][c][n] = sum over segment s's t (descending) of g a h_{t-1} dt;
 // part[grp][m][0..N) = d B, part[grp][m][N..2N) = d C summed over the
 // group's channels: `rounds` consecutive sets of cpb channels, walked one
 // after the other (set r adds onto set r-1's partial in place).
-// grid (groups, B), block kScanThreads. Dynamic shared memory, in floats:
+// grid (groups, B, nseg), block kScanThreads: block z walks time segment z
+// down, entering with the carry mamba_scan_seg_link left in seg_carry (z <
+// nseg - 1), and writes its own d A partials, dA_part[b][z][c][n]. Dynamic shared
+// memory, in floats:
 // sH [kChunk][kLaneStates][kScanThreads] (the chunk's recomputed states,
 // each thread's own column), sRed [kStage][2][kLaneStates][Lanes::red_row]
 // (the d B / d C stage, rows padded against bank conflicts), two staging
@@ -576,17 +767,91 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
                    const float* __restrict__ dy, const float* __restrict__ Hin,
                    float* __restrict__ ddtr, unsigned short* __restrict__ ddtr_h,
                    float* __restrict__ du, float* __restrict__ part,
-                   float* __restrict__ dA_part, int T, int D, int N, int sp, int rounds) {
+                   float* __restrict__ dA_part, const float* __restrict__ seg_carry, int T,
+                   int D, int N, int sp, int rounds, int seg) {
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
     extern __shared__ float smem[];
 #endif
 #define MAMBA_SCAN_BWD(SP)                                                                  \
-    scan_bwd<SP>(u, dt, bc, ldbc, a_log, dpar, dy, Hin, ddtr, ddtr_h, du, part, dA_part, T, D, \
-                 N, rounds, smem)
+    scan_bwd<SP>(u, dt, bc, ldbc, a_log, dpar, dy, Hin, ddtr, ddtr_h, du, part, dA_part, \
+                 seg_carry, T, D, N, rounds, seg, smem)
     MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_BWD)
 #undef MAMBA_SCAN_BWD
+}
+
+// Pass 1 of a segmented forward (see scan_fwd_seg): grid (ceil(D / cpb), B,
+// nseg - 1), block kScanThreads, the forward's dynamic shared memory (it
+// uses the two staging buffers). Launched only when nseg > 1, before
+// mamba_scan_fwd.
+extern "C" __global__ void __launch_bounds__(kScanThreads)
+    mamba_scan_fwd_seg(const float* __restrict__ u, const float* __restrict__ dt,
+                       const float* __restrict__ bc, long long ldbc,
+                       const float* __restrict__ a_log, float* __restrict__ seg_state, int T,
+                       int D, int N, int sp, int seg) {
+#ifdef MAMBA_CUDA_EMU
+    float* smem = EMU_SMEM;
+#else
+    extern __shared__ float smem[];
+#endif
+#define MAMBA_SCAN_FWD_SEG(SP) scan_fwd_seg<SP>(u, dt, bc, ldbc, a_log, seg_state, T, D, N, seg, smem)
+    MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_FWD_SEG)
+#undef MAMBA_SCAN_FWD_SEG
+}
+
+// Pass 1 of a segmented backward (see scan_bwd_seg): grid (ceil(D / cpb),
+// B, nseg - 1), block kScanThreads, the forward's dynamic shared memory.
+// Launched only when nseg > 1, before mamba_scan_bwd.
+extern "C" __global__ void __launch_bounds__(kScanThreads)
+    mamba_scan_bwd_seg(const float* __restrict__ dt, const float* __restrict__ bc,
+                       long long ldbc, const float* __restrict__ a_log,
+                       const float* __restrict__ dy, float* __restrict__ seg_carry, int T, int D,
+                       int N, int sp, int seg) {
+#ifdef MAMBA_CUDA_EMU
+    float* smem = EMU_SMEM;
+#else
+    extern __shared__ float smem[];
+#endif
+#define MAMBA_SCAN_BWD_SEG(SP) scan_bwd_seg<SP>(dt, bc, ldbc, a_log, dy, seg_carry, T, D, N, seg, smem)
+    MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_BWD_SEG)
+#undef MAMBA_SCAN_BWD_SEG
+}
+
+// Link the time segments after a first pass, one thread per (b, c, n),
+// serially over the segments. Forward (backward = 0): segment s > 0
+// enters with h_s = P_{s-1} h_{s-1} + hloc_{s-1} (h_0 = 0), one FMA a
+// segment in ascending order, written to Hin at its first chunk (where
+// mamba_scan_fwd reads it, and rewrites the same value). Backward: segment
+// s < nseg - 1 enters with c_s = P_{s+1} c_{s+1} + cloc_{s+1} (c_{nseg-1} =
+// 0), in descending order, written over cloc_s in `seg` (each slot is read
+// before it is overwritten). grid ceil(B * D * N / 256), block 256.
+extern "C" __global__ void mamba_scan_seg_link(float* __restrict__ seg_buf,
+                                               float* __restrict__ Hin, int B, int T, int D,
+                                               int N, int seg, int backward) {
+    const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long per_b = (long long)D * N;
+    if (e >= B * per_b) return;
+    const int b = (int)(e / per_b), c = (int)(e % per_b / N), n = (int)(e % N);
+    const int nch = (T + kChunk - 1) / kChunk;
+    const int nseg = segment_at(0, seg, nch).count;
+    const long long len = (long long)B * nseg * D * N;
+    if (!backward) {
+        float h = 0.0f;
+        for (int s = 1; s < nseg; ++s) {
+            const long long at = seg_index(b, s - 1, nseg, c, D, n, N);
+            h = __fmaf_rn(seg_buf[len + at], h, seg_buf[at]);
+            Hin[state_index(b, s * seg, nch, c, D, n, N)] = h;
+        }
+    } else {
+        float carry = 0.0f;
+        for (int s = nseg - 1; s >= 0; --s) {
+            const long long at = seg_index(b, s, nseg, c, D, n, N);
+            const float cloc = s > 0 ? seg_buf[at] : 0.0f, p = s > 0 ? seg_buf[len + at] : 0.0f;
+            seg_buf[at] = carry;
+            carry = __fmaf_rn(p, carry, cloc);
+        }
+    }
 }
 
 #undef MAMBA_SCAN_DISPATCH

@@ -108,17 +108,26 @@ int main() {
                     eddtr[mm * D + ch] *= -std::expm1(-dt[mm * D + ch]);
                 }
             }
-        // Kernels.
+        // Kernels: once with the host's segment length (64 chunks: one
+        // segment at these lengths, the unsegmented walk), then with
+        // segments of 1, 2 and 3 chunks where the sequence has more.
         auto f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
         auto fu = f(u), fdt = f(dt), fdbc = f(dbc), fal = f(a_log), fdp = f(dp), fxz = f(xz), fdy = f(dy);
         if (EMU_NEGATIVE) fdt[fdt.size() / 2] *= 1.5f;
         const int sp = next_pow2((N + EMU_LANE_STATES - 1) / EMU_LANE_STATES), cpb = EMU_BLOCK / sp;
         const int nch = (T + 15) / 16, sets = (D + cpb - 1) / cpb;
+        for (const int seg : {64, 1, 2, 3}) {
+        if (seg != 64 && seg >= nch) continue;
+        const int nseg = (nch + seg - 1) / seg;
         const int rounds = std::max(1, (sets + 63) / 64), groups = (sets + rounds - 1) / rounds;
         const float nan = std::nanf("");
         std::vector<float> hin((size_t)B * nch * D * N, nan), y(M * D, nan), out(M * D, nan);
         std::vector<float> ddtr(M * D, nan), du(M * D, nan), part((size_t)groups * M * 2 * N, nan),
-            dapart((size_t)B * D * N, nan), ddbc((size_t)M * ld, nan);
+            dapart((size_t)B * nseg * D * N, nan), ddbc((size_t)M * ld, nan);
+        // Pass-1 values per segment (segment 0's carry and the last's state
+        // are never written nor read).
+        std::vector<float> seg_state((size_t)2 * B * nseg * D * N, nan),
+            seg_carry((size_t)2 * B * nseg * D * N, nan);
         // The fused bf16 copies of out and ddtr (0xffff: never written).
         std::vector<unsigned short> out_h(M * D, 0xffff), ddtr_h(M * D, 0xffff);
         // Dynamic shared memory in floats (ScanShape::fwd_smem_bytes and
@@ -131,14 +140,33 @@ int main() {
                                EMU_RED_STEPS * 2 * EMU_LANE_STATES * (EMU_BLOCK + std::min(sp, 8)) + 2 * stage +
                                16 * 2 * cpb;
         const float* bc = fdbc.data() + R;
-        emu_launch({(unsigned)sets, (unsigned)B, 1}, EMU_BLOCK, fwd_dyn, [&] {
+        const unsigned link_blocks = (unsigned)((B * D * N + 255) / 256);
+        if (nseg > 1) {
+            emu_launch({(unsigned)sets, (unsigned)B, (unsigned)(nseg - 1)}, EMU_BLOCK, fwd_dyn, [&] {
+                mamba_scan_fwd_seg(fu.data(), fdt.data(), bc, ld, fal.data(), seg_state.data(), T, D,
+                                   N, sp, seg);
+            });
+            emu_launch({link_blocks, 1, 1}, 256, 0, [&] {
+                mamba_scan_seg_link(seg_state.data(), hin.data(), B, T, D, N, seg, 0);
+            });
+        }
+        emu_launch({(unsigned)sets, (unsigned)B, (unsigned)nseg}, EMU_BLOCK, fwd_dyn, [&] {
             mamba_scan_fwd(fu.data(), fdt.data(), bc, ld, fal.data(), fdp.data(), fxz.data() + D,
-                           2 * D, hin.data(), y.data(), out.data(), out_h.data(), T, D, N, sp);
+                           2 * D, hin.data(), y.data(), out.data(), out_h.data(), T, D, N, sp, seg);
         });
-        emu_launch({(unsigned)groups, (unsigned)B, 1}, EMU_BLOCK, bwd_dyn, [&] {
+        if (nseg > 1) {
+            emu_launch({(unsigned)sets, (unsigned)B, (unsigned)(nseg - 1)}, EMU_BLOCK, fwd_dyn, [&] {
+                mamba_scan_bwd_seg(fdt.data(), bc, ld, fal.data(), fdy.data(), seg_carry.data(), T, D,
+                                   N, sp, seg);
+            });
+            emu_launch({link_blocks, 1, 1}, 256, 0, [&] {
+                mamba_scan_seg_link(seg_carry.data(), nullptr, B, T, D, N, seg, 1);
+            });
+        }
+        emu_launch({(unsigned)groups, (unsigned)B, (unsigned)nseg}, EMU_BLOCK, bwd_dyn, [&] {
             mamba_scan_bwd(fu.data(), fdt.data(), bc, ld, fal.data(), fdp.data(), fdy.data(),
-                           hin.data(), ddtr.data(), ddtr_h.data(), du.data(), part.data(), dapart.data(), T, D, N,
-                           sp, rounds);
+                           hin.data(), ddtr.data(), ddtr_h.data(), du.data(), part.data(), dapart.data(),
+                           seg_carry.data(), T, D, N, sp, rounds, seg);
         });
         emu_launch({(unsigned)((M * 2 * N + 255) / 256), 1, 1}, 256, 0, [&] {
             mamba_scan_dbc_reduce(part.data(), groups, M, N, ddbc.data() + R, ld);
@@ -146,7 +174,7 @@ int main() {
         std::vector<float> da(D * N);
         for (int j = 0; j < D * N; ++j) {
             float s = 0;
-            for (int p = 0; p < B; ++p) s = s + dapart[(size_t)p * D * N + j];
+            for (int p = 0; p < B * nseg; ++p) s = s + dapart[(size_t)p * D * N + j];
             da[j] = s * -std::exp(fal[j]);
         }
         std::vector<float> dbc_cols;
@@ -163,7 +191,8 @@ int main() {
             copy_bad += ddtr_h[i] != (unsigned short)mamba::bf16_rne(ddtr[i]);
         }
         fails += copy_bad != 0;
-        printf("B %d T %d D %d N %d (sp %d cpb %d rounds %d groups %d): bf16 copies %s,", B, T, D, N, sp, cpb, rounds, groups, copy_bad ? "DIFFER" : "exact");
+        printf("B %d T %d D %d N %d (sp %d cpb %d rounds %d groups %d seg %d nseg %d): bf16 copies %s,",
+               B, T, D, N, sp, cpb, rounds, groups, seg, nseg, copy_bad ? "DIFFER" : "exact");
         for (auto& k : checks) {
             bool bad = !(k.err <= k.tol);
             fails += bad;
@@ -173,6 +202,7 @@ int main() {
         for (const auto* v : {&hin, &y, &out, &ddtr, &du, &ddbc, &dapart}) h = bits_digest(h, *v);
         printf(" bits %016llx\n", (unsigned long long)h);
         fflush(stdout);
+        }
     }
     printf("%s\n", fails ? "FAILED" : "all within tolerance");
     return fails ? 1 : 0;

@@ -214,6 +214,13 @@ fn fixed_cases() -> Vec<(String, ModelConfig, usize, usize)> {
         ("conv 1, expand 1".into(), c(17, 12, 2, 8, 1, 1, 2), 2, 33),
         ("300 rows".into(), c(40, 8, 1, 16, 4, 2, 1), 2, 150),
         ("d_inner 512".into(), ModelConfig::new(100, 256, 1), 2, 40),
+        // 69 chunks: two time segments of the scan (64 + 5 chunks).
+        (
+            "T 1100, two scan segments".into(),
+            c(40, 8, 1, 16, 4, 2, 1),
+            1,
+            1100,
+        ),
     ]
 }
 

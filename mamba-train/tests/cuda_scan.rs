@@ -15,6 +15,7 @@ use cuda_common::{gpu_required, no_gpu_reason, rel_l2};
 use cudarc::driver::{CudaSlice, CudaStream};
 use kernels::mamba::{
     f32_to_bf16_rne, MambaKernels, ScanBackward, ScanForward, ScanInputs, ScanShape, Store,
+    SEGMENT_CHUNKS,
 };
 use mamba_train::seed::Rng;
 
@@ -203,9 +204,28 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
             n: 5,
             r: 2,
         }, // 19 chunks
+        Case {
+            b: 2,
+            t: 2100,
+            d: 40,
+            n: 16,
+            r: 3,
+        }, // 132 chunks: three time segments (64, 64, 4 chunks), the last ragged
     ];
     let Some((s, k)) = device() else { return };
     let mut failures = Vec::new();
+    // The segmented walk is covered: some case has several time segments.
+    assert!(
+        cases.iter().any(|c| ScanShape {
+            batch: c.b,
+            seq_len: c.t,
+            d_inner: c.d,
+            d_state: c.n,
+        }
+        .segments()
+            > 1),
+        "no case exceeds one segment of {SEGMENT_CHUNKS} chunks"
+    );
     for (ci, c) in cases.iter().enumerate() {
         let (m, d, n, r) = (c.b * c.t, c.d, c.n, c.r);
         let ld = r + 2 * n;
@@ -247,6 +267,7 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
         let sl = shape.state_len();
         let (mut da_part, mut hin) = (nan(shape.da_partial_len()), nan(sl));
         let (mut y, mut out) = (nan(m * d), nan(m * d));
+        let mut seg = nan(shape.segment_scratch_len());
         // The bf16 copies the kernels store beside out and ddt_raw (0xffff,
         // a NaN pattern the rounding never yields, where nothing is written).
         let unwritten = |len: usize| s.clone_htod(&vec![0xffffu16; len.max(1)]).expect("alloc");
@@ -276,6 +297,7 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
                 hin: &mut hin.as_view_mut(),
                 y: &mut y.as_view_mut(),
                 out: Store::Both(out.as_view_mut(), out_h.as_view_mut()),
+                scratch_seg: &mut seg.as_view_mut(),
             },
         )
         .expect("scan_forward");
@@ -291,6 +313,7 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
                 hin: &hin.as_view(),
                 scratch_da: &mut da_part.as_view_mut(),
                 scratch_dbc: &mut dbc_part.as_view_mut(),
+                scratch_seg: &mut seg.as_view_mut(),
                 ddt_raw: Store::Both(ddtr.as_view_mut(), ddtr_h.as_view_mut()),
                 du: &mut du.as_view_mut(),
                 dbc: &mut ddbc.slice_mut(r..),
@@ -388,6 +411,7 @@ fn scan_launchers_refuse_short_buffers() {
                 hin: &mut hin.as_view_mut(),
                 y: &mut y.as_view_mut(),
                 out: Store::F32(out.as_view_mut()),
+                scratch_seg: &mut z(1).as_view_mut(),
             },
         )
         .unwrap_err()

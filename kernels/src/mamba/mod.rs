@@ -48,7 +48,9 @@ pub use conv::MAX_CONV_WIDTH;
 pub use decode::{DecodeKernels, ScanStepInputs};
 pub use optim::{check_decay_ranges, AdamWStep, NORM_CHUNK};
 pub use reductions::{ColSum, LogitGrad};
-pub use scan::{ScanBackward, ScanForward, ScanInputs, ScanShape, MAX_D_STATE, SCAN_CHUNK};
+pub use scan::{
+    ScanBackward, ScanForward, ScanInputs, ScanShape, MAX_D_STATE, SCAN_CHUNK, SEGMENT_CHUNKS,
+};
 pub use store::Store;
 pub use tokens::{DeviceTokenCsr, TokenCsr};
 
@@ -71,7 +73,7 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 21] = [
+const SYMBOLS: [(usize, &str); 24] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -90,6 +92,9 @@ const SYMBOLS: [(usize, &str); 21] = [
     (1, "mamba_scan_fwd"),
     (1, "mamba_scan_bwd"),
     (1, "mamba_scan_dbc_reduce"),
+    (1, "mamba_scan_fwd_seg"),
+    (1, "mamba_scan_bwd_seg"),
+    (1, "mamba_scan_seg_link"),
     (2, "mamba_adamw"),
     (2, "mamba_sumsq_chunks"),
     (2, "mamba_sum_f64_serial"),
@@ -115,6 +120,9 @@ struct Functions {
     scan_fwd: CudaFunction,
     scan_bwd: CudaFunction,
     scan_dbc_reduce: CudaFunction,
+    scan_fwd_seg: CudaFunction,
+    scan_bwd_seg: CudaFunction,
+    scan_seg_link: CudaFunction,
     adamw: CudaFunction,
     sumsq_chunks: CudaFunction,
     sum_f64_serial: CudaFunction,
@@ -170,6 +178,9 @@ impl MambaKernels {
             scan_fwd: next()?,
             scan_bwd: next()?,
             scan_dbc_reduce: next()?,
+            scan_fwd_seg: next()?,
+            scan_bwd_seg: next()?,
+            scan_seg_link: next()?,
             adamw: next()?,
             sumsq_chunks: next()?,
             sum_f64_serial: next()?,
@@ -180,6 +191,8 @@ impl MambaKernels {
         for (func, bytes, symbol) in [
             (&f.scan_fwd, fwd_smem, "mamba_scan_fwd"),
             (&f.scan_bwd, bwd_smem, "mamba_scan_bwd"),
+            (&f.scan_fwd_seg, fwd_smem, "mamba_scan_fwd_seg"),
+            (&f.scan_bwd_seg, fwd_smem, "mamba_scan_bwd_seg"),
         ] {
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

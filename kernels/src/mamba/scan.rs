@@ -9,17 +9,20 @@
 //! and writes `y` and the gated `out`; the backward pass walks the chunks in
 //! reverse, recomputes each one's states from `hin` into shared memory and
 //! carries the adjoint across them, then two fixed-order reductions finish
-//! d B / d C (over channel groups) and d A_log (over the batch).
+//! d B / d C (over channel groups) and d A_log (over the batch and the time
+//! segments). A sequence of more than [`SEGMENT_CHUNKS`] chunks is walked
+//! as several time segments in parallel, each direction with a first pass
+//! that links them (see the `.cu` file).
 
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
 
 use super::check::{self, grid};
 use super::launcher::{Arg, Grid, Launch};
-use super::scan_shape::{BLOCK, FLAT};
+use super::scan_shape::{ScanLaunch, BLOCK, FLAT};
 use super::store::Store;
 use super::MambaKernels;
 
-pub use super::scan_shape::{ScanShape, MAX_D_STATE, SCAN_CHUNK};
+pub use super::scan_shape::{ScanShape, MAX_D_STATE, SCAN_CHUNK, SEGMENT_CHUNKS};
 use crate::error::KernelError;
 
 /// Inputs the forward and backward scans share.
@@ -54,6 +57,9 @@ pub struct ScanForward<'a, 'b> {
     /// Out: `y * SiLU(z)`, `[rows, d_inner]` (out_proj's input): f32, bf16
     /// (all a bf16 out_proj reads) or both.
     pub out: Store<'b>,
+    /// Scratch, [`ScanShape::segment_scratch_len`] elements (none needed,
+    /// any length, for a one-segment sequence).
+    pub scratch_seg: &'a mut CudaViewMut<'b, f32>,
 }
 
 /// Buffers of [`MambaKernels::scan_backward`].
@@ -67,6 +73,8 @@ pub struct ScanBackward<'a, 'b> {
     pub scratch_da: &'a mut CudaViewMut<'b, f32>,
     /// Scratch, [`ScanShape::dbc_partial_len`] elements.
     pub scratch_dbc: &'a mut CudaViewMut<'b, f32>,
+    /// Scratch, [`ScanShape::segment_scratch_len`] elements.
+    pub scratch_seg: &'a mut CudaViewMut<'b, f32>,
     /// Out: `dL/d(dt_proj output)` = `dL/d dt * softplus'`, `[rows,
     /// d_inner]`: f32, bf16 or both (dt_proj's bias gradient reads the f32
     /// values, its bf16 GEMMs the copy).
@@ -115,6 +123,12 @@ impl MambaKernels {
         check::len(K, "y", buf.y.len(), rd)?;
         buf.out
             .check_each("out", |what, have| check::len(K, what, have, rd))?;
+        check_at_least(
+            K,
+            "scratch_seg",
+            buf.scratch_seg.len(),
+            shape.segment_scratch_len(),
+        )?;
         if shape.is_empty() {
             return Ok(());
         }
@@ -123,6 +137,34 @@ impl MambaKernels {
             check::long(K, "ldbc", inp.ldbc)?,
             check::long(K, "ldz", buf.ldz)?,
         );
+        if let Some(seg_grid) = lp.seg_grid {
+            let launch = Launch {
+                kernel: "mamba_scan_fwd_seg",
+                func: &self.f.scan_fwd_seg,
+                grid: Grid::Checked(seg_grid),
+                block: BLOCK as u32,
+            };
+            let mut args = [
+                Arg::In(inp.u),
+                Arg::In(inp.dt),
+                Arg::In(inp.bc),
+                Arg::I64(ldbc),
+                Arg::In(inp.a_log),
+                Arg::Out(&mut *buf.scratch_seg),
+                Arg::I32(lp.t),
+                Arg::I32(lp.di),
+                Arg::I32(lp.ni),
+                Arg::I32(lp.sp),
+                Arg::I32(lp.seg),
+            ];
+            // SAFETY: matches mamba_scan_fwd_seg(const float* u, const float*
+            // dt, const float* bc, long long ldbc, const float* a_log, float*
+            // seg_state, int T, int D, int N, int sp, int seg); the grid is
+            // (channel sets, batch, segments - 1), it reads what the forward
+            // reads and writes seg_state[< segment_scratch_len] (checked).
+            unsafe { self.launch(stream, launch, &mut args) }?;
+            self.scan_seg_link(stream, &shape, &lp, buf.scratch_seg, Some(&mut *buf.hin))?;
+        }
         let launch = Launch {
             kernel: "mamba_scan_fwd",
             func: &self.f.scan_fwd,
@@ -147,12 +189,15 @@ impl MambaKernels {
             Arg::I32(lp.di),
             Arg::I32(lp.ni),
             Arg::I32(lp.sp),
+            Arg::I32(lp.seg),
         ];
         // SAFETY: matches mamba_scan_fwd(const float* u, const float* dt,
         // const float* bc, long long ldbc, const float* a_log, const float*
         // dpar, const float* z, long long ldz, float* Hin, float* y, float*
-        // out, unsigned short* out_h, int T, int D, int N, int sp) (out and
-        // out_h each null or checked); check_inputs and the checks above
+        // out, unsigned short* out_h, int T, int D, int N, int sp, int seg)
+        // (out and out_h each null or checked; a segment's entry state is
+        // read from Hin, where the link above wrote it); check_inputs and the
+        // checks above
         // bound every index (rows < batch*seq_len, channels < d_inner, states
         // < state_len); the grid's y extent is the batch.
         unsafe { self.launch(stream, launch, &mut args) }
@@ -189,6 +234,12 @@ impl MambaKernels {
         check::len(K, "du", buf.du.len(), rd)?;
         check::matrix(K, "dbc", buf.dbc.len(), rows, 2 * n, inp.ldbc)?;
         check::len(K, "da_log", buf.da_log.len(), d * n)?;
+        check_at_least(
+            K,
+            "scratch_seg",
+            buf.scratch_seg.len(),
+            shape.segment_scratch_len(),
+        )?;
         if shape.is_empty() {
             return Ok(());
         }
@@ -196,12 +247,43 @@ impl MambaKernels {
         let ldbc = check::long(K, "ldbc", inp.ldbc)?;
         let rows_l = check::long(K, "rows", rows)?;
 
+        if let Some(seg_grid) = lp.seg_grid {
+            let launch = Launch {
+                kernel: "mamba_scan_bwd_seg",
+                func: &self.f.scan_bwd_seg,
+                grid: Grid::Checked(seg_grid),
+                block: BLOCK as u32,
+            };
+            let mut args = [
+                Arg::In(inp.dt),
+                Arg::In(inp.bc),
+                Arg::I64(ldbc),
+                Arg::In(inp.a_log),
+                Arg::In(buf.dy),
+                Arg::Out(&mut *buf.scratch_seg),
+                Arg::I32(lp.t),
+                Arg::I32(lp.di),
+                Arg::I32(lp.ni),
+                Arg::I32(lp.sp),
+                Arg::I32(lp.seg),
+            ];
+            // SAFETY: matches mamba_scan_bwd_seg(const float* dt, const
+            // float* bc, long long ldbc, const float* a_log, const float* dy,
+            // float* seg_carry, int T, int D, int N, int sp, int seg); the
+            // grid is (channel sets, batch, segments - 1); it reads what the
+            // backward reads and writes seg_carry[< segment_scratch_len]
+            // (checked).
+            unsafe { self.launch(stream, launch, &mut args) }?;
+            self.scan_seg_link(stream, &shape, &lp, buf.scratch_seg, None)?;
+        }
+
         let launch = Launch {
             kernel: "mamba_scan_bwd",
             func: &self.f.scan_bwd,
             grid: Grid::Checked(lp.bwd_grid),
             block: BLOCK as u32,
         };
+        let seg_in = buf.scratch_seg.as_view();
         let [ddt_f32, ddt_bf16] = buf.ddt_raw.args();
         let mut args = [
             Arg::In(inp.u),
@@ -217,19 +299,22 @@ impl MambaKernels {
             Arg::Out(&mut *buf.du),
             Arg::Out(&mut *buf.scratch_dbc),
             Arg::Out(&mut *buf.scratch_da),
+            Arg::In(&seg_in),
             Arg::I32(lp.t),
             Arg::I32(lp.di),
             Arg::I32(lp.ni),
             Arg::I32(lp.sp),
             Arg::I32(lp.rounds),
+            Arg::I32(lp.seg),
         ];
         // SAFETY: matches mamba_scan_bwd(u, dt, bc, long long ldbc, a_log,
         // dpar, dy, Hin, float* ddtr, unsigned short* ddtr_h, float* du,
         // float* part, float* dA_part, int T, int D, int N, int sp, int
-        // rounds) (ddtr and ddtr_h each null or checked); the grid is (groups,
-        // batch) with groups = ceil(ceil(D / cpb) / rounds), so every channel
+        // rounds) (ddtr and ddtr_h each null or checked; seg_carry as the
+        // forward's seg_state, and int seg after rounds); the grid is (groups,
+        // batch, segments) with groups = ceil(ceil(D / cpb) / rounds), so every channel
         // index is bounded by c < D checks in the kernel; part is
-        // [groups][rows][2N] and dA_part [batch][D][N] (checked above).
+        // [groups][rows][2N] and dA_part [batch][segments][D][N] (checked above).
         unsafe { self.launch(stream, launch, &mut args) }?;
 
         let reduce_grid = grid(K, ((rows * 2 * n).div_ceil(FLAT as usize), 1, 1), FLAT)?;
@@ -257,7 +342,7 @@ impl MambaKernels {
         self.reduce_partials(
             stream,
             &da,
-            shape.batch,
+            shape.batch * shape.segments(),
             d * n,
             0,
             d * n,
@@ -265,6 +350,68 @@ impl MambaKernels {
             buf.da_log,
         )
     }
+}
+
+impl MambaKernels {
+    /// Link the time segments after a first pass (`mamba_scan_seg_link`):
+    /// forward (`hin` given) each later segment's entry state into `hin` at
+    /// its first chunk, backward (`hin` None) each earlier segment's carry
+    /// in over its slot of `seg`. Only with several segments.
+    fn scan_seg_link(
+        &self,
+        stream: &CudaStream,
+        shape: &ScanShape,
+        lp: &ScanLaunch,
+        seg: &mut CudaViewMut<'_, f32>,
+        hin: Option<&mut CudaViewMut<'_, f32>>,
+    ) -> Result<(), KernelError> {
+        const K: &str = "mamba_scan_seg_link";
+        let n = shape.batch * shape.d_inner * shape.d_state;
+        let backward = hin.is_none();
+        let hin_arg = match hin {
+            Some(h) => Arg::Out(h),
+            None => Arg::Null,
+        };
+        let launch = Launch {
+            kernel: K,
+            func: &self.f.scan_seg_link,
+            grid: Grid::Flat { n },
+            block: FLAT,
+        };
+        let mut args = [
+            Arg::Out(seg),
+            hin_arg,
+            Arg::Int("batch", shape.batch),
+            Arg::I32(lp.t),
+            Arg::I32(lp.di),
+            Arg::I32(lp.ni),
+            Arg::I32(lp.seg),
+            Arg::I32(backward as i32),
+        ];
+        // SAFETY: matches mamba_scan_seg_link(float* seg_buf, float* Hin,
+        // int B, int T, int D, int N, int seg, int backward); one thread per
+        // (b, c, n) < B D N; it touches seg_buf[< segment_scratch_len] and,
+        // forward only (Hin not null then), Hin[< state_len] at segment
+        // starts (both checked by the callers).
+        unsafe { self.launch(stream, launch, &mut args) }
+    }
+}
+
+/// `have >= need` elements for the scratch `what` (a buffer a length-0
+/// need may leave as small as 1: CUDA allocations are never empty).
+fn check_at_least(
+    kernel: &'static str,
+    what: &str,
+    have: usize,
+    need: usize,
+) -> Result<(), KernelError> {
+    if have < need {
+        return Err(KernelError::invalid(
+            kernel,
+            format!("{what} has {have} elements, needs at least {need}"),
+        ));
+    }
+    Ok(())
 }
 
 fn check_inputs(

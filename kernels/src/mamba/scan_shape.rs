@@ -1,6 +1,6 @@
 //! The selective scan's extents ([`ScanShape`]) and the launch geometry
-//! both scan directions derive from them: chunks, lanes per channel,
-//! channels per block and the backward's channel groups.
+//! both scan directions derive from them: chunks, time segments, lanes per
+//! channel, channels per block and the backward's channel groups.
 
 use cudarc::driver::LaunchConfig;
 
@@ -11,6 +11,11 @@ use crate::error::KernelError;
 /// the state every chunk enters with, the backward pass recomputes one chunk
 /// at a time from it.
 pub const SCAN_CHUNK: usize = 16;
+/// Chunks per time segment: a sequence of more chunks is walked as several
+/// segments in parallel (see the `.cu` file), so one segment is up to 1024
+/// steps and shorter sequences keep the unsegmented walk. A constant, so
+/// the scan's association depends on the sequence length alone.
+pub const SEGMENT_CHUNKS: usize = 64;
 /// Threads per block of both scan kernels (`kScanThreads`).
 pub(super) const BLOCK: usize = 128;
 /// States one thread holds in registers (`kLaneStates`).
@@ -54,9 +59,24 @@ impl ScanShape {
     pub fn state_len(&self) -> usize {
         self.batch * self.chunks() * self.d_inner * self.d_state
     }
-    /// Elements of the backward pass's d A partials (`[batch][d_inner][d_state]`).
+    /// Time segments per sequence: `ceil(chunks / SEGMENT_CHUNKS)` (1 for
+    /// sequences of at most `16 * SEGMENT_CHUNKS` steps).
+    pub fn segments(&self) -> usize {
+        self.chunks().div_ceil(SEGMENT_CHUNKS).max(1)
+    }
+    /// Elements of the backward pass's d A partials
+    /// (`[batch][segments][d_inner][d_state]`).
     pub fn da_partial_len(&self) -> usize {
-        self.batch * self.d_inner * self.d_state
+        self.batch * self.segments() * self.d_inner * self.d_state
+    }
+    /// Elements of the per-segment scratch both directions use when there
+    /// are several segments (`2 x [batch][segments][d_inner][d_state]`: the
+    /// first pass's end states or carries, and decay products); 0 for one.
+    pub fn segment_scratch_len(&self) -> usize {
+        match self.segments() {
+            1 => 0,
+            n => 2 * self.batch * n * self.d_inner * self.d_state,
+        }
     }
     /// Lanes per channel: `ceil(d_state / 4)` rounded up to a power of two
     /// (each lane holds 4 consecutive states).
@@ -167,17 +187,24 @@ impl ScanShape {
     /// non-empty shape (else a grid extent is 0 and this refuses).
     pub(super) fn launch(&self, kernel: &'static str) -> Result<ScanLaunch, KernelError> {
         let d = self.d_inner;
-        let mut fwd_grid = grid(
-            kernel,
-            (d.div_ceil(self.channels_per_block()), self.batch, 1),
-            BLOCK as u32,
-        )?;
+        let (sets, segs) = (d.div_ceil(self.channels_per_block()), self.segments());
+        let mut fwd_grid = grid(kernel, (sets, self.batch, segs), BLOCK as u32)?;
         fwd_grid.shared_mem_bytes = self.fwd_smem_bytes() as u32;
-        let mut bwd_grid = grid(kernel, (self.groups(), self.batch, 1), BLOCK as u32)?;
+        let mut bwd_grid = grid(kernel, (self.groups(), self.batch, segs), BLOCK as u32)?;
         bwd_grid.shared_mem_bytes = self.bwd_smem_bytes() as u32;
+        // The first passes of a segmented scan: every segment but one.
+        let seg_grid = if segs > 1 {
+            let mut g = grid(kernel, (sets, self.batch, segs - 1), BLOCK as u32)?;
+            g.shared_mem_bytes = self.fwd_smem_bytes() as u32;
+            Some(g)
+        } else {
+            None
+        };
         Ok(ScanLaunch {
             fwd_grid,
             bwd_grid,
+            seg_grid,
+            seg: SEGMENT_CHUNKS as i32,
             t: self.seq_len as i32,
             di: d as i32,
             ni: self.d_state as i32,
@@ -196,6 +223,10 @@ impl ScanShape {
 pub(super) struct ScanLaunch {
     pub(super) fwd_grid: LaunchConfig,
     pub(super) bwd_grid: LaunchConfig,
+    /// The first passes' grid, when there are several segments.
+    pub(super) seg_grid: Option<LaunchConfig>,
+    /// Chunks per segment (`SEGMENT_CHUNKS`).
+    pub(super) seg: i32,
     pub(super) t: i32,
     pub(super) di: i32,
     pub(super) ni: i32,
@@ -265,6 +296,37 @@ mod tests {
         assert_eq!((s.rounds(), s.groups()), (1, 48));
         // The groups depend on the channels and states only, never the batch.
         assert_eq!(shape(1, 1024, 1536, 16).groups(), s.groups());
+    }
+
+    #[test]
+    fn long_sequences_are_cut_into_segments_of_the_constant_length() {
+        // Up to 64 chunks (1024 steps) is one segment: the unsegmented walk.
+        for t in [1, 16, 1000, 1024] {
+            let s = shape(8, t, 1536, 16);
+            assert_eq!((s.segments(), s.segment_scratch_len()), (1, 0), "T {t}");
+            assert_eq!(s.da_partial_len(), 8 * 1536 * 16, "T {t}");
+        }
+        let s = shape(1, 8192, 1536, 16);
+        assert_eq!(s.segments(), 8);
+        assert_eq!(s.segment_scratch_len(), 2 * 8 * 1536 * 16);
+        assert_eq!(s.da_partial_len(), 8 * 1536 * 16);
+        assert_eq!(shape(2, 1025, 4, 16).segments(), 2);
+        assert_eq!(shape(2, 2100, 4, 16).segments(), 3);
+        // The segments depend on the length alone, never the batch.
+        assert_eq!(
+            shape(7, 5000, 4, 3).segments(),
+            shape(1, 5000, 900, 128).segments()
+        );
+        // The first passes' grid exists exactly when there are several.
+        assert!(shape(1, 1024, 8, 16)
+            .launch("k")
+            .unwrap()
+            .seg_grid
+            .is_none());
+        let lp = shape(1, 8192, 1536, 16).launch("k").unwrap();
+        assert_eq!(lp.seg_grid.map(|g| g.grid_dim), Some((48, 1, 7)));
+        assert_eq!(lp.fwd_grid.grid_dim, (48, 1, 8));
+        assert_eq!(lp.bwd_grid.grid_dim, (48, 1, 8));
     }
 
     #[test]

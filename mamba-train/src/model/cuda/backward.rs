@@ -100,6 +100,7 @@ pub(super) fn backward(
                 &ws.resid[l],
                 None,
                 ws.acts.slot_mut(l),
+                &mut ws.scan_seg,
             )?;
             ws.acts.resident = Some(l);
         }
@@ -183,6 +184,7 @@ pub(super) fn backward(
                 hin: &a.hin.as_view(),
                 scratch_da: &mut ws.da_part.as_view_mut(),
                 scratch_dbc: &mut ws.dbc_part.as_view_mut(),
+                scratch_seg: &mut ws.scan_seg.as_view_mut(),
                 ddt_raw: Store::f32_and(ws.ddtr.as_view_mut(), store_into(&mut ws.ddtr_h, m * di)),
                 du: &mut ws.du.as_view_mut(),
                 dbc: &mut ws.ddbc.slice_mut(r..),

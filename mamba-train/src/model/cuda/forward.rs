@@ -128,6 +128,7 @@ pub(super) fn forward(
             &before[l],
             Some(&mut after[0]),
             acts,
+            &mut ws.scan_seg,
         )?;
         ws.acts.resident = Some(l);
     }
@@ -162,6 +163,7 @@ pub(super) fn block_forward(
     x_in: &CudaSlice<f32>,
     x_out: Option<&mut CudaSlice<f32>>,
     a: &mut LayerActs,
+    scan_seg: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let (t, m) = (shape.seq_len, shape.batch * shape.seq_len);
     let (d, di, r, k) = (cfg.d_model, cfg.d_inner(), cfg.dt_rank, cfg.d_conv);
@@ -252,6 +254,7 @@ pub(super) fn block_forward(
             hin: &mut a.hin.as_view_mut(),
             y: &mut a.y.as_view_mut(),
             out: a.g.produce(),
+            scratch_seg: &mut scan_seg.as_view_mut(),
         },
     )?;
 

@@ -161,6 +161,9 @@ pub(crate) struct Workspace {
     pub da_part: CudaSlice<f32>,
     /// d B / d C partials ([`ScanShape::dbc_partial_len`]).
     pub dbc_part: CudaSlice<f32>,
+    /// The scan's per-segment scratch ([`ScanShape::segment_scratch_len`]),
+    /// shared by every block's forward and backward scan.
+    pub scan_seg: CudaSlice<f32>,
     /// Column-sum partials (the largest any column sum of the model needs).
     pub colsum: CudaSlice<f32>,
     pub row_loss: CudaSlice<f32>,
@@ -317,6 +320,7 @@ impl Workspace {
             logits: a.zeros("logits of one loss chunk", loss_rows * v)?,
             da_part: a.zeros("scan dA partials", shape.da_partial_len())?,
             dbc_part: a.zeros("scan dB/dC partials", shape.dbc_partial_len())?,
+            scan_seg: a.zeros("scan segment scratch", shape.segment_scratch_len())?,
             colsum: a.zeros("column-sum partials", colsum)?,
             row_loss: a.zeros("row losses", rows)?,
             loss: a.zeros("loss", 1)?,
