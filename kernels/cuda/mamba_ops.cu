@@ -9,6 +9,11 @@
 //     z = xz[:, D:2D] with ld = 2D);
 //   - parameters use the Hugging Face shapes of mamba-train/src/params.rs
 //     (conv1d.weight [D, 1, K] -> w[c * K + k]).
+// Over 450 lines: one module (loaded once, one --fmad contract in
+// build/nvcc.rs, one set of layout conventions) holding every model kernel
+// but the scan and the optimizer; the conv family (templates over the
+// width, ~170 lines) is the piece to move into a module of its own, which
+// changes module loading and so waits for a session with GPU time to run it.
 // Determinism: see mamba_common.cuh. Column sums over rows go through fixed
 // slabs of kColSlab rows (stage 1, a fixed tree inside the block) and an
 // ascending serial sum over slabs (stage 2).

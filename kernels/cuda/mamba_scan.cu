@@ -71,10 +71,13 @@
 // Block-uniform control flow wherever a shuffle or a barrier is reached:
 // lanes of channels c >= D and states n >= N take part with zero values.
 //
-// Over 450 lines: one concept, the scan's two directions, whose staging
-// (cp.async helpers, the padded chunk layout, Lanes) and recurrence step are
-// shared and must stay bit-identical between the forward and the backward's
-// recompute; splitting the file would put those helpers in a header that
+// Over 450 lines: one concept, the scan's two directions and their time
+// segments' first passes and link, whose staging (cp.async helpers, the
+// padded chunk layout, Lanes), decay and recurrence step are shared and must
+// stay bit-identical between the forward, the backward's recompute and the
+// first passes (the two first passes repeat their directions' chunk loops
+// in miniature, staging C and a third column they do not read, so that
+// stage_chunk stays the only staging code); splitting the file would put those helpers in a header that
 // the CPU emulation check (kernels/emu) would then also have to track.
 
 #include "mamba_common.cuh"

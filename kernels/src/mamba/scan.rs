@@ -123,7 +123,7 @@ impl MambaKernels {
         check::len(K, "y", buf.y.len(), rd)?;
         buf.out
             .check_each("out", |what, have| check::len(K, what, have, rd))?;
-        check_at_least(
+        check::len(
             K,
             "scratch_seg",
             buf.scratch_seg.len(),
@@ -234,7 +234,7 @@ impl MambaKernels {
         check::len(K, "du", buf.du.len(), rd)?;
         check::matrix(K, "dbc", buf.dbc.len(), rows, 2 * n, inp.ldbc)?;
         check::len(K, "da_log", buf.da_log.len(), d * n)?;
-        check_at_least(
+        check::len(
             K,
             "scratch_seg",
             buf.scratch_seg.len(),
@@ -395,23 +395,6 @@ impl MambaKernels {
         // starts (both checked by the callers).
         unsafe { self.launch(stream, launch, &mut args) }
     }
-}
-
-/// `have >= need` elements for the scratch `what` (a buffer a length-0
-/// need may leave as small as 1: CUDA allocations are never empty).
-fn check_at_least(
-    kernel: &'static str,
-    what: &str,
-    have: usize,
-    need: usize,
-) -> Result<(), KernelError> {
-    if have < need {
-        return Err(KernelError::invalid(
-            kernel,
-            format!("{what} has {have} elements, needs at least {need}"),
-        ));
-    }
-    Ok(())
 }
 
 fn check_inputs(
