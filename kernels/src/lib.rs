@@ -51,6 +51,7 @@ pub mod error;
 pub mod fold;
 pub mod launch;
 pub mod mamba;
+pub mod peer;
 
 // The build script's nvcc search, compiled here so it has unit tests.
 #[cfg(test)]
@@ -66,3 +67,4 @@ pub use embedded::{
 pub use error::{KernelError, HOW_TO_GET_KERNELS};
 pub use fold::{FoldKernel, MAX_CHAIN_ADDENDS};
 pub use launch::LaunchShape;
+pub use peer::{PeerKernels, PeerStatus, ABORT_FLAG, MAX_PEERS};

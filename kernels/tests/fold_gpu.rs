@@ -622,3 +622,175 @@ mod random {
         }
     }
 }
+
+// ------------------------------------------------------------ peer kernels
+
+mod peer {
+    use super::*;
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    use kernels::{PeerKernels, PeerStatus, ABORT_FLAG, MAX_CHAIN_ADDENDS, MAX_PEERS};
+    use std::time::{Duration, Instant};
+
+    fn status_of(stream: &Arc<CudaStream>, s: &CudaSlice<u32>) -> PeerStatus {
+        PeerStatus::decode(stream.clone_dtoh(s).expect("status")[0])
+    }
+
+    /// The fanned-out fold: every destination holds the host chain, bits
+    /// and all, at vector and scalar alignments, with a destination that is
+    /// also an addend; the words past `len` stay; a failed status writes
+    /// nothing.
+    #[test]
+    fn fold_fanout_writes_the_chain_to_every_destination() {
+        let Some(gpu) = gpu() else { return };
+        let peer = PeerKernels::load(&gpu.ctx).expect("load the peer kernels");
+        let stream = gpu.ctx.default_stream();
+        let mut rng = Rng(0x9e37);
+        for (n, n_dst, len, offset) in [
+            (1, 1, 1, 0),
+            (2, 2, 4099, 0),
+            (3, 8, 3, 1),
+            (MAX_CHAIN_ADDENDS, 3, 70_001, 2),
+            (7, MAX_PEERS, 1024, 3),
+        ] {
+            let srcs_h: Vec<Vec<f32>> = (0..n).map(|_| rng.values(offset + len + 2)).collect();
+            let dst_h: Vec<Vec<f32>> = (0..n_dst).map(|_| rng.values(offset + len + 2)).collect();
+            let mut srcs: Vec<CudaSlice<f32>> = srcs_h.iter().map(|v| upload(&stream, v)).collect();
+            let mut dsts: Vec<CudaSlice<f32>> = dst_h.iter().map(|v| upload(&stream, v)).collect();
+            let status = stream.alloc_zeros::<u32>(1).expect("status");
+            let shifted: Vec<Vec<f32>> = srcs_h.iter().map(|v| v[offset..].to_vec()).collect();
+            let chain = host_chain(&[], None, &shifted, len, Some(0.25));
+            {
+                let at = |p: u64| p + offset as u64 * 4;
+                let (s_ptrs, _g1): (Vec<u64>, Vec<_>) = srcs
+                    .iter_mut()
+                    .map(|s| s.device_ptr_mut(&stream))
+                    .map(|(p, g)| (at(p), g))
+                    .unzip();
+                let (mut d_ptrs, _g2): (Vec<u64>, Vec<_>) = dsts
+                    .iter_mut()
+                    .map(|d| d.device_ptr_mut(&stream))
+                    .map(|(p, g)| (at(p), g))
+                    .unzip();
+                // The last destination is the first addend itself.
+                *d_ptrs.last_mut().unwrap() = s_ptrs[0];
+                let (st, _g3) = status.device_ptr(&stream);
+                // SAFETY: every pointer addresses offset + len + 2 live f32 of
+                // this context; no other work runs on them.
+                unsafe { peer.fold_fanout(&stream, &d_ptrs, &s_ptrs, len, Some(0.25), st) }
+                    .expect("fold_fanout");
+            }
+            let what = format!("fold_fanout n={n} dsts={n_dst} len={len} offset={offset}");
+            for (d, buf) in dsts.iter().enumerate().take(n_dst - 1) {
+                let mut want = dst_h[d].clone();
+                want[offset..offset + len].copy_from_slice(&chain);
+                assert_bits_eq(
+                    &download(&stream, buf),
+                    &want,
+                    &format!("{what}: destination {d}"),
+                );
+            }
+            let mut want = srcs_h[0].clone();
+            want[offset..offset + len].copy_from_slice(&chain);
+            assert_bits_eq(
+                &download(&stream, &srcs[0]),
+                &want,
+                &format!("{what}: the addend as destination"),
+            );
+        }
+        // A failed status: the launch returns without writing.
+        let a = upload(&stream, &[1.0, 2.0]);
+        let mut d = upload(&stream, &[7.0, 7.0]);
+        let failed = upload_u32(&stream, 1 << 28);
+        {
+            let (pa, _g) = a.device_ptr(&stream);
+            let (pd, _h) = d.device_ptr_mut(&stream);
+            let (st, _i) = failed.device_ptr(&stream);
+            // SAFETY: two live f32 each.
+            unsafe { peer.fold_fanout(&stream, &[pd], &[pa, pa], 2, None, st) }.expect("launch");
+        }
+        assert_eq!(
+            download(&stream, &d),
+            vec![7.0, 7.0],
+            "a failed status must write nothing"
+        );
+        // Refusals before any launch.
+        let e =
+            unsafe { peer.fold_fanout(&stream, &[0; 9], &[0], 1, None, 0) }.expect_err("9 dsts");
+        assert!(e.to_string().contains("expected 1..=8"), "{e}");
+        let e = unsafe { peer.fold_fanout(&stream, &[0], &[0; 33], 1, None, 0) }
+            .expect_err("33 addends");
+        assert!(e.to_string().contains("expected 1..=32"), "{e}");
+    }
+
+    fn upload_u32(stream: &Arc<CudaStream>, v: u32) -> CudaSlice<u32> {
+        stream.clone_htod(&[v]).expect("upload")
+    }
+
+    /// The barrier in one process, rank 0 of two with rank 1's flag array
+    /// beside it: rank 1 arrived (ok, and rank 0's arrival lands in rank
+    /// 1's array), rank 1 absent (timed out after the deadline, naming it),
+    /// rank 1 aborted (at once, naming it), and a world of one.
+    #[test]
+    fn barrier_completes_times_out_and_aborts_naming_the_peer() {
+        let Some(gpu) = gpu() else { return };
+        let peer = PeerKernels::load(&gpu.ctx).expect("load the peer kernels");
+        let stream = gpu.ctx.default_stream();
+        let run = |own_slot1: u64, epoch: u64, timeout: Duration| {
+            let own = stream.clone_htod(&[0u64, own_slot1]).expect("own flags");
+            let theirs = stream.alloc_zeros::<u64>(2).expect("peer flags");
+            let status = stream.alloc_zeros::<u32>(1).expect("status");
+            let start = Instant::now();
+            {
+                let (po, _a) = own.device_ptr(&stream);
+                let (pt, _b) = theirs.device_ptr(&stream);
+                let (st, _c) = status.device_ptr(&stream);
+                // SAFETY: two live u64 each, a live u32.
+                unsafe { peer.barrier(&stream, &[po, pt], 0, epoch, timeout, st) }
+                    .expect("barrier");
+            }
+            let got = status_of(&stream, &status);
+            let took = start.elapsed();
+            let theirs = stream.clone_dtoh(&theirs).expect("peer flags");
+            (got, took, theirs)
+        };
+        let (s, _, theirs) = run(5, 5, Duration::from_secs(10));
+        assert_eq!(s, PeerStatus::Ok);
+        assert_eq!(
+            theirs,
+            vec![5, 0],
+            "rank 0's arrival goes to slot 0 of rank 1's array"
+        );
+        let (s, _, _) = run(6, 5, Duration::from_secs(10));
+        assert_eq!(
+            s,
+            PeerStatus::Ok,
+            "a peer already at the next epoch has arrived"
+        );
+        let (s, took, _) = run(4, 5, Duration::from_millis(200));
+        assert_eq!(s, PeerStatus::TimedOut { peer: 1 });
+        assert!(
+            took >= Duration::from_millis(200),
+            "timed out early: {took:?}"
+        );
+        let (s, took, _) = run(ABORT_FLAG | 4, 5, Duration::from_secs(30));
+        assert_eq!(s, PeerStatus::Aborted { peer: 1 });
+        assert!(
+            took < Duration::from_secs(10),
+            "an abort must end the wait at once: {took:?}"
+        );
+        // One rank: its own arrival completes the barrier.
+        let own = stream.alloc_zeros::<u64>(1).expect("flags");
+        let status = stream.alloc_zeros::<u32>(1).expect("status");
+        {
+            let (po, _a) = own.device_ptr(&stream);
+            let (st, _c) = status.device_ptr(&stream);
+            // SAFETY: one live u64, a live u32.
+            unsafe { peer.barrier(&stream, &[po], 0, 1, Duration::from_secs(10), st) }
+                .expect("barrier");
+        }
+        assert_eq!(status_of(&stream, &status), PeerStatus::Ok);
+        let e = unsafe { peer.barrier(&stream, &[0, 0], 2, 1, Duration::ZERO, 0) }
+            .expect_err("rank 2 of 2");
+        assert!(e.to_string().contains("rank 2 of 2"), "{e}");
+    }
+}
