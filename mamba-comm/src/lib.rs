@@ -14,6 +14,7 @@ pub mod bootstrap;
 pub mod error;
 pub mod flight;
 pub mod host;
+pub mod ipc;
 pub mod nccl;
 mod poll;
 pub mod rendezvous;
