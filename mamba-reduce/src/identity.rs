@@ -53,6 +53,11 @@ impl RunIdentity {
         }
     }
 
+    /// The [`RunIdentity::chunk_elems`] of the peer fold
+    /// ([`crate::PeerReducer`]), which sends no messages: a rank on the peer
+    /// fold and a rank on the message dataflow then fail the check by name.
+    pub const PEER_FOLD: u64 = u64::MAX;
+
     /// This identity with the reducer's chunk length (`None`: the default).
     pub fn with_chunk(self, chunk_elems: Option<usize>) -> Self {
         RunIdentity {
@@ -191,6 +196,7 @@ pub(crate) fn verdict(gathered: &[f32], world: usize) -> Result<RunIdentity> {
             }),
             ("reducer chunk length", |i| match i.chunk_elems {
                 0 => "default".to_string(),
+                RunIdentity::PEER_FOLD => "none (the peer fold)".to_string(),
                 c => format!("{c} elements"),
             }),
         ];

@@ -53,8 +53,17 @@
 //!   [`mamba_comm::Transport`] and a [`PlanRunner`] (a [`FoldOps`] that
 //!   can run a whole plan): [`HostReducer`] (host memory, step by step)
 //!   and [`NcclReducer`] (device memory, NCCL, the fold kernel, two lanes).
+//! - [`PeerReducer`]: the fixed-order reduction inside one node without
+//!   messages: the ranks map each other's arenas (CUDA memory-pool IPC,
+//!   [`mamba_comm::ipc`]) and each shard owner folds its shard of all `L`
+//!   arenas in ascending logical order in one kernel and writes the mean
+//!   into every rank's arena, between two GPU barriers with a deadline and
+//!   an abort value. The same per-element chain as every other path, so
+//!   the same bits at the same `L`. Its host collectives go through a
+//!   control [`Reducer`].
 //! - [`RunIdentity`] and the agreement check every rank runs before its
-//!   first reduction.
+//!   first reduction (the dataflow joins it: a rank on the peer fold and
+//!   one on messages fail it by name).
 //!
 //! # The fixed-order dataflow
 //!
@@ -203,6 +212,7 @@ mod gather;
 mod host;
 mod identity;
 mod nccl;
+mod peer;
 mod plan;
 mod reducer;
 mod shard;
@@ -221,6 +231,7 @@ pub use gather::all_gather_ranges;
 pub use host::HostReducer;
 pub use identity::{agree, all_gather, RunIdentity};
 pub use nccl::NcclReducer;
+pub use peer::{PeerOptions, PeerReducer};
 pub use plan::{Dataflow, PlanCost, RankPlan, GROUP_OVERHEAD_SEC, LINK_BYTES_PER_SEC};
 pub use reducer::{PlanRunner, Reducer};
 pub use shard::ShardPlan;

@@ -240,8 +240,14 @@ impl<T: Transport, F: FoldOps<T::Buffer>> TransportReducer<T, F> {
     }
 
     fn exchange(&mut self, id: &RunIdentity, local_problem: Option<String>) -> Result<()> {
-        // The chunk length decides message sizes: it joins the identity.
-        let id = id.with_chunk(self.opts.chunk_elems);
+        // The chunk length decides message sizes: it joins the identity,
+        // unless a reducer that drives this one for its collectives (the
+        // peer fold) already filled in its own dataflow.
+        let id = if id.chunk_elems == 0 {
+            id.with_chunk(self.opts.chunk_elems)
+        } else {
+            *id
+        };
         let agreed = agree(&mut self.transport, &mut self.small, &id, local_problem)?;
         self.agreed = Some(agreed);
         Ok(())

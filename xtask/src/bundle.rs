@@ -36,6 +36,7 @@ const TEST_PACKAGES: &[&str] = &[
 const EXAMPLES: &[(&str, &str)] = &[
     ("mamba-comm", "allreduce"),
     ("mamba-reduce", "bench_reduce"),
+    ("mamba-reduce", "bench_peer_fold"),
     ("mamba-train", "bench_cuda_step"),
     ("mamba-train", "dp_scaling"),
     ("mamba-train", "hf_logits"),

@@ -58,6 +58,7 @@ tests)
 bench)
     case "${2:-}" in
     reduce) exec "$here/bin/bench_reduce" "${@:3}" ;;
+    peer) exec "$here/bin/bench_peer_fold" "${@:3}" ;;
     train)
         # Ours in each precision, then transformers' PyTorch path on the same
         # sizes, then the side-by-side table.
@@ -72,7 +73,7 @@ bench)
         ;;
     scaling) exec "$here/bin/dp_scaling" "${@:3}" ;;
     tree) exec "$here/bin/tree_memory" --device cuda "${@:3}" ;;
-    *) echo "usage: run.sh bench reduce|train|scaling|tree [ARGS]" >&2; exit 2 ;;
+    *) echo "usage: run.sh bench reduce|peer|train|scaling|tree [ARGS]" >&2; exit 2 ;;
     esac
     ;;
 hf-crosscheck)
