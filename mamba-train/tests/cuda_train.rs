@@ -427,3 +427,54 @@ fn the_sharded_optimizer_keeps_the_bits_on_one_and_two_gpus() {
     );
     assert_eq!(world_digest(&o, 1), one, "resumed unsharded on one GPU");
 }
+
+/// `--peer-fold` on one GPU (the peer reducer's barriers and fused fold over
+/// the logical world's local arenas, NCCL carrying only the host
+/// collectives): the bits of the NCCL path at L = 2 and L = 4, run to run
+/// and after stop + resume (resumed with and without the flag: it is a
+/// speed choice, not part of the run), and a contract it does not keep is
+/// refused by name.
+#[test]
+fn the_peer_fold_on_one_gpu_gives_the_bits_of_the_nccl_path() {
+    if !can_run(1, true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for l in ["2", "4"] {
+        let base = ["--steps", "6", "--logical-world", l];
+        let nccl = world_digest(&train(&dir.path().join(format!("n{l}")), &base, &[]), 1);
+        let peer_args = [&base[..], &["--peer-fold"]].concat();
+        let peer = world_digest(
+            &train(&dir.path().join(format!("p{l}")), &peer_args, &[]),
+            1,
+        );
+        assert_eq!(peer, nccl, "L = {l}: --peer-fold must keep the bits");
+        let c = dir.path().join(format!("c{l}"));
+        let o = train(&c, &[&peer_args[..], &["--stop-at", "3"]].concat(), &[]);
+        assert!(ok(&o).contains("stopped at step 3"));
+        let resumed = train(&c, &["--resume", c.to_str().unwrap()], &[]);
+        assert_eq!(
+            world_digest(&resumed, 1),
+            nccl,
+            "L = {l}: stop with the peer fold, resume without"
+        );
+    }
+    let o = train(
+        &dir.path().join("tree"),
+        &[
+            "--steps",
+            "2",
+            "--logical-world",
+            "2",
+            "--contract",
+            "fixed-tree",
+            "--peer-fold",
+        ],
+        &[],
+    );
+    let e = err(&o);
+    assert!(
+        e.contains("--peer-fold folds in fixed order only") && e.contains("fixed-tree"),
+        "{e}"
+    );
+}

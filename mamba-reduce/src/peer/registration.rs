@@ -193,6 +193,13 @@ pub(crate) fn register<R: Reducer>(control: &mut R, own: &Own<'_>) -> Result<Reg
     // rank imports every peer's pool and pointers.
     let deadline = Instant::now() + own.timeout;
     let imported = exchange_pools(own, &fd, &listener, &tag, &pids, deadline)
+        .map_err(|e| {
+            ReduceError::config(format!(
+                "rank {} could not exchange memory pools with its peers ({e}); the peer fold \
+                 needs every rank on one node, in one network namespace",
+                own.rank
+            ))
+        })
         .and_then(|fds| import_all(own, &records, fds));
     drop(listener);
     settle(control, "exchanging and importing pools", imported)

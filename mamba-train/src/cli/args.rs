@@ -300,6 +300,13 @@ pub struct TrainArgs {
     /// as without it, so a run resumes with or without it.
     #[arg(long)]
     pub recompute: bool,
+    /// With --device cuda and the fixed-order contract: reduce gradients
+    /// inside the node without NCCL's transfers: every rank maps the
+    /// others' gradient arenas (CUDA memory-pool IPC) and folds its shard
+    /// of all of them in one kernel. The same bits as without it. Every
+    /// rank on one node; not with --shard-optimizer.
+    #[arg(long)]
+    pub peer_fold: bool,
     /// Arithmetic of the GEMMs with --device cuda: f32 (the reference),
     /// tf32 (tensor cores, inputs rounded to TF32, f32 accumulation) or
     /// bf16 (GEMM operands rounded to bf16, f32 accumulation and output).
@@ -561,6 +568,16 @@ mod tests {
         let a = parse(&["--device", "cuda", "--recompute"]).unwrap();
         assert!(a.recompute && crate::cli::run::check_cuda_only_flags(&a).is_ok());
         assert!(!parse(&[]).unwrap().recompute);
+        // --peer-fold: CUDA only, and not with the sharded optimizer.
+        let flags = |v: &[&str]| {
+            crate::cli::run::check_cuda_only_flags(&parse(v).unwrap()).map_err(|e| e.to_string())
+        };
+        let e = flags(&["--peer-fold"]).unwrap_err();
+        assert!(e.contains("--peer-fold needs --device cuda"), "{e}");
+        let e = flags(&["--device", "cuda", "--peer-fold", "--shard-optimizer"]).unwrap_err();
+        assert!(e.contains("--peer-fold and --shard-optimizer"), "{e}");
+        assert!(flags(&["--device", "cuda", "--peer-fold"]).is_ok());
+        assert!(!parse(&[]).unwrap().peer_fold);
         // The whole command refuses it before anything starts.
         let a = parse(&["--precision", "bf16", "--steps", "1"]).unwrap();
         let e = crate::cli::run::train(&a, &mut Vec::new())

@@ -159,9 +159,10 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
     }
 }
 
-/// `--precision` other than f32 and `--recompute` need `--device cuda`
-/// (the CPU model trains in f32 and keeps its activations): refused by
-/// name otherwise.
+/// `--precision` other than f32, `--recompute` and `--peer-fold` need
+/// `--device cuda` (the CPU model trains in f32 and keeps its activations;
+/// CPU worlds reduce over the host transport), and `--peer-fold` excludes
+/// `--shard-optimizer`: refused by name otherwise.
 pub fn check_cuda_only_flags(args: &TrainArgs) -> Result<()> {
     match (args.device, args.precision) {
         (Device::Cpu, Some(p)) if p != Precision::F32 => Err(TrainError::Config(format!(
@@ -172,6 +173,17 @@ pub fn check_cuda_only_flags(args: &TrainArgs) -> Result<()> {
             "--recompute needs --device cuda: the CPU model keeps its activations (its \
              backward already recomputes the scan states); add --device cuda or drop \
              --recompute"
+                .into(),
+        )),
+        _ if args.device == Device::Cpu && args.peer_fold => Err(TrainError::Config(
+            "--peer-fold needs --device cuda: it maps the GPU ranks' gradient arenas into each \
+             other; CPU worlds reduce over the host transport; add --device cuda or drop \
+             --peer-fold"
+                .into(),
+        )),
+        _ if args.peer_fold && args.shard_optimizer => Err(TrainError::Config(
+            "--peer-fold and --shard-optimizer cannot be combined yet: the peer fold has no \
+             reduce-scatter or all-gather of the weight shards; drop one of them"
                 .into(),
         )),
         _ => Ok(()),
@@ -242,10 +254,29 @@ fn run_cpu_rank(args: &TrainArgs, place: WorldPlace, out: &mut dyn Write) -> Res
     outcome
 }
 
+/// Drive `trainer` with `reducer` to the end; the outcome with the parts
+/// back, for the caller to free in its order.
+fn train_on<R>(
+    trainer: crate::train::Trainer<CudaModel>,
+    reducer: R,
+    opts: dp::DpOptions,
+    ctx: &RankContext<'_>,
+    out: &mut dyn Write,
+) -> Result<(Result<TrainOutcome>, crate::train::Trainer<CudaModel>, R)>
+where
+    R: mamba_reduce::Reducer<Buffer = cudarc::driver::CudaSlice<f32>>,
+{
+    let mut world = DataParallel::new(trainer, reducer, opts)?;
+    let outcome = drive(&mut world, ctx, out);
+    let (trainer, reducer) = world.into_parts();
+    Ok((outcome, trainer, reducer))
+}
+
 /// One rank of a GPU world: the engine over the CUDA model on this rank's
 /// GPU, on the stream of its NCCL communicator, reducing
-/// through the [`mamba_reduce::NcclReducer`]. A world of one is a 1-rank
-/// communicator, the same path.
+/// through the [`mamba_reduce::NcclReducer`] (with `--peer-fold`, the
+/// [`mamba_reduce::PeerReducer`] over it: NCCL then carries only the host
+/// collectives). A world of one is a 1-rank communicator, the same path.
 ///
 /// Teardown: after a successful run the communicator is shut down in
 /// order (finalize, destroy); a failure there is reported as a warning,
@@ -272,13 +303,21 @@ fn run_cuda_rank(
         precision,
     } = prepare_rank(args, &place)?;
     let run = plan.run.clone();
+    if args.peer_fold {
+        dp::cuda::check_peer_fold(&run)?;
+    }
     let link = dp::cuda::connect(&place, device, timeout)?;
+    if args.peer_fold {
+        // Before the model allocates: the arenas the peers map must come
+        // from the shareable pool.
+        dp::cuda::share_arenas(&link.comm)?;
+    }
     let mut model =
         CudaModel::with_stream_in(run.model.clone(), precision, link.comm.stream().clone())?;
     model.set_recompute(args.recompute);
     let trainer = start_trainer(model, &run, data, ck, init)?;
+    let stream = link.comm.stream().clone();
     let reducer = dp::cuda::reducer(link.comm, &run)?;
-    let mut world = DataParallel::new(trainer, reducer, opts)?;
     let ctx = RankContext {
         args,
         end: plan.end,
@@ -287,11 +326,19 @@ fn run_cuda_rank(
         out: run_dir,
         meta,
     };
-    let outcome = drive(&mut world, &ctx, out);
-    let (trainer, reducer) = world.into_parts();
-    // Device memory first, then the communicator, then the rendezvous
-    // (rank 0 may serve it).
-    drop(trainer);
+    // Device memory before the communicator: the trainer's, after (with
+    // the peer fold) the mappings of the peers' arenas.
+    let (outcome, reducer) = if args.peer_fold {
+        let peer = dp::cuda::peer_reducer(reducer, stream, timeout)?;
+        let (outcome, trainer, peer) = train_on(trainer, peer, opts, &ctx, out)?;
+        let reducer = peer.into_control();
+        drop(trainer);
+        (outcome, reducer)
+    } else {
+        let (outcome, trainer, reducer) = train_on(trainer, reducer, opts, &ctx, out)?;
+        drop(trainer);
+        (outcome, reducer)
+    };
     if outcome.is_ok() {
         if let Err(e) = dp::cuda::shutdown(reducer) {
             stderr_line(&format!(

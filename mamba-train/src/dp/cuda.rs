@@ -26,7 +26,8 @@ use std::time::Duration;
 use mamba_comm::bootstrap::WorldPlace;
 use mamba_comm::nccl::{self, NcclComm, NcclOptions, NcclVersion};
 use mamba_comm::rendezvous::{self, Rendezvous};
-use mamba_reduce::{NcclReducer, ReducerOptions};
+use mamba_comm::Transport;
+use mamba_reduce::{NcclReducer, PeerOptions, PeerReducer, ReduceContract, ReducerOptions};
 
 use crate::dp::reduce_err;
 use crate::error::{Result, TrainError};
@@ -189,6 +190,40 @@ pub fn connect(place: &WorldPlace, device: usize, timeout: Duration) -> Result<C
 /// (loads the fold kernels into the communicator's context).
 pub fn reducer(comm: NcclComm, run: &RunConfig) -> Result<NcclReducer> {
     NcclReducer::new(comm, ReducerOptions::new(run.contract, run.logical_world)).map_err(reduce_err)
+}
+
+/// `--peer-fold` keeps the fixed-order contract only (the contract comes
+/// from `--contract` or the checkpoint of `--resume`).
+pub fn check_peer_fold(run: &RunConfig) -> Result<()> {
+    if run.contract == ReduceContract::FixedOrder {
+        return Ok(());
+    }
+    Err(TrainError::Config(format!(
+        "--peer-fold folds in fixed order only, but this run's contract is {} (from --contract \
+         or the checkpoint it resumes); drop --peer-fold or train with --contract fixed-order",
+        run.contract
+    )))
+}
+
+/// Make the device's memory shareable with the node's other ranks (the
+/// peer fold maps every rank's gradient arenas): installs the exportable
+/// pool ([`mamba_comm::ipc::SharedPool`]), so call it before the model
+/// allocates. A world of one shares nothing.
+pub fn share_arenas(comm: &NcclComm) -> Result<()> {
+    if comm.world() > 1 {
+        mamba_comm::ipc::SharedPool::install(comm.stream().context())?;
+    }
+    Ok(())
+}
+
+/// The peer fold over `control` (which keeps the host collectives), on the
+/// model's `stream`, with `timeout` for its barriers.
+pub fn peer_reducer(
+    control: NcclReducer,
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    timeout: Duration,
+) -> Result<PeerReducer<NcclReducer>> {
+    PeerReducer::new(control, stream, PeerOptions { timeout }).map_err(reduce_err)
 }
 
 /// Orderly end of a finished rank's communicator: NCCL's finalize, then

@@ -71,6 +71,7 @@
 //! mamba-train train --device cuda                    # one GPU (a 1-rank NCCL world), L = 1
 //! mamba-train train --device cuda --world 2          # two GPUs, one process each, L = 2
 //! mamba-train train --device cuda --logical-world 2  # one GPU, the same bits as --world 2
+//! mamba-train train --device cuda --world 2 --peer-fold  # the fold over mapped peer memory, same bits
 //!
 //! # under a launcher the launcher's world is used (--world, if given, must match):
 //! torchrun --standalone --nproc-per-node 2 --no-python mamba-train train --device cuda
@@ -94,7 +95,9 @@
 //! [`mamba_reduce::HostReducer`] ([`host`]), or the CUDA model over device
 //! arenas (`CudaSlice<f32>`, its optimizer on the device too) with
 //! [`mamba_reduce::NcclReducer`] over one NCCL communicator per rank, one
-//! GPU per rank ([`cuda`]). `--device cuda` at `P = 1` runs the same path
+//! GPU per rank ([`cuda`]); with `--peer-fold`, [`mamba_reduce::PeerReducer`]
+//! over that reducer (the fold over the node's mapped arenas, NCCL for the
+//! host collectives only). `--device cuda` at `P = 1` runs the same path
 //! over a 1-rank communicator, so its bits are those of every `P` at the
 //! same `L`.
 
