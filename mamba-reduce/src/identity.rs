@@ -395,6 +395,26 @@ mod tests {
     }
 
     #[test]
+    fn the_peer_fold_against_the_message_dataflow_is_named() {
+        let base = RunIdentity::new(1024, ReduceContract::FixedOrder, 2, 7);
+        let peer = RunIdentity {
+            chunk_elems: RunIdentity::PEER_FOLD,
+            ..base
+        };
+        let mut all = encode(&rec(0, 2, peer));
+        all.extend(encode(&rec(1, 2, base)));
+        let err = verdict(&all, 2).unwrap_err().to_string();
+        assert!(
+            err.contains("reducer chunk length: rank 0 none (the peer fold), rank 1 default"),
+            "{err}"
+        );
+        // Two ranks on the peer fold agree.
+        let mut same = encode(&rec(0, 2, peer));
+        same.extend(encode(&rec(1, 2, peer)));
+        assert!(verdict(&same, 2).is_ok());
+    }
+
+    #[test]
     fn fingerprint_is_fnv1a() {
         assert_eq!(RunIdentity::fingerprint_of(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(RunIdentity::fingerprint_of(b"a"), 0xaf63_dc4c_8601_ec8c);

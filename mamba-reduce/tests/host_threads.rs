@@ -429,3 +429,29 @@ fn the_default_reduce_scatter_is_the_full_mean_on_the_owned_range() {
         assert_bits_eq(&g[r.clone()], &want[r], "owned range");
     }
 }
+
+/// A rank whose identity already names a dataflow (the peer fold fills in
+/// `RunIdentity::PEER_FOLD` before its control reducer's check) keeps it,
+/// so a peer-fold rank and a message-dataflow rank fail the check by name
+/// on both; two peer-fold ranks agree.
+#[test]
+fn a_prefilled_dataflow_joins_the_agreement_check() {
+    let opts = ReducerOptions::new(ReduceContract::FixedOrder, 2);
+    let base = RunIdentity::new(100, ReduceContract::FixedOrder, 2, 0);
+    let peer = RunIdentity {
+        chunk_elems: RunIdentity::PEER_FOLD,
+        ..base
+    };
+    let mixed = run_world(2, opts, |rank, r| {
+        r.check_agreement(if rank == 0 { &peer } else { &base })
+            .map_err(|e| e.to_string())
+    });
+    for (rank, got) in mixed.into_iter().enumerate() {
+        let e = got.expect_err("a peer-fold rank and a message rank must disagree");
+        assert!(e.contains("none (the peer fold)"), "rank {rank}: {e}");
+    }
+    let same = run_world(2, opts, |_, r| {
+        r.check_agreement(&peer).map_err(|e| e.to_string())
+    });
+    assert!(same.iter().all(Result::is_ok), "{same:?}");
+}
