@@ -8,7 +8,7 @@
 //!   programs;
 //! - `scripts/`: the Python references (transformers cross-check, PyTorch
 //!   step benchmark);
-//! - `run.sh`: `./run.sh tests [FILTER]`, `./run.sh bench reduce|train|scaling`,
+//! - `run.sh`: `./run.sh tests [FILTER]`, `./run.sh bench reduce|peer|train|scaling|tree`,
 //!   `./run.sh hf-crosscheck`.
 //!
 //! The runner sets `MAMBA_REQUIRE_GPU=1`, so a GPU test that cannot find its
