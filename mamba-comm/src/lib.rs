@@ -8,7 +8,9 @@
 //! - the NCCL communicator, the host transport, the launcher bootstrap and the
 //!   self-spawn supervisor;
 //! - [`flight`]: the flight recorder (every rank's last collective calls,
-//!   written out on failure and read by the supervisor).
+//!   written out on failure and read by the supervisor);
+//! - [`world_abort`]: how a rank that fails outside a collective stops the
+//!   peers already waiting in one, naming itself.
 
 pub mod bootstrap;
 pub mod error;
@@ -21,6 +23,7 @@ pub mod rendezvous;
 pub mod stop_signal;
 pub mod supervisor;
 pub mod transport;
+pub mod world_abort;
 
 pub use error::{CommError, Result};
 pub use rendezvous::Rendezvous;

@@ -498,3 +498,63 @@ fn memory_rendezvous_and_open() {
         Err(CommError::Config(_))
     ));
 }
+
+/// `peek` on every kind: nothing before a publish, the whole value (any
+/// length) after; then a world abort posted by one rank and read by
+/// another through it.
+fn peek_and_abort_through(a: &dyn Rendezvous, b: &dyn Rendezvous) {
+    use mamba_comm::world_abort::{post_abort, posted_abort};
+    assert_eq!(a.peek("some-key").expect("peek"), None);
+    b.publish("some-key", b"three").expect("publish");
+    assert_eq!(a.peek("some-key").expect("peek"), Some(b"three".to_vec()));
+    b.publish("some-key", b"").expect("publish empty");
+    assert_eq!(a.peek("some-key").expect("peek"), Some(Vec::new()));
+    assert_eq!(posted_abort(a).expect("read"), None);
+    post_abort(b, "cannot write checkpoint step-000040").expect("post");
+    let got = posted_abort(a).expect("read").expect("the post is visible");
+    assert_eq!(
+        (got.rank, got.detail.as_str()),
+        (b.rank(), "cannot write checkpoint step-000040")
+    );
+    assert_eq!(
+        posted_abort(b).expect("read"),
+        None,
+        "a rank's own post is not news to it"
+    );
+}
+
+#[test]
+fn peek_and_the_world_abort_on_file_tcp_and_memory() {
+    let root = tempfile::tempdir().expect("tmp");
+    let id = "00112233445566778899aabbccddeeff";
+    let f0 = FileRendezvous::with_launch_id(root.path(), "job", id, 0, 2).expect("open 0");
+    let f1 = FileRendezvous::with_launch_id(root.path(), "job", id, 1, 2).expect("open 1");
+    peek_and_abort_through(&f0, &f1);
+
+    let (t0, port) = tcp_world(2);
+    let t1 = TcpRendezvous::new("127.0.0.1", port, 1, 2, secret(), LONG).expect("join");
+    peek_and_abort_through(&t1, &t0);
+
+    let m = MemoryRendezvous::world(2);
+    peek_and_abort_through(&m[0], &m[1]);
+}
+
+#[test]
+fn a_lost_store_is_an_error_to_peek_not_an_abort() {
+    // The watch stops on it and leaves the wait to the watchdog: rank 0's
+    // store ends with rank 0, which at a run's end is no failure.
+    let (t0, port) = tcp_world(2);
+    let t1 = TcpRendezvous::new("127.0.0.1", port, 1, 2, secret(), LONG).expect("join");
+    drop(t0);
+    let until = Instant::now() + LONG;
+    loop {
+        match mamba_comm::world_abort::posted_abort(&t1) {
+            Err(CommError::Rendezvous { detail, .. }) => {
+                assert!(detail.contains("lost the store"), "{detail}");
+                break;
+            }
+            Ok(None) if Instant::now() < until => thread::sleep(Duration::from_millis(10)),
+            other => panic!("expected the lost store, got {other:?}"),
+        }
+    }
+}

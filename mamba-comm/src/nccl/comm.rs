@@ -190,6 +190,15 @@ impl NcclComm {
         self.options
     }
 
+    /// End every later wait of this communicator as soon as `watch` has
+    /// seen another rank's posted failure ([`crate::world_abort`]): the
+    /// operation then fails with [`CommError::PeerFailed`] naming that rank
+    /// (and aborts this communicator, as any failure does) instead of
+    /// waiting for the collective timeout. Replaces an earlier watch.
+    pub fn watch_aborts(&mut self, watch: crate::world_abort::AbortWatch) {
+        self.core.set_abort_watch(watch);
+    }
+
     /// True once the communicator has been aborted (after a failed or
     /// timed-out operation); every later operation fails at once.
     pub fn is_aborted(&self) -> bool {

@@ -48,6 +48,15 @@
 //! `ncclCommAbort`, so no later path (a retry, `shutdown`, `Drop`) can touch
 //! the freed handle, and the error says the communicator was aborted.
 //!
+//! With [`NcclComm::watch_aborts`] the watchdog also ends a wait when
+//! another rank has posted its failure to the launch's rendezvous
+//! ([`crate::world_abort`]): a rank that failed outside any collective
+//! would otherwise leave its peers waiting for the whole timeout. The
+//! abort is the same as any failure's; the error is
+//! [`CommError::PeerFailed`] naming the
+//! poster. The watch's thread does the rendezvous I/O, so the wait loop
+//! only reads memory.
+//!
 //! The NCCL calls go through a small internal table (`api::NcclApi`), whose
 //! return codes become `Result`s in one place (`result`), and the stream
 //! query through another seam (`completion::Completion`); the CPU tests in

@@ -317,6 +317,16 @@ impl Rendezvous for FileRendezvous {
         }
     }
 
+    fn peek(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        check_key(key)?;
+        let path = self.launch_dir.join(key);
+        match fs::read(&path) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.timeout_error(&path, Duration::ZERO, format!("cannot read: {e}"))),
+        }
+    }
+
     fn barrier(&self, name: &str, timeout: Duration) -> Result<()> {
         check_key(name)?;
         let gen = self.barrier_counts.next(name);

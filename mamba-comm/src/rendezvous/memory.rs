@@ -107,6 +107,10 @@ impl Rendezvous for MemoryRendezvous {
         }
     }
 
+    fn peek(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.lock().values.get(key).cloned())
+    }
+
     fn barrier(&self, name: &str, timeout: Duration) -> Result<()> {
         let gen = {
             let mut gens = self.gens.lock().unwrap_or_else(|p| p.into_inner());

@@ -41,6 +41,11 @@ pub trait Rendezvous: Send + Sync {
     /// with [`CommError::Rendezvous`](crate::CommError::Rendezvous) naming
     /// this rank, the location and the timeout.
     fn fetch(&self, key: &str, len: usize, timeout: Duration) -> Result<Vec<u8>>;
+    /// What `key` holds now, whatever its length, without waiting: `None`
+    /// when nothing was published under it. This is how the
+    /// [world abort](crate::world_abort) is watched; an error means the
+    /// rendezvous itself is unreachable (its files or rank 0's store gone).
+    fn peek(&self, key: &str) -> Result<Option<Vec<u8>>>;
     /// Return once all `world()` ranks have reached the barrier `name`.
     fn barrier(&self, name: &str, timeout: Duration) -> Result<()>;
     /// The directory this launch's ranks and its supervisor share, if

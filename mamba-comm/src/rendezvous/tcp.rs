@@ -267,6 +267,14 @@ impl Rendezvous for TcpRendezvous {
         }
     }
 
+    fn peek(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        TcpRendezvous::check_key(key)?;
+        match self.request(OP_GET, key, &[], Duration::ZERO)? {
+            (ST_OK, v) => Ok(Some(v)),
+            _ => Ok(None),
+        }
+    }
+
     fn barrier(&self, name: &str, timeout: Duration) -> Result<()> {
         let gen = self.barrier_counts.next(name);
         let key = format!("barrier/{name}/{gen}");

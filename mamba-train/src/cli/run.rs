@@ -278,10 +278,9 @@ where
 /// [`mamba_reduce::PeerReducer`] over it: NCCL then carries only the host
 /// collectives). A world of one is a 1-rank communicator, the same path.
 ///
-/// Teardown: after a successful run the communicator is shut down in
-/// order (finalize, destroy); a failure there is reported as a warning,
-/// since every rank has already agreed on the final weights. After a
-/// failed run it is dropped, which aborts it (peers may be gone).
+/// A failure of this rank's own after the communicator exists is posted
+/// to the world abort ([`dp::world_abort`]) before the rank returns, so
+/// peers waiting in a collective fail at once naming this rank.
 fn run_cuda_rank(
     args: &TrainArgs,
     place: WorldPlace,
@@ -290,6 +289,41 @@ fn run_cuda_rank(
 ) -> Result<TrainOutcome> {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let device = dp::cuda::rank_device(host, &place, visible.as_deref())?;
+    let setup = prepare_rank(args, &place)?;
+    if args.peer_fold {
+        dp::cuda::check_peer_fold(&setup.plan.run)?;
+    }
+    let link = dp::cuda::connect(&place, device, setup.timeout)?;
+    let rendezvous = link.rendezvous.clone();
+    let outcome = train_cuda_rank(args, setup, link.comm, out);
+    if let Err(e) = &outcome {
+        if let Err(post) = dp::world_abort::post_failure(&*rendezvous, e) {
+            stderr_line(&format!(
+                "{}warning: could not tell the other ranks of this failure (they stop at their \
+                 collective timeout): {post}",
+                rank_prefix()
+            ));
+        }
+    }
+    // The rendezvous outlives the communicator (rank 0 may serve it).
+    drop(link.rendezvous);
+    drop(rendezvous);
+    outcome
+}
+
+/// [`run_cuda_rank`] once the communicator exists: the model, the trainer
+/// and the reducer on `comm`, the run, the teardown.
+///
+/// Teardown: after a successful run the communicator is shut down in
+/// order (finalize, destroy); a failure there is reported as a warning,
+/// since every rank has already agreed on the final weights. After a
+/// failed run it is dropped, which aborts it (peers may be gone).
+fn train_cuda_rank(
+    args: &TrainArgs,
+    setup: RankSetup,
+    comm: mamba_comm::nccl::NcclComm,
+    out: &mut dyn Write,
+) -> Result<TrainOutcome> {
     let RankSetup {
         ck,
         plan,
@@ -301,23 +335,18 @@ fn run_cuda_rank(
         meta,
         init,
         precision,
-    } = prepare_rank(args, &place)?;
+    } = setup;
     let run = plan.run.clone();
-    if args.peer_fold {
-        dp::cuda::check_peer_fold(&run)?;
-    }
-    let link = dp::cuda::connect(&place, device, timeout)?;
     if args.peer_fold {
         // Before the model allocates: the arenas the peers map must come
         // from the shareable pool.
-        dp::cuda::share_arenas(&link.comm)?;
+        dp::cuda::share_arenas(&comm)?;
     }
-    let mut model =
-        CudaModel::with_stream_in(run.model.clone(), precision, link.comm.stream().clone())?;
+    let mut model = CudaModel::with_stream_in(run.model.clone(), precision, comm.stream().clone())?;
     model.set_recompute(args.recompute);
     let trainer = start_trainer(model, &run, data, ck, init)?;
-    let stream = link.comm.stream().clone();
-    let reducer = dp::cuda::reducer(link.comm, &run)?;
+    let stream = comm.stream().clone();
+    let reducer = dp::cuda::reducer(comm, &run)?;
     let ctx = RankContext {
         args,
         end: plan.end,
@@ -349,6 +378,5 @@ fn run_cuda_rank(
     } else {
         drop(reducer);
     }
-    drop(link.rendezvous);
     outcome
 }

@@ -21,11 +21,13 @@
 //! supervisor runs [`preflight`] and [`check_world_fits`] before it starts
 //! any rank.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use mamba_comm::bootstrap::WorldPlace;
 use mamba_comm::nccl::{self, NcclComm, NcclOptions, NcclVersion};
 use mamba_comm::rendezvous::{self, Rendezvous};
+use mamba_comm::world_abort::AbortWatch;
 use mamba_comm::Transport;
 use mamba_reduce::{NcclReducer, PeerOptions, PeerReducer, ReduceContract, ReducerOptions};
 
@@ -160,13 +162,16 @@ pub fn rank_device(host: &GpuHost, place: &WorldPlace, visible: Option<&str>) ->
 /// One GPU rank's link to its world.
 ///
 /// Ownership: the rendezvous is kept for the communicator's lifetime, as
-/// for CPU worlds (under a TCP rendezvous rank 0 serves the store). The
-/// communicator owns its stream, on which the model, the reducer and the
-/// optimizer all work.
+/// for CPU worlds (under a TCP rendezvous rank 0 serves the store); the
+/// communicator's world-abort watch holds a second reference until the
+/// communicator is gone. The communicator owns its stream, on which the
+/// model, the reducer and the optimizer all work.
 pub struct CudaLink {
     /// The rendezvous the ranks met through (the NCCL unique id went
-    /// through it).
-    pub rendezvous: Box<dyn Rendezvous>,
+    /// through it), and the world abort's board
+    /// ([`super::world_abort::post_failure`] posts this rank's failure
+    /// there).
+    pub rendezvous: Arc<dyn Rendezvous>,
     /// This rank's communicator, on its device.
     pub comm: NcclComm,
 }
@@ -176,13 +181,20 @@ pub struct CudaLink {
 /// later collective window (a peer that does not arrive is an error after
 /// it, never an eternal wait). A world of one needs nobody: its 1-rank
 /// communicator meets through an in-memory rendezvous.
+///
+/// The communicator watches the rendezvous for another rank's posted
+/// failure ([`mamba_comm::world_abort`]): a peer that fails outside a
+/// collective ends this rank's waits at once, naming it.
 pub fn connect(place: &WorldPlace, device: usize, timeout: Duration) -> Result<CudaLink> {
-    let rendezvous = rendezvous::open(place, timeout)?;
+    let rendezvous: Arc<dyn Rendezvous> = Arc::from(rendezvous::open(place, timeout)?);
     let opts = NcclOptions {
         init_timeout: timeout,
         collective_timeout: timeout,
     };
-    let comm = NcclComm::init(place.rank, place.world, device, &*rendezvous, opts)?;
+    let mut comm = NcclComm::init(place.rank, place.world, device, &*rendezvous, opts)?;
+    if place.world > 1 {
+        comm.watch_aborts(AbortWatch::start(rendezvous.clone())?);
+    }
     Ok(CudaLink { rendezvous, comm })
 }
 

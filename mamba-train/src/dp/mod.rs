@@ -46,7 +46,14 @@
 //!   metrics).
 //! - A rank that dies: the host transport fails every peer at its next wait
 //!   with [`CommError::PeerFailed`]
-//!   naming it; the supervisor (or launcher) ends the world. Checkpoints are
+//!   naming it; the supervisor (or launcher) ends the world.
+//! - A GPU rank that fails outside a collective (its optimizer step, a
+//!   checkpoint write, its model's allocation) posts its error to the
+//!   world abort ([`world_abort`]) on its way out; every peer's NCCL wait
+//!   watches it and fails within about 250 ms with
+//!   [`CommError::PeerFailed`] naming that rank, instead of waiting for
+//!   `--comm-timeout` (what a launcher that does not kill the world on the
+//!   first exit, or a multi-node world, would otherwise do). Checkpoints are
 //!   written atomically by rank 0, so the last one is intact and resumable.
 //! - The replica check ([`DataParallel::replica_check`]) compares every
 //!   rank's weights digest and step: at the start, every
@@ -107,6 +114,7 @@ pub mod engine;
 pub mod fault_hooks;
 pub mod host;
 pub mod replica_check;
+pub mod world_abort;
 pub mod zero;
 #[cfg(test)]
 mod zero_tests;

@@ -75,6 +75,7 @@ impl CommCore {
             collective_timeout,
             group: None,
             window: None,
+            abort_watch: None,
         };
         let hint = format!(
             "a rank never arrived: all {world} ranks must call init within {init_timeout:?}; a crashed \

@@ -39,7 +39,8 @@ use super::api::NcclApi;
 use super::completion::Completion;
 use super::handle::HandleSlot;
 use super::result::{nonblocking, Progress};
-use super::watchdog::{self, nonempty, Until};
+use super::watchdog::{self, nonempty, Failure, Until};
+use crate::world_abort::AbortWatch;
 use crate::{CommError, Result};
 
 /// The open group (outermost and nested levels share one window).
@@ -76,6 +77,10 @@ pub(crate) struct CommCore {
     collective_timeout: Duration,
     group: Option<GroupState>,
     window: Option<WindowState>,
+    /// Another rank's posted failure ends every wait at once (see
+    /// [`crate::world_abort`]); `None`: waits end only as NCCL, the stream
+    /// or the deadline say.
+    abort_watch: Option<AbortWatch>,
 }
 
 impl std::fmt::Debug for CommCore {
@@ -110,6 +115,12 @@ impl CommCore {
     /// The CUDA device NCCL reports for this communicator.
     pub(crate) fn device(&self) -> c_int {
         self.device
+    }
+
+    /// Let `watch` end this communicator's waits when another rank posts
+    /// its failure (replacing any earlier watch).
+    pub(crate) fn set_abort_watch(&mut self, watch: AbortWatch) {
+        self.abort_watch = Some(watch);
     }
 
     /// True once the communicator was aborted (or poisoned for an abort
@@ -190,9 +201,35 @@ impl CommCore {
         hint: &str,
     ) -> Result<()> {
         let h = self.slot.live_handle(op)?;
+        let watch = self.abort_watch.as_ref();
         // SAFETY: `h` is live, and nothing releases it during the wait.
-        let waited = unsafe { watchdog::wait(&*self.api, h, until, op, deadline, timeout, hint) };
-        waited.map_err(|detail| self.fail(op, detail))
+        let limits = watchdog::Limits {
+            op,
+            deadline,
+            timeout,
+            hint,
+        };
+        let waited = unsafe { watchdog::wait(&*self.api, h, until, &limits, watch) };
+        waited.map_err(|failure| match failure {
+            Failure::Local(detail) => self.fail(op, detail),
+            Failure::Peer(posted) => {
+                // The same abort (or poison, inside a group) as any failure;
+                // the error names the rank that posted, not this one.
+                let aborted = if self.group.is_some() {
+                    "its communicator will be aborted when the enclosing group closes"
+                } else {
+                    "its communicator was aborted"
+                };
+                let _ = self.fail(op, format!("rank {} posted its failure", posted.rank));
+                CommError::PeerFailed {
+                    rank: posted.rank,
+                    detail: format!(
+                        "{} (posted to the world abort; rank {} of {} stopped waiting in {op}:                          {aborted})",
+                        posted.detail, self.place.rank, self.place.world
+                    ),
+                }
+            }
+        })
     }
 
     /// The collective watchdog: after an enqueue, wait until the stream has

@@ -10,6 +10,7 @@ mod teardown;
 mod version;
 mod watchdog;
 mod window;
+mod world_abort;
 
 use std::ffi::c_void;
 use std::sync::Arc;
