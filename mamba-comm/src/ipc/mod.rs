@@ -25,6 +25,11 @@
 //! an exporter that dies leaves its importers' mappings valid (a peer's
 //! death is then seen as a missed deadline, never as a fault).
 //!
+//! All of this works only between processes of one boot of one machine
+//! that share a network and a pid namespace: [`NodeIdentity`] says which a
+//! process runs in, and [`one_node`] checks a world's before anything is
+//! exchanged.
+//!
 //! Ownership and order: an [`ImportedPointer`] holds its pool, so pointers
 //! are freed before the pool is destroyed; the exporter must not free an
 //! allocation while peers still use it (the reducer's barriers ensure no
@@ -32,7 +37,9 @@
 //! reducer's registration).
 
 mod fd_pass;
+mod node;
 mod pool;
 
 pub use fd_pass::{fetch_fd, FdListener};
+pub use node::{one_node, NodeIdentity};
 pub use pool::{ExportedPointer, ImportedPointer, ImportedPool, SharedPool};

@@ -77,8 +77,12 @@ impl Default for PeerOptions {
 ///
 /// # What it needs
 ///
-/// - All ranks on one node, in one network namespace (the pools travel as
-///   file descriptors over abstract Unix sockets), at most
+/// - All ranks on one node, in one network and pid namespace (the pools
+///   travel as file descriptors over abstract Unix sockets, checked by
+///   pid); the first reduction's registration compares every rank's boot
+///   id and namespaces ([`mamba_comm::ipc::NodeIdentity`]) before anything
+///   else and refuses a world that spans nodes or containers on every rank
+///   at once, naming the ranks of each; at most
 ///   [`kernels::MAX_PEERS`] of them; two ranks may share one GPU (CUDA IPC
 ///   between processes on one device works; NCCL refuses it).
 /// - The arenas allocated after [`PeerReducer::new`] (which installs the

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaContext;
 use mamba_comm::ipc::{
-    fetch_fd, ExportedPointer, FdListener, ImportedPointer, ImportedPool, SharedPool,
+    fetch_fd, one_node, ExportedPointer, FdListener, ImportedPointer, ImportedPool, NodeIdentity,
+    SharedPool,
 };
 
 use crate::reducer::Reducer;
@@ -131,8 +132,32 @@ fn nonce() -> u64 {
     h.finish()
 }
 
-/// Fixed header bytes: status, pid, nonce, arena length.
-const HEADER: usize = 1 + 4 + 8 + 8;
+/// Where the node identity sits in a record.
+const NODE_AT: usize = 1 + 4 + 8 + 8;
+/// Fixed header bytes: status, pid, nonce, arena length, node identity.
+const HEADER: usize = NODE_AT + NodeIdentity::BYTES;
+
+/// Round 1's node check: every rank must run on this rank's node, in its
+/// network and pid namespaces (abstract sockets and the pid check of the
+/// descriptor exchange see nothing else). Every rank reads the same
+/// records, so every rank fails here alike, before any socket is opened.
+fn check_one_node(records: &[Vec<u8>]) -> Result<()> {
+    let ids: Vec<NodeIdentity> = records
+        .iter()
+        .map(|r| {
+            r.get(NODE_AT..HEADER)
+                .and_then(NodeIdentity::from_bytes)
+                .ok_or_else(|| ReduceError::invariant("a registration record without its node"))
+        })
+        .collect::<Result<_>>()?;
+    one_node(&ids).map_err(|groups| {
+        ReduceError::config(format!(
+            "the peer fold maps device memory between the processes of one node, but this \
+             world spans several (or several network / pid namespaces): {groups}; reduce \
+             through the communicator (the NCCL dataflow) instead"
+        ))
+    })
+}
 
 /// Map every rank's arenas and flags into this one (collective).
 pub(crate) fn register<R: Reducer>(control: &mut R, own: &Own<'_>) -> Result<Registration> {
@@ -143,6 +168,7 @@ pub(crate) fn register<R: Reducer>(control: &mut R, own: &Own<'_>) -> Result<Reg
     // Round 1: pids, rank 0's nonce, every export. The pool's descriptor
     // first: the driver exports pointers only of a pool already shared.
     let fd = own.pool.export_fd();
+    let node = NodeIdentity::of_this_process();
     let exported: Result<Vec<ExportedPointer>> = match &fd {
         Err(e) => Err(ReduceError::config(format!(
             "exporting the shared pool: {e}"
@@ -156,8 +182,12 @@ pub(crate) fn register<R: Reducer>(control: &mut R, own: &Own<'_>) -> Result<Reg
     record[1..5].copy_from_slice(&std::process::id().to_le_bytes());
     record[5..13].copy_from_slice(&nonce().to_le_bytes());
     record[13..21].copy_from_slice(&(own.len as u64).to_le_bytes());
+    let exported = node
+        .map_err(ReduceError::from)
+        .and_then(|id| exported.map(|list| (id, list)));
     match &exported {
-        Ok(list) => {
+        Ok((id, list)) => {
+            record[NODE_AT..HEADER].copy_from_slice(&id.to_bytes());
             for (k, e) in list.iter().enumerate() {
                 let at = HEADER + k * ExportedPointer::BYTES;
                 record[at..at + ExportedPointer::BYTES].copy_from_slice(&e.to_bytes());
@@ -167,6 +197,7 @@ pub(crate) fn register<R: Reducer>(control: &mut R, own: &Own<'_>) -> Result<Reg
     }
     let records = gather(control, &record)?;
     settle_records(&records, exported)?;
+    check_one_node(&records)?;
     let fd = fd.map_err(ReduceError::from)?;
     let u32_at = |r: &[u8], at: usize| u32::from_le_bytes([r[at], r[at + 1], r[at + 2], r[at + 3]]);
     let u64_at = |r: &[u8], at: usize| {
@@ -207,7 +238,7 @@ pub(crate) fn register<R: Reducer>(control: &mut R, own: &Own<'_>) -> Result<Reg
 
 /// Round 1's verdict: this rank's own export error, or one naming the
 /// ranks whose exports failed.
-fn settle_records(records: &[Vec<u8>], own: Result<Vec<ExportedPointer>>) -> Result<()> {
+fn settle_records<T>(records: &[Vec<u8>], own: Result<T>) -> Result<()> {
     let bad: Vec<usize> = (0..records.len()).filter(|&r| records[r][0] != 0).collect();
     match own {
         Err(e) => Err(e),
@@ -320,6 +351,29 @@ mod tests {
         for bad in [256.0, -1.0, 0.5, f32::NAN] {
             assert!(to_bytes(&[bad]).is_err(), "{bad} decoded");
         }
+    }
+
+    fn record_on(id: &NodeIdentity) -> Vec<u8> {
+        let mut r = vec![0u8; HEADER + ExportedPointer::BYTES];
+        r[NODE_AT..HEADER].copy_from_slice(&id.to_bytes());
+        r
+    }
+
+    #[test]
+    fn a_world_across_nodes_is_refused_naming_the_ranks_of_each() {
+        let here = NodeIdentity::of_this_process().expect("/proc");
+        let there = NodeIdentity {
+            boot: [0xab; 16],
+            ..here
+        };
+        let one = [record_on(&here), record_on(&here)];
+        check_one_node(&one).expect("one node");
+        let two = [record_on(&here), record_on(&here), record_on(&there)];
+        let text = check_one_node(&two).unwrap_err().to_string();
+        assert!(text.contains("ranks [0, 1] on boot"), "{text}");
+        assert!(text.contains("ranks [2] on boot abababab"), "{text}");
+        assert!(text.contains("NCCL dataflow"), "{text}");
+        assert!(check_one_node(&[vec![0u8; 3]]).is_err(), "a short record");
     }
 
     #[test]
