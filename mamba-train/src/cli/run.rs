@@ -359,7 +359,13 @@ fn train_cuda_rank(
     // the peer fold) the mappings of the peers' arenas.
     let (outcome, reducer) = if args.peer_fold {
         let peer = dp::cuda::peer_reducer(reducer, stream, timeout)?;
-        let (outcome, trainer, peer) = train_on(trainer, peer, opts, &ctx, out)?;
+        let (outcome, trainer, mut peer) = train_on(trainer, peer, opts, &ctx, out)?;
+        match &outcome {
+            // Peers already in a peer-fold barrier learn of it there (the
+            // world abort reaches those in an NCCL wait).
+            Err(e) if dp::world_abort::is_own_failure(e) => peer.abort(&e.to_string()),
+            _ => {}
+        }
         let reducer = peer.into_control();
         drop(trainer);
         (outcome, reducer)

@@ -6,7 +6,10 @@
 //! Which failures post: every error of the rank's own (a CUDA error, a
 //! checkpoint it could not write, a disagreement it found), not those that
 //! report someone else's: [`CommError::PeerFailed`] (this rank is a victim;
-//! posting would blame it) and stop requests (no failure at all). CPU
+//! posting would blame it) and stop requests (no failure at all). With
+//! `--peer-fold` the same failures are also posted to the peers' flags
+//! ([`mamba_reduce::PeerReducer::abort`]), for a peer already waiting in a
+//! peer-fold barrier rather than in NCCL. CPU
 //! worlds need no board: the host transport carries a departed or aborting
 //! rank to every peer in-band.
 
