@@ -19,7 +19,9 @@ use mamba_train::cli::{resolve::resolve_run, Cli, Command as Sub};
 use mamba_train::model::cpu::CpuModel;
 use mamba_train::train::Trainer;
 
-use common::{bin, err, last_line_digest, ok, text, train_by_definition, world_digest};
+use common::{
+    bin, env_launched_world, err, last_line_digest, ok, text, train_by_definition, world_digest,
+};
 
 /// A tiny selective-copy run: 1 block of width 16, rows of 12 tokens.
 const TINY: &[&str] = &[
@@ -460,49 +462,10 @@ fn a_torchrun_style_launch_trains_the_same_bits() {
     );
 }
 
-/// A world whose `world` ranks are started by their environment alone (no
-/// supervisor: as a launcher that does not tear a world down would), in
-/// `dir`, job `job`, with `env` added to every rank and `flags(rank)` as
-/// each rank's train flags; every rank's output, in rank order.
-fn env_launched_world(
-    dir: &Path,
-    world: usize,
-    job: &str,
-    env: &[(&str, &str)],
-    flags: impl Fn(usize) -> Vec<String>,
-) -> Vec<Output> {
-    let rdv = dir.join("rdv");
-    let rdv = rdv.to_str().unwrap();
-    let world_size = world.to_string();
-    let children: Vec<_> = (0..world)
-        .map(|rank| {
-            let rank_text = rank.to_string();
-            let mut all = vec![
-                ("MAMBA_RANK", rank_text.as_str()),
-                ("MAMBA_WORLD_SIZE", world_size.as_str()),
-                ("MAMBA_JOB_ID", job),
-                ("MAMBA_RENDEZVOUS_DIR", rdv),
-            ];
-            all.extend_from_slice(env);
-            let flags = flags(rank);
-            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-            command(&dir.join(format!("out{rank}")), &flags, &all)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect()
-}
-
 #[test]
 fn ranks_started_with_different_settings_fail_the_agreement_check() {
     let dir = tempfile::tempdir().unwrap();
-    let outs = env_launched_world(dir.path(), 2, "agreement", &[], |rank| {
+    let outs = env_launched_world(TINY, dir.path(), 2, "agreement", &[], |rank| {
         let seed = if rank == 0 { "0" } else { "7" };
         ["--steps", "3", "--seed", seed].map(String::from).to_vec()
     });
@@ -524,6 +487,7 @@ fn ranks_started_with_different_settings_fail_the_agreement_check() {
 fn a_rank_that_fails_locally_takes_its_peers_down_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let outs = env_launched_world(
+        TINY,
         dir.path(),
         3,
         "local-failure",
@@ -548,6 +512,52 @@ fn a_rank_that_fails_locally_takes_its_peers_down_naming_it() {
             );
         }
     }
+}
+
+/// A rank that fails between collectives (after its step was applied, as a
+/// failed checkpoint write would) with no supervisor to kill its peers:
+/// the host transport tells them in-band, naming it, long before the
+/// communication timeout. (GPU worlds do it through the world abort:
+/// `tests/cuda_train.rs`.)
+#[test]
+fn a_rank_that_fails_between_collectives_takes_its_peers_down_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let outs = env_launched_world(
+        TINY,
+        dir.path(),
+        3,
+        "between-collectives",
+        &[("MAMBA_TEST_FAIL_AFTER_STEP", "1:2")],
+        |_| {
+            [
+                "--steps",
+                "6",
+                "--comm-timeout",
+                "600",
+                "--replica-check-every",
+                "0",
+            ]
+            .map(String::from)
+            .to_vec()
+        },
+    );
+    let took = start.elapsed();
+    for (r, o) in outs.iter().enumerate() {
+        let e = err(o);
+        if r == 1 {
+            assert!(
+                e.contains("injected failure on rank 1 after step 2"),
+                "rank 1 reports its own error: {e}"
+            );
+        } else {
+            assert!(e.contains("rank 1 failed"), "rank {r} names rank 1: {e}");
+        }
+    }
+    assert!(
+        took < Duration::from_secs(120),
+        "the peers waited {took:?}: the communication timeout, not the failure, ended them"
+    );
 }
 
 #[test]

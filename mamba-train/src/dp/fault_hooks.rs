@@ -13,6 +13,7 @@
 //! | `MAMBA_TEST_PERTURB_WEIGHTS` | `RANK:STEP` | after step `STEP`, rank `RANK` adds 1 to weight 0 (its replica then differs) |
 //! | `MAMBA_TEST_STEP_DELAY_MS` | `MS` | every rank sleeps `MS` milliseconds per step (so a test can kill a rank mid-run) |
 //! | `MAMBA_TEST_FAIL_LOCAL` | `RANK:STEP` | during step `STEP`, rank `RANK`'s local phase fails (after its first micro-batch gradient) with an error of its own |
+//! | `MAMBA_TEST_FAIL_AFTER_STEP` | `RANK:STEP` | after step `STEP` was applied, rank `RANK` fails with an error of its own, outside any collective (as a failed checkpoint write or optimizer step would): its peers are then already on their way into the next collective |
 
 use std::time::Duration;
 
@@ -29,6 +30,8 @@ pub const PERTURB_WEIGHTS: &str = "MAMBA_TEST_PERTURB_WEIGHTS";
 pub const STEP_DELAY_MS: &str = "MAMBA_TEST_STEP_DELAY_MS";
 /// Fail one rank's local phase: `RANK:STEP`.
 pub const FAIL_LOCAL: &str = "MAMBA_TEST_FAIL_LOCAL";
+/// Fail one rank between collectives, after a step: `RANK:STEP`.
+pub const FAIL_AFTER_STEP: &str = "MAMBA_TEST_FAIL_AFTER_STEP";
 
 /// `RANK:STEP`: one rank at one (1-based) step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +60,8 @@ pub struct FaultHooks {
     pub step_delay: Option<Duration>,
     /// [`FAIL_LOCAL`].
     pub fail_local: Option<RankStep>,
+    /// [`FAIL_AFTER_STEP`].
+    pub fail_after_step: Option<RankStep>,
 }
 
 impl FaultHooks {
@@ -93,6 +98,7 @@ impl FaultHooks {
             perturb_weights: rank_step(PERTURB_WEIGHTS)?,
             step_delay,
             fail_local: rank_step(FAIL_LOCAL)?,
+            fail_after_step: rank_step(FAIL_AFTER_STEP)?,
         })
     }
 
@@ -134,13 +140,20 @@ impl FaultHooks {
         Ok(())
     }
 
-    /// After step `number` (1-based) was applied: the weight perturbation.
+    /// After step `number` (1-based) was applied: the failure between
+    /// collectives, or the weight perturbation.
     pub(crate) fn after_step<B: Backend>(
         &self,
         rank: usize,
         number: u64,
         trainer: &mut Trainer<B>,
     ) -> Result<()> {
+        if self.fail_after_step.is_some_and(|h| h.fires(rank, number)) {
+            return Err(TrainError::Data(format!(
+                "injected failure on rank {rank} after step {number}, outside any collective \
+                 ({FAIL_AFTER_STEP})"
+            )));
+        }
         if self.perturb_weights.is_some_and(|h| h.fires(rank, number)) {
             let mut host = trainer.params_host()?;
             if let Some(w) = host.first_mut() {
@@ -165,8 +178,10 @@ mod tests {
             (INJECT_NAN, "1:3"),
             (PERTURB_WEIGHTS, " 2 : 5"),
             (STEP_DELAY_MS, "40"),
+            (FAIL_AFTER_STEP, "0:2"),
         ])
         .unwrap();
+        assert_eq!(h.fail_after_step, Some(RankStep { rank: 0, step: 2 }));
         assert!(h.any());
         assert!(h.inject_nan.unwrap().fires(1, 3));
         assert!(!h.inject_nan.unwrap().fires(0, 3));

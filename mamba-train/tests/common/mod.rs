@@ -10,7 +10,7 @@ pub mod bpe;
 pub mod gradcheck;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 /// A tiny selective-copy run: 1 block of width 16, a few tokens per row.
 pub const TINY: &[&str] = &[
@@ -86,6 +86,53 @@ pub fn run_train(base: &[&str], out: &Path, extra: &[&str], env: &[(&str, &str)]
         c.env(k, v);
     }
     c.output().expect("the mamba-train binary runs")
+}
+
+/// A world whose `world` ranks are started by their environment alone (no
+/// supervisor: as a launcher that does not tear a world down would), in
+/// `dir`, job `job`: `mamba-train train` with `base`, then `flags(rank)`,
+/// `--out dir/out<rank>`, the `MAMBA_*` world contract (a file rendezvous
+/// in `dir/rdv`, local rank = rank) and `env`; every rank's output, in rank
+/// order.
+pub fn env_launched_world(
+    base: &[&str],
+    dir: &Path,
+    world: usize,
+    job: &str,
+    env: &[(&str, &str)],
+    flags: impl Fn(usize) -> Vec<String>,
+) -> Vec<Output> {
+    let rdv = dir.join("rdv");
+    let rdv = rdv.to_str().expect("a UTF-8 temporary directory");
+    let world_size = world.to_string();
+    let children: Vec<_> = (0..world)
+        .map(|rank| {
+            let rank_text = rank.to_string();
+            let flags = flags(rank);
+            let mut c = Command::new(bin());
+            c.arg("train")
+                .args(base)
+                .args(&flags)
+                .arg("--out")
+                .arg(dir.join(format!("out{rank}")))
+                .env("MAMBA_RANK", &rank_text)
+                .env("MAMBA_LOCAL_RANK", &rank_text)
+                .env("MAMBA_WORLD_SIZE", &world_size)
+                .env("MAMBA_JOB_ID", job)
+                .env("MAMBA_RENDEZVOUS_DIR", rdv);
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("the mamba-train binary starts")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("a rank's output"))
+        .collect()
 }
 
 /// The digest of a successful world of `world` ranks (stdout's last line,
