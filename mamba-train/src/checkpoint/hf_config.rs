@@ -83,12 +83,25 @@ fn check_supported(
     Ok(())
 }
 
+/// `rescale_prenorm_residual` as config.json writes it: `false`, although
+/// [`crate::model::init`] does divide `out_proj` by `sqrt(n_layer)`.
+/// transformers (5.17, measured by `scripts/hf_crosscheck.py` on the GPU
+/// machine, 2026-12-02) runs that init rule inside `from_pretrained` on the
+/// *loaded* `out_proj.weight` of every block when the flag is true, so a
+/// checkpoint saying `true` loads into `MambaForCausalLM` /
+/// `Mamba2ForCausalLM` with every `out_proj` re-drawn (other logits, no
+/// warning). The flag only describes an initialisation, which a trained
+/// checkpoint is past; `false` is transformers' own default. Files written
+/// with `true` (before this) still load here: the field is not checked.
+pub const RESCALE_PRENORM_RESIDUAL: bool = false;
+
 /// The `MambaConfig` JSON for `cfg` (keys sorted, so the file is
 /// deterministic). The LM head is tied to the embedding; projections have no
 /// bias, the conv has one; the init fields describe the initialisation the
 /// weights were made with ([`crate::model::init`]: embeddings N(0, 0.02),
-/// `out_proj` rescaled by `1/sqrt(n_layer)`, the reference's dt constants);
-/// `dtype` is the key transformers 5 writes.
+/// the reference's dt constants) except `rescale_prenorm_residual`
+/// ([`RESCALE_PRENORM_RESIDUAL`]); `dtype` is the key transformers 5
+/// writes.
 /// A Mamba-2 config gets the `Mamba2Config` of
 /// `checkpoint::hf_mamba2_config` instead.
 pub fn hf_config_json(cfg: &ModelConfig) -> Value {
@@ -113,7 +126,9 @@ pub fn hf_config_json(cfg: &ModelConfig) -> Value {
         "use_conv_bias": true,
         "hidden_act": "silu",
         "residual_in_fp32": true,
-        "rescale_prenorm_residual": true,
+        // False although our init does rescale out_proj: see
+        // RESCALE_PRENORM_RESIDUAL.
+        "rescale_prenorm_residual": RESCALE_PRENORM_RESIDUAL,
         "tie_word_embeddings": true,
         "time_step_scale": 1.0,
         "time_step_min": 0.001,
@@ -262,7 +277,8 @@ mod tests {
             .contains("missing"));
         // The init it describes, and the dtype key of transformers 5.
         assert_eq!(j["initializer_range"], 0.02);
-        assert_eq!(j["rescale_prenorm_residual"], true);
+        // transformers re-draws a loaded out_proj when this is true.
+        assert_eq!(j["rescale_prenorm_residual"], false);
         assert_eq!(j["layer_norm_epsilon"], 1e-5);
         assert_eq!(j["dtype"], "float32");
         let mut bad = j.clone();

@@ -13,7 +13,8 @@
 //! - `in_proj`, `x_proj`: U(+-1/sqrt(fan_in)) (nn.Linear's
 //!   kaiming_uniform(a=sqrt 5));
 //! - `out_proj`: the same, then divided by sqrt(n_layer)
-//!   (`rescale_prenorm_residual`);
+//!   (the reference's `rescale_prenorm_residual`; config.json still says
+//!   `false`, see [`crate::checkpoint::hf_config::RESCALE_PRENORM_RESIDUAL`]);
 //! - `conv1d.weight` and `conv1d.bias`: U(+-1/sqrt(d_conv)) (nn.Conv1d,
 //!   depthwise so fan_in = d_conv);
 //! - `dt_proj.weight`: U(+-dt_rank^-0.5);
