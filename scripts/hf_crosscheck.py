@@ -38,14 +38,25 @@ control compares ours with transformers on an input that differs in one
 token: it must exceed the tolerance, else the comparison could not fail
 (exit 1). max_rel is over reference entries at least 1e-3 of the largest.
 
+(c), (d) the same two directions for Mamba-2 (Mamba2ForCausalLM, its
+    torch_forward path): our CLI trains `--arch mamba2` (4 heads of 16 in 2
+    groups, state 16, chunks of 32), and a random Mamba2ForCausalLM (8 heads
+    of 16 in 2 groups, chunks of 32; norms, gated-norm weight, D, conv bias,
+    A_log and dt_bias perturbed) is saved and scored by us. Ours runs on the
+    CPU only (there is no CUDA Mamba-2 of ours yet); transformers on the CPU
+    and the GPU.
+
 --self-test-format (no torch needed; runs on the development machines):
 checks our side of the plumbing against an independent pure-Python f64
 Mamba forward written from transformers' slow path: a checkpoint trained by
 our CLI, and a transformers-style directory written here (config.json with
 non-default conv_kernel and time_step_rank, shuffled tensor order, a stored
 tied lm_head.weight), both scored by hf_logits and compared in the same
-table; plus the refusals: an lm_head that differs from the embedding, a
-layer_norm_epsilon that is not 1e-5, a token file of the wrong length.
+table; the same two for Mamba-2 against a plain sequential recurrence (no
+chunks; the directory's config.json carries time_step_limit as the bare
+Infinity Python writes); plus the refusals: an lm_head that differs from the
+embedding, a layer_norm_epsilon that is not 1e-5, a token file of the wrong
+length, a Mamba-2 model on --device cuda.
 
 File formats (see mamba-train/examples/hf_logits.rs): tokens are B*T
 little-endian u32, row-major; hf_logits writes safetensors with `logits`
@@ -230,11 +241,18 @@ def run_cmd(cmd, what, expect_ok=True, timeout=900):
     return p
 
 
-def train_ours(mamba_train, run_dir, steps, d_model, alphabet, seed):
-    """A small selective-copy model trained on the CPU; returns the checkpoint dir."""
+# Our Mamba-2 shape in the cross-check: 4 heads of 16 channels in 2 groups
+# (so a loader that mixed up the groups' B / C could not pass), d_state 16,
+# chunks of 32 tokens (100 is not a multiple: a partial last chunk).
+MAMBA2_FLAGS = ["--arch", "mamba2", "--head-dim", 16, "--n-groups", 2, "--chunk-size", 32, "--d-state", 16]
+
+
+def train_ours(mamba_train, run_dir, steps, d_model, alphabet, seed, extra=()):
+    """A small selective-copy model trained on the CPU (Mamba-1, or what
+    `extra` flags ask for); returns the checkpoint dir."""
     run_cmd([mamba_train, "train", "--device", "cpu", "--steps", steps, "--d-model", d_model, "--layers", 2,
              "--batch", 8, "--seq-len", 48, "--memorize", 8, "--alphabet", alphabet, "--seed", seed,
-             "--eval-batches", 1, "--out", run_dir], "mamba-train train")
+             "--eval-batches", 1, "--out", run_dir, *extra], "mamba-train train")
     latest = os.path.join(run_dir, "checkpoints", "LATEST")
     with open(latest) as f:
         return os.path.join(run_dir, "checkpoints", f.read().strip())
@@ -293,26 +311,15 @@ def py_forward(cfg, weights, tokens, b, t):
     D, L, N, K, E, R, V, eps = (dm[k] for k in ("D", "L", "N", "K", "E", "R", "V", "eps"))
 
     def rows(name, n_rows, n_cols):
-        _, shape, a = weights[name]
-        if math.prod(shape) != n_rows * n_cols:
-            raise SetupError(f"tensor {name} has shape {shape}, expected {n_rows} x {n_cols} elements")
-        return [list(a[i * n_cols : (i + 1) * n_cols]) for i in range(n_rows)]
+        return f64_rows(weights, name, n_rows, n_cols)
 
     def vec(name, n):
         return rows(name, 1, n)[0]
 
-    def matvec(m, x):
-        return [sum(w * v for w, v in zip(row, x)) for row in m]
+    matvec, silu, softplus = f64_matvec, f64_silu, f64_softplus
 
     def rms(x, w):
-        s = 1.0 / math.sqrt(sum(v * v for v in x) / len(x) + eps)
-        return [wi * v * s for wi, v in zip(w, x)]
-
-    def silu(x):
-        return x / (1.0 + math.exp(-x)) if x > -700 else 0.0
-
-    def softplus(x):
-        return x if x > 20.0 else math.log1p(math.exp(x))
+        return f64_rms(x, w, eps)
 
     emb = rows("backbone.embeddings.weight", V, D)
     layers = []
@@ -363,14 +370,125 @@ def py_forward(cfg, weights, tokens, b, t):
                         acc += h[n] * cv[n]
                     y.append((acc + ly["Dp"][c] * u) * silu(zs[s][c]))
                 xs[s] = [xv + o for xv, o in zip(xs[s], matvec(ly["out"], y))]
-        for s in range(t):
-            lg = matvec(emb, rms(xs[s], norm_f))
-            logits.extend(lg)
-            if s + 1 < t:
-                m = max(lg)
-                total += m + math.log(sum(math.exp(v - m) for v in lg)) - lg[toks[s + 1]]
-                count += 1
+        total, count = head_and_loss(xs, toks, emb, norm_f, eps, logits, total, count)
     return logits, (total / count if count else 0.0)
+
+
+def f64_rows(weights, name, n_rows, n_cols):
+    """Tensor `name` as n_rows lists of n_cols floats (its element count checked)."""
+    _, shape, a = weights[name]
+    if math.prod(shape) != n_rows * n_cols:
+        raise SetupError(f"tensor {name} has shape {shape}, expected {n_rows} x {n_cols} elements")
+    return [list(a[i * n_cols : (i + 1) * n_cols]) for i in range(n_rows)]
+
+
+def f64_matvec(m, x):
+    return [sum(w * v for w, v in zip(row, x)) for row in m]
+
+
+def f64_rms(x, w, eps):
+    s = 1.0 / math.sqrt(sum(v * v for v in x) / len(x) + eps)
+    return [wi * v * s for wi, v in zip(w, x)]
+
+
+def f64_silu(x):
+    return x / (1.0 + math.exp(-x)) if x > -700 else 0.0
+
+
+def f64_softplus(x):
+    return x if x > 20.0 else math.log1p(math.exp(x))
+
+
+def head_and_loss(xs, toks, emb, norm_f, eps, logits, total, count):
+    """One row's final norm, tied head and next-token cross-entropy: the
+    logits appended to `logits`; the running (total, count) returned."""
+    t = len(toks)
+    for s in range(t):
+        lg = f64_matvec(emb, f64_rms(xs[s], norm_f, eps))
+        logits.extend(lg)
+        if s + 1 < t:
+            m = max(lg)
+            total += m + math.log(sum(math.exp(v - m) for v in lg)) - lg[toks[s + 1]]
+            count += 1
+    return total, count
+
+
+def py_forward_mamba2(cfg, weights, tokens, b, t):
+    """Logits (flat, [B, T, V]) and mean next-token loss, in f64, of a
+    Mamba-2 model as transformers' Mamba2ForCausalLM defines it (the
+    torch_forward path: in_proj to z | xBC | dt, causal conv1d + SiLU over
+    xBC, dt = softplus(dt + dt_bias), A = -exp(A_log) per head, B and C of
+    group h // (heads / n_groups) for head h, y + D x, MambaRMSNormGated
+    norm(y * silu(z)) over the whole inner width, out_proj; tied head), but
+    computed by the plain sequential recurrence h_t = exp(dt A) h_{t-1} +
+    dt x_t B_t^T, y_t = h_t C_t: no chunks, so it checks the chunked SSD
+    algorithm on both sides rather than sharing it."""
+    D, L, N, K, V = (cfg[k] for k in ("hidden_size", "num_hidden_layers", "state_size", "conv_kernel", "vocab_size"))
+    E = cfg["expand"] * D
+    H, P, G = cfg["num_heads"], cfg["head_dim"], cfg["n_groups"]
+    eps = cfg.get("layer_norm_epsilon", 1e-5)
+    if H * P != E or H % G:
+        raise SetupError(f"Mamba-2 config: {H} heads x {P} != inner width {E}, or {G} groups do not divide the heads")
+    CI = E + 2 * G * N  # conv channels: x, B, C
+    rows = lambda name, n, m: f64_rows(weights, name, n, m)  # noqa: E731
+    vec = lambda name, n: rows(name, 1, n)[0]  # noqa: E731
+    emb = rows("backbone.embeddings.weight", V, D)
+    layers = []
+    for i in range(L):
+        p = f"backbone.layers.{i}."
+        layers.append({
+            "norm": vec(p + "norm.weight", D),
+            "in": rows(p + "mixer.in_proj.weight", 2 * E + 2 * G * N + H, D),
+            "cw": rows(p + "mixer.conv1d.weight", CI, K),
+            "cb": vec(p + "mixer.conv1d.bias", CI),
+            "dtb": vec(p + "mixer.dt_bias", H),
+            "A": [-math.exp(a) for a in vec(p + "mixer.A_log", H)],
+            "Dp": vec(p + "mixer.D", H),
+            "ng": vec(p + "mixer.norm.weight", E),
+            "out": rows(p + "mixer.out_proj.weight", D, E),
+        })
+    norm_f = vec("backbone.norm_f.weight", D)
+    logits, total, count = [], 0.0, 0
+    for row in range(b):
+        toks = tokens[row * t : (row + 1) * t]
+        xs = [list(emb[k]) for k in toks]
+        for ly in layers:
+            proj = [f64_matvec(ly["in"], f64_rms(x, ly["norm"], eps)) for x in xs]
+            state = [[[0.0] * N for _ in range(P)] for _ in range(H)]
+            for s in range(t):
+                z, dt = proj[s][:E], proj[s][E + CI :]
+                conv = []
+                for c in range(CI):
+                    acc = ly["cb"][c]
+                    for k in range(K):
+                        j = s - (K - 1) + k
+                        if j >= 0:
+                            acc += ly["cw"][c][k] * proj[j][E + c]
+                    conv.append(f64_silu(acc))
+                xv, bv, cv = conv[:E], conv[E : E + G * N], conv[E + G * N :]
+                y = [0.0] * E
+                for h in range(H):
+                    g = h // (H // G)
+                    dth = f64_softplus(dt[h] + ly["dtb"][h])
+                    a = math.exp(dth * ly["A"][h])
+                    for q in range(P):
+                        c = h * P + q
+                        st, acc = state[h][q], 0.0
+                        for n in range(N):
+                            st[n] = a * st[n] + dth * bv[g * N + n] * xv[c]
+                            acc += cv[g * N + n] * st[n]
+                        y[c] = acc + ly["Dp"][h] * xv[c]
+                gated = f64_rms([y[c] * f64_silu(z[c]) for c in range(E)], ly["ng"], eps)
+                xs[s] = [xv_ + o for xv_, o in zip(xs[s], f64_matvec(ly["out"], gated))]
+        total, count = head_and_loss(xs, toks, emb, norm_f, eps, logits, total, count)
+    return logits, (total / count if count else 0.0)
+
+
+def py_reference(cfg, weights, tokens, b, t):
+    """The pure-Python f64 forward of the directory's architecture."""
+    if cfg.get("model_type") == "mamba2":
+        return py_forward_mamba2(cfg, weights, tokens, b, t)
+    return py_forward(cfg, weights, tokens, b, t)
 
 
 def read_hf_dir(d):
@@ -452,6 +570,7 @@ def part_a(a, table, torch, mm):
         raise SetupError(f"(a) transformers did not load every tensor of {ck}: {bad}")
     if not torch.equal(model.lm_head.weight, model.get_input_embeddings().weight):
         raise SetupError("(a) transformers' lm_head is not tied to the embedding")
+    check_loaded_bits(torch, model, ck, "(a)", table)
     print(f"(a) {ck}: transformers loaded every tensor; eps {model.config.layer_norm_epsilon}, "
           f"time_step_rank {model.config.time_step_rank}, intermediate {model.config.intermediate_size}")
     h_cpu, hl_cpu = hf_score(torch, model, tokens, b, t, "cpu")
@@ -556,6 +675,167 @@ def part_b(a, table, torch, mm):
         table.compare("b", "ours f64 vs Python f64 (slow path)", o_f64, p, l_f64, pl, kind="info")
 
 
+def check_loaded_bits(torch, model, ck, what, table):
+    """Every tensor of `ck`'s model.safetensors must be in the loaded model
+    bit for bit: from_pretrained must neither skip nor re-initialise one.
+    A difference fails the run naming the tensors (the logits would only
+    say that something differs)."""
+    saved, _ = read_safetensors(os.path.join(ck, "model.safetensors"))
+    held = model.state_dict()
+    differ = []
+    for name, (dtype, shape, data) in sorted(saved.items()):
+        if name not in held:
+            differ.append(f"{name} (not in the model)")
+            continue
+        got = held[name].detach().float().cpu().reshape(-1)
+        want = torch.frombuffer(bytearray(array.array("f", data).tobytes()), dtype=torch.float32)
+        if list(held[name].shape) != shape or not torch.equal(got, want):
+            d = (got - want).abs().max().item() if got.numel() == want.numel() else float("nan")
+            differ.append(f"{name} (max |d| {d:.3g})")
+    if differ:
+        table.failed.append(f"{what} transformers holds other values than the file for: " + ", ".join(differ))
+        print(f"{what} FAIL: after from_pretrained, {len(differ)} of {len(saved)} tensors differ from "
+              f"{ck}/model.safetensors: {', '.join(differ)}")
+    else:
+        print(f"{what} every one of the {len(saved)} tensors in the file is in the loaded model bit for bit")
+
+
+def load_mamba2(ck, what):
+    """transformers' Mamba2ForCausalLM from `ck`, every key loaded, head tied."""
+    import torch
+    from transformers import Mamba2ForCausalLM
+    from transformers.models.mamba2 import modeling_mamba2
+
+    model, info = Mamba2ForCausalLM.from_pretrained(ck, output_loading_info=True)
+    force_pure_pytorch(modeling_mamba2)
+    model = model.float().eval()
+    missing = [k for k in info["missing_keys"] if k != "lm_head.weight"]
+    bad = {k: v for k, v in (("missing", missing), ("unexpected", info["unexpected_keys"]),
+                             ("mismatched", info["mismatched_keys"])) if v}
+    if bad:
+        raise SetupError(f"{what} transformers did not load every tensor of {ck}: {bad}")
+    if not torch.equal(model.lm_head.weight, model.get_input_embeddings().weight):
+        raise SetupError(f"{what} transformers' lm_head is not tied to the embedding")
+    return model
+
+
+def hf_rows(a, table, torch, part, model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64):
+    """The comparison rows of a Mamba-2 part: ours (CPU; there is no CUDA
+    Mamba-2 of ours) against transformers on the CPU, transformers' two
+    devices against each other, the one-token control and the f64 info rows."""
+    from transformers.models.mamba2 import modeling_mamba2
+
+    h_cpu, hl_cpu = hf_score(torch, model, tokens, b, t, "cpu")
+    h_ctl, hl_ctl = hf_score(torch, model, altered(tokens, t, vocab), b, t, "cpu")
+    table.compare(part, "ours cpu f32 vs HF cpu f32", o_cpu, h_cpu, l_cpu, hl_cpu)
+    if not a.no_cuda:
+        model = model.to("cuda")
+        force_pure_pytorch(modeling_mamba2)
+        h_gpu, hl_gpu = hf_score(torch, model, tokens, b, t, "cuda")
+        table.compare(part, "ours cpu f32 vs HF cuda f32", o_cpu, h_gpu, l_cpu, hl_gpu)
+        table.compare(part, "HF cuda f32 vs HF cpu f32", h_gpu, h_cpu, hl_gpu, hl_cpu)
+        table.compare(part, "HF cuda f32 vs ours f64", h_gpu, o_f64, hl_gpu, l_f64, kind="info")
+    table.compare(part, "ours cpu f32 vs HF, 1 token altered", o_cpu, h_ctl, l_cpu, hl_ctl, kind="control")
+    table.compare(part, "ours cpu f32 vs ours f64", o_cpu, o_f64, l_cpu, l_f64, kind="info")
+    table.compare(part, "HF cpu f32 vs ours f64", h_cpu, o_f64, hl_cpu, l_f64, kind="info")
+
+
+def part_c(a, table, torch):
+    """(c) ours -> HF, Mamba-2: our CLI trains `--arch mamba2`, transformers'
+    Mamba2ForCausalLM loads the checkpoint and scores the same tokens."""
+    w = os.path.join(a.work, "c")
+    os.makedirs(w, exist_ok=True)
+    ck = train_ours(a.mamba_train, os.path.join(w, "run"), a.steps, 64, 62, a.seed, MAMBA2_FLAGS)
+    cfg, _ = read_hf_dir(ck)
+    if cfg.get("model_type") != "mamba2":
+        raise SetupError(f"(c) {ck}: config.json model_type is {cfg.get('model_type')!r}, expected 'mamba2'")
+    vocab, b, t = cfg["vocab_size"], a.batch, a.seq_len
+    tokens = random_tokens(random.Random(a.seed + 3), b * t, vocab)
+    tok_path = os.path.join(w, "tokens.bin")
+    write_tokens(tok_path, tokens)
+    o_cpu, l_cpu, _ = ours(a.hf_logits, ck, tok_path, b, t, os.path.join(w, "ours_cpu.safetensors"), "cpu", "f32", tokens)
+    o_f64, l_f64, _ = ours(a.hf_logits, ck, tok_path, b, t, os.path.join(w, "ours_f64.safetensors"), "cpu", "f64", tokens)
+    model = load_mamba2(ck, "(c)")
+    check_loaded_bits(torch, model, ck, "(c)", table)
+    c = model.config
+    print(f"(c) {ck}: transformers loaded every tensor; {c.num_heads} heads x {c.head_dim}, "
+          f"{c.n_groups} groups, state {c.state_size}, chunk {c.chunk_size}, "
+          f"time_step_limit {tuple(c.time_step_limit)}")
+    hf_rows(a, table, torch, "c", model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64)
+    if a.py_ref:
+        cfgj, weights = read_hf_dir(ck)
+        p, pl = py_forward_mamba2(cfgj, weights, tokens, b, t)
+        table.compare("c", "ours f64 vs Python f64 (recurrence)", o_f64, p, l_f64, pl, kind="info")
+
+
+def part_d(a, table, torch):
+    """(d) HF -> ours, Mamba-2: a random Mamba2ForCausalLM (its constant-
+    initialised tensors perturbed) written by save_pretrained, scored by our
+    hf_logits; the other spelling of the tied head must give the same bits."""
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+    from transformers.models.mamba2 import modeling_mamba2
+
+    w = os.path.join(a.work, "d")
+    os.makedirs(w, exist_ok=True)
+    cfg = Mamba2Config(vocab_size=64, hidden_size=64, num_hidden_layers=2, state_size=16, expand=2,
+                       conv_kernel=4, head_dim=16, num_heads=8, n_groups=2, chunk_size=32, use_bias=False,
+                       use_conv_bias=True, tie_word_embeddings=True, layer_norm_epsilon=1e-5,
+                       rms_norm=True, norm_before_gate=False)
+    torch.manual_seed(a.seed)
+    model = Mamba2ForCausalLM(cfg)
+    force_pure_pytorch(modeling_mamba2)
+    model = model.float().eval()
+    g = torch.Generator().manual_seed(a.seed + 1)
+
+    def noise(p, s):
+        p.add_(s * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+    with torch.no_grad():
+        for layer in model.backbone.layers:
+            noise(layer.norm.weight, 0.1)
+            noise(layer.mixer.D, 0.1)
+            noise(layer.mixer.conv1d.bias, 0.1)
+            noise(layer.mixer.A_log, 0.05)
+            noise(layer.mixer.dt_bias, 0.1)
+            noise(layer.mixer.norm.weight, 0.1)
+        noise(model.backbone.norm_f.weight, 0.1)
+    hf_dir = os.path.join(w, "hf")
+    model.save_pretrained(hf_dir)
+    saved, meta = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
+    head_stored = "lm_head.weight" in saved
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        hf_cfg = json.load(f)
+    print(f"(d) save_pretrained wrote {len(saved)} tensors to {hf_dir} "
+          f"(lm_head.weight {'stored' if head_stored else 'not stored (tied)'}); "
+          f"time_step_limit in config.json: {hf_cfg.get('time_step_limit')!r}")
+    other_dir = os.path.join(w, "hf_other_head")
+    os.makedirs(other_dir, exist_ok=True)
+    with open(os.path.join(other_dir, "config.json"), "w") as f:
+        json.dump(hf_cfg, f, indent=2)
+    other = {k: v for k, v in saved.items() if k != "lm_head.weight"}
+    if not head_stored:
+        other["lm_head.weight"] = saved["backbone.embeddings.weight"]
+    write_safetensors(os.path.join(other_dir, "model.safetensors"), other, {"format": "pt"})
+
+    vocab, b, t = cfg.vocab_size, a.batch, a.seq_len
+    tokens = random_tokens(random.Random(a.seed + 4), b * t, vocab)
+    tok_path = os.path.join(w, "tokens.bin")
+    write_tokens(tok_path, tokens)
+    o_cpu, l_cpu, _ = ours(a.hf_logits, hf_dir, tok_path, b, t, os.path.join(w, "ours_cpu.safetensors"), "cpu", "f32", tokens)
+    o_oth, l_oth, _ = ours(a.hf_logits, other_dir, tok_path, b, t, os.path.join(w, "ours_other.safetensors"), "cpu", "f32", tokens)
+    o_f64, l_f64, _ = ours(a.hf_logits, hf_dir, tok_path, b, t, os.path.join(w, "ours_f64.safetensors"), "cpu", "f64", tokens)
+    if o_oth != o_cpu or l_oth != l_cpu:
+        table.failed.append("d: the directory with the other lm_head spelling gave different logits")
+        print("(d) FAIL: the two spellings of the tied head gave different results")
+    else:
+        print("(d) both spellings of the tied head (stored / not stored) gave the same bits")
+    hf_rows(a, table, torch, "d", model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64)
+    if a.py_ref:
+        cfgj, weights = read_hf_dir(hf_dir)
+        p, pl = py_forward_mamba2(cfgj, weights, tokens, b, t)
+        table.compare("d", "ours f64 vs Python f64 (recurrence)", o_f64, p, l_f64, pl, kind="info")
+
+
 # ----------------------------------------------------------------------------
 # --self-test-format: our side only, against the pure-Python reference
 # ----------------------------------------------------------------------------
@@ -616,6 +896,61 @@ def synthetic_hf_dir(d, rng, store_head=True, eps=1e-5, head_noise=False):
     return V
 
 
+def synthetic_hf_dir_mamba2(d, rng):
+    """A transformers-style Mamba-2 directory with random f32 weights: 3
+    heads of 8 channels in 3 groups, d_state 4, conv_kernel 3, chunks of 8
+    (so a sequence of 21 ends in a partial chunk), the default
+    time_step_limit written as Python's json writes it (a bare Infinity),
+    tensors in shuffled order, the tied head stored."""
+    D, L, N, K, V, expand, P, G, Q = 12, 2, 4, 3, 17, 2, 8, 3, 8
+    E = expand * D
+    H = E // P
+    cfg = {
+        "architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2", "vocab_size": V, "hidden_size": D,
+        "state_size": N, "num_hidden_layers": L, "layer_norm_epsilon": 1e-5, "expand": expand,
+        "conv_kernel": K, "num_heads": H, "head_dim": P, "n_groups": G, "chunk_size": Q,
+        "use_bias": False, "use_conv_bias": True, "hidden_act": "silu", "rms_norm": True,
+        "norm_before_gate": False, "residual_in_fp32": True, "time_step_rank": "auto",
+        "time_step_min": 0.001, "time_step_max": 0.1, "time_step_floor": 0.0001,
+        "time_step_limit": [0.0, float("inf")], "initializer_range": 0.1, "rescale_prenorm_residual": False,
+        "tie_word_embeddings": True, "use_cache": True, "dtype": "float32",
+        "transformers_version": "5.17.0 (imitated by hf_crosscheck.py)", "bos_token_id": 0, "eos_token_id": 0,
+        "pad_token_id": 0,
+    }
+
+    def u(n, s):
+        return [f32(rng.uniform(-s, s)) for _ in range(n)]
+
+    def nrm(n, mean, s):
+        return [f32(rng.gauss(mean, s)) for _ in range(n)]
+
+    CI = E + 2 * G * N
+    t = {"backbone.embeddings.weight": ("F32", [V, D], nrm(V * D, 0.0, 0.5))}
+    for i in range(L):
+        p = f"backbone.layers.{i}."
+        dt = [math.exp(rng.uniform(math.log(1e-3), math.log(1e-1))) for _ in range(H)]
+        t.update({
+            p + "norm.weight": ("F32", [D], nrm(D, 1.0, 0.1)),
+            p + "mixer.in_proj.weight": ("F32", [2 * E + 2 * G * N + H, D], u((2 * E + 2 * G * N + H) * D, D ** -0.5)),
+            p + "mixer.conv1d.weight": ("F32", [CI, 1, K], u(CI * K, 0.5)),
+            p + "mixer.conv1d.bias": ("F32", [CI], nrm(CI, 0.0, 0.1)),
+            p + "mixer.dt_bias": ("F32", [H], [f32(x + math.log(-math.expm1(-x))) for x in dt]),
+            p + "mixer.A_log": ("F32", [H], [f32(math.log(h + 1) + rng.gauss(0, 0.05)) for h in range(H)]),
+            p + "mixer.D": ("F32", [H], nrm(H, 1.0, 0.1)),
+            p + "mixer.norm.weight": ("F32", [E], nrm(E, 1.0, 0.1)),
+            p + "mixer.out_proj.weight": ("F32", [D, E], u(D * E, E ** -0.5)),
+        })
+    t["backbone.norm_f.weight"] = ("F32", [D], nrm(D, 1.0, 0.1))
+    t["lm_head.weight"] = ("F32", [V, D], list(t["backbone.embeddings.weight"][2]))
+    names = list(t)
+    rng.shuffle(names)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    write_safetensors(os.path.join(d, "model.safetensors"), {k: t[k] for k in names}, {"format": "pt"})
+    return V
+
+
 def expect_refusal(cmd, needle, what):
     p = run_cmd(cmd, what, expect_ok=False)
     msg = p.stdout + p.stderr
@@ -657,6 +992,33 @@ def self_test(a, table):
     p, pl = py_forward(cfg, weights, tokens, b, t)
     table.compare("self", "HF-style dir: ours cpu f32 vs Python f64", o, p, lo, pl)
 
+    # Mamba-2, both ways, against the plain recurrence (no chunks).
+    ck2 = train_ours(a.mamba_train, os.path.join(w, "run_m2"), 5, 16, 6, a.seed,
+                     ["--arch", "mamba2", "--head-dim", 8, "--n-groups", 2, "--chunk-size", 8, "--d-state", 4])
+    cfg, weights = read_hf_dir(ck2)
+    tokens = random_tokens(rng, b * t, cfg["vocab_size"])
+    tok2 = os.path.join(w, "tokens_m2.bin")
+    write_tokens(tok2, tokens)
+    o, lo, _ = ours(a.hf_logits, ck2, tok2, b, t, os.path.join(w, "m2_cpu.safetensors"), "cpu", "f32", tokens)
+    o64, lo64, _ = ours(a.hf_logits, ck2, tok2, b, t, os.path.join(w, "m2_f64.safetensors"), "cpu", "f64", tokens)
+    p, pl = py_forward_mamba2(cfg, weights, tokens, b, t)
+    table.compare("self", "mamba2 trained: ours cpu f32 vs Python f64", o, p, lo, pl)
+    table.compare("self", "mamba2 trained: ours f64 vs Python f64", o64, p, lo64, pl)
+    pa, pla = py_forward_mamba2(cfg, weights, altered(tokens, t, cfg["vocab_size"]), b, t)
+    table.compare("self", "mamba2 trained: ours vs Python, 1 token altered", o, pa, lo, pla, kind="control")
+    hf2 = os.path.join(w, "hf_m2")
+    vocab2 = synthetic_hf_dir_mamba2(hf2, rng)
+    cfg, weights = read_hf_dir(hf2)
+    tokens = random_tokens(rng, b * t, vocab2)
+    tok3 = os.path.join(w, "tokens_hf_m2.bin")
+    write_tokens(tok3, tokens)
+    o, lo, _ = ours(a.hf_logits, hf2, tok3, b, t, os.path.join(w, "hf_m2_cpu.safetensors"), "cpu", "f32", tokens)
+    p, pl = py_forward_mamba2(cfg, weights, tokens, b, t)
+    table.compare("self", "mamba2 HF-style dir: ours cpu f32 vs Python f64", o, p, lo, pl)
+    expect_refusal([a.hf_logits, "--checkpoint", hf2, "--tokens", tok3, "--batch", b, "--seq-len", t,
+                    "--device", "cuda", "--out", os.path.join(w, "x.safetensors")],
+                   "Mamba-2 model runs on the CPU only", "Mamba-2 on --device cuda")
+
     # Refusals.
     bad_head = os.path.join(w, "hf_bad_head")
     synthetic_hf_dir(bad_head, random.Random(1), head_noise=True)
@@ -689,7 +1051,8 @@ def main():
     ap.add_argument("work", help="work directory (created)")
     ap.add_argument("--self-test-format", action="store_true",
                     help="check our side against a pure-Python f64 reference; needs no torch")
-    ap.add_argument("--parts", default="a,b", help="main mode: a (ours -> HF), b (HF -> ours)")
+    ap.add_argument("--parts", default="a,b,c,d",
+                    help="main mode: a (ours -> HF), b (HF -> ours), c and d (the same for Mamba-2)")
     ap.add_argument("--batch", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=100)
     ap.add_argument("--steps", type=int, default=50, help="(a) training steps of our model")
@@ -718,6 +1081,10 @@ def main():
                 part_a(a, table, torch, mm)
             if "b" in parts:
                 part_b(a, table, torch, mm)
+            if "c" in parts:
+                part_c(a, table, torch)
+            if "d" in parts:
+                part_d(a, table, torch)
     except SetupError as e:
         table.print()
         print(f"hf_crosscheck: SETUP ERROR: {e}", file=sys.stderr)

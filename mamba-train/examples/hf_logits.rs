@@ -9,12 +9,17 @@
 //! **`--checkpoint DIR`**: a mamba-train checkpoint (a checkpoint directory,
 //! or a run directory whose `checkpoints/LATEST` names one; loaded and
 //! verified by `checkpoint::load`, digest included), or any directory holding
-//! a Hugging Face Mamba `config.json` and an F32 `model.safetensors`, e.g. one
-//! written by transformers' `save_pretrained` (loaded by
-//! `checkpoint::load_hf`; a stored `lm_head.weight` must equal the
-//! embedding). Config fields this model hard-codes are checked too:
-//! `layer_norm_epsilon` must be 1e-5 as an f32, `hidden_act` silu,
-//! `intermediate_size` = `expand * hidden_size`.
+//! a Hugging Face Mamba or Mamba-2 `config.json` (`model_type` `mamba` or
+//! `mamba2`) and an F32 `model.safetensors`, e.g. one written by
+//! transformers' `save_pretrained` (loaded by `checkpoint::load_hf`; a
+//! stored `lm_head.weight` must equal the embedding). Config fields this
+//! model hard-codes are checked too: `layer_norm_epsilon` must be 1e-5 as an
+//! f32, `hidden_act` silu, `intermediate_size` = `expand * hidden_size`
+//! (Mamba-1), and Mamba-2's fixed fields (bias-free projections, conv bias,
+//! the gated norm after the gate).
+//!
+//! A Mamba-2 model runs on the CPU reference (`Mamba2Model`), f32 or f64;
+//! `--device cuda` refuses it (the CUDA model is Mamba-1 only).
 //!
 //! **`--tokens FILE`**: exactly `B * T` token ids as little-endian `u32`,
 //! row-major `[B, T]`, no header (`numpy.asarray(ids, dtype="<u4").tofile`);
@@ -44,7 +49,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use mamba_train::checkpoint::{self, HF_CONFIG_FILE, LATEST, STATE_FILE};
-use mamba_train::model::cpu::CpuModel;
+use mamba_train::config::Arch;
+use mamba_train::model::cpu::{CpuModel, Mamba2Model};
 use mamba_train::model::cuda::CudaModel;
 use mamba_train::model::{Batch, IGNORE};
 use mamba_train::ModelConfig;
@@ -253,26 +259,34 @@ pub fn score(
     precision: Precision,
 ) -> Result<Scored, String> {
     let err = |e: mamba_train::TrainError| e.to_string();
+    // The two CPU references share their API (`host::cpu_model_api!`), so
+    // one body scores either.
+    macro_rules! on_cpu {
+        ($model:expr) => {{
+            let model = $model.map_err(err)?;
+            match precision {
+                Precision::F32 => Scored {
+                    logits: Logits::F32(model.logits(&m.params, batch).map_err(err)?),
+                    loss: model.loss(&m.params, batch).map_err(err)? as f64,
+                },
+                Precision::F64 => {
+                    let p: Vec<f64> = m.params.iter().map(|&x| x as f64).collect();
+                    Scored {
+                        logits: Logits::F64(model.logits_f64(&p, batch).map_err(err)?),
+                        loss: model.loss_f64(&p, batch).map_err(err)?,
+                    }
+                }
+            }
+        }};
+    }
+    let mamba2 = matches!(m.cfg.arch, Arch::Mamba2(_));
     match (device, precision) {
-        (Device::Cpu, Precision::F32) => {
-            let model = CpuModel::new(m.cfg.clone()).map_err(err)?;
-            let logits = model.logits(&m.params, batch).map_err(err)?;
-            let loss = model.loss(&m.params, batch).map_err(err)?;
-            Ok(Scored {
-                logits: Logits::F32(logits),
-                loss: loss as f64,
-            })
-        }
-        (Device::Cpu, Precision::F64) => {
-            let model = CpuModel::new(m.cfg.clone()).map_err(err)?;
-            let p: Vec<f64> = m.params.iter().map(|&x| x as f64).collect();
-            let logits = model.logits_f64(&p, batch).map_err(err)?;
-            let loss = model.loss_f64(&p, batch).map_err(err)?;
-            Ok(Scored {
-                logits: Logits::F64(logits),
-                loss,
-            })
-        }
+        (Device::Cpu, _) if mamba2 => Ok(on_cpu!(Mamba2Model::new(m.cfg.clone()))),
+        (Device::Cpu, _) => Ok(on_cpu!(CpuModel::new(m.cfg.clone()))),
+        (Device::Cuda, _) if mamba2 => Err(format!(
+            "{}: a Mamba-2 model runs on the CPU only (the CUDA model is Mamba-1); use --device cpu",
+            m.dir.display()
+        )),
         (Device::Cuda, Precision::F32) => {
             let mut model = CudaModel::new(m.cfg.clone(), cuda_device).map_err(err)?;
             let logits = model.logits_host(&m.params, batch).map_err(err)?;

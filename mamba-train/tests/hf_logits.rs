@@ -17,7 +17,8 @@ use std::process::Command;
 use hf_logits::{Args, Device, Precision};
 use mamba_train::checkpoint::hf_config::{hf_config_json, model_config_from_hf};
 use mamba_train::checkpoint::tensors;
-use mamba_train::model::cpu::CpuModel;
+use mamba_train::config::{Arch, SsdConfig};
+use mamba_train::model::cpu::{CpuModel, Mamba2Model};
 use mamba_train::model::IGNORE;
 use mamba_train::seed::Rng;
 use mamba_train::{ModelConfig, ParamLayout};
@@ -271,6 +272,73 @@ fn hugging_face_directory_scores_exactly_like_the_cpu_model() {
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f64::max);
     assert!(max_diff > 0.0 && max_diff < 1e-4, "f32 vs f64: {max_diff}");
+}
+
+/// A Mamba-2 shape with groups (3 heads of 4 channels, 3 groups), a state
+/// of 5 and chunks of 8 (a sequence of 21 ends in a partial chunk).
+fn mamba2_config() -> ModelConfig {
+    let mut c = ModelConfig::new(13, 6, 2);
+    c.d_state = 5;
+    c.d_conv = 3;
+    c.arch = Arch::Mamba2(SsdConfig {
+        head_dim: 4,
+        n_groups: 3,
+        chunk_size: 8,
+    });
+    c
+}
+
+#[test]
+fn a_mamba2_directory_scores_exactly_like_the_mamba2_cpu_model_and_not_on_cuda() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = mamba2_config();
+    let params = weights(&cfg, 5);
+    let hf = dir.path().join("hf2");
+    write_hf_dir(&hf, &cfg, &params, None);
+    let (b, t) = (2, 21);
+    let toks = random_tokens(b * t, cfg.vocab_size, 11);
+    let tok_path = dir.path().join("tokens.bin");
+    write_tokens(&tok_path, &toks);
+
+    let out = dir.path().join("out.safetensors");
+    let s = hf_logits::run(&args(&hf, &tok_path, b, t, &out)).unwrap();
+    assert_eq!(
+        s.loaded.cfg, cfg,
+        "the Mamba-2 shape comes from config.json"
+    );
+    let o = read_out(&out);
+    assert_eq!(o.shape, vec![b, t, cfg.vocab_size]);
+    let model = Mamba2Model::new(cfg.clone()).unwrap();
+    let batch = hf_logits::next_token_batch(toks.clone(), b, t);
+    let want = model.logits(&params, &batch).unwrap();
+    assert_eq!(o.logits, want.iter().map(|&x| x as f64).collect::<Vec<_>>());
+    assert_eq!(o.loss, model.loss(&params, &batch).unwrap() as f64);
+    let recomputed = next_token_loss(&o.logits, &toks, b, t, cfg.vocab_size);
+    assert!((o.loss - recomputed).abs() < 1e-5 * (1.0 + recomputed.abs()));
+
+    // f64: the Mamba-2 reference's f64 program.
+    let out64 = dir.path().join("out64.safetensors");
+    let mut a64 = args(&hf, &tok_path, b, t, &out64);
+    a64.precision = Precision::F64;
+    hf_logits::run(&a64).unwrap();
+    let p64: Vec<f64> = params.iter().map(|&x| x as f64).collect();
+    assert_eq!(
+        read_out(&out64).logits,
+        model.logits_f64(&p64, &batch).unwrap()
+    );
+
+    // Negative control: other weights, other logits.
+    let other = dir.path().join("hf2_other");
+    write_hf_dir(&other, &cfg, &weights(&cfg, 6), None);
+    let out3 = dir.path().join("out3.safetensors");
+    hf_logits::run(&args(&other, &tok_path, b, t, &out3)).unwrap();
+    assert_ne!(read_out(&out3).logits, o.logits);
+
+    // --device cuda refuses Mamba-2 by name (before touching any GPU).
+    let mut on_cuda = args(&hf, &tok_path, b, t, &dir.path().join("x.safetensors"));
+    on_cuda.device = Device::Cuda;
+    let e = hf_logits::run(&on_cuda).unwrap_err();
+    assert!(e.contains("Mamba-2") && e.contains("--device cpu"), "{e}");
 }
 
 #[test]

@@ -5,8 +5,10 @@
 //! back by [`mamba2_config_from_hf`] (`--init-from`, `generate`/`eval` of a
 //! model directory). Reading asks for every shape field to be present
 //! (transformers' own defaults differ from ours, e.g. `n_groups` 8, so a
-//! missing one is not guessed); the file has not yet been loaded by
-//! transformers itself (the cross-check runs on the GPU machine).
+//! missing one is not guessed). transformers 5.17 loads what this writes
+//! (every tensor bit for bit) and `save_pretrained`'s files load here, with
+//! logits and loss within tolerance both ways: `scripts/hf_crosscheck.py`
+//! parts (c) and (d), run on the GPU machine (docs/HF_CROSSCHECK.md).
 
 use serde_json::{json, Value};
 
@@ -38,7 +40,9 @@ pub(super) fn mamba2_config_json(cfg: &ModelConfig, s: &SsdConfig) -> Value {
         "use_conv_bias": true,
         "hidden_act": "silu",
         "residual_in_fp32": true,
-        "rescale_prenorm_residual": true,
+        // See RESCALE_PRENORM_RESIDUAL: true makes transformers re-draw
+        // the loaded out_proj weights.
+        "rescale_prenorm_residual": super::hf_config::RESCALE_PRENORM_RESIDUAL,
         "tie_word_embeddings": true,
         "time_step_min": DT_MIN,
         "time_step_max": DT_MAX,
