@@ -545,3 +545,75 @@ fn cuda_logits_match_the_cpu_model() {
     }
     assert!((g.loss - c.loss).abs() <= 1e-5 * (1.0 + c.loss.abs()));
 }
+
+/// The `hf_logits` binary: beside `mamba-train` in a bundle (`bin/`), or
+/// the example cargo built beside this test (`target/<profile>/examples`).
+fn hf_logits_bin() -> Option<PathBuf> {
+    let beside_cli = mamba_train_bin().with_file_name("hf_logits");
+    let beside_test = std::env::current_exe()
+        .ok()
+        .and_then(|t| Some(t.parent()?.parent()?.join("examples").join("hf_logits")));
+    [Some(beside_cli), beside_test]
+        .into_iter()
+        .flatten()
+        .find(|p| p.is_file())
+}
+
+/// `scripts/hf_crosscheck.py` in a checkout or a bundle (`scripts/`).
+fn crosscheck_script() -> Option<PathBuf> {
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/hf_crosscheck.py");
+    let bundle = mamba_train_bin()
+        .parent()
+        .and_then(Path::parent)
+        .map(|b| b.join("scripts/hf_crosscheck.py"));
+    [Some(checkout), bundle]
+        .into_iter()
+        .flatten()
+        .find(|p| p.is_file())
+}
+
+/// The cross-check's own self-test, which needs no torch: our checkpoints
+/// (Mamba-1 and Mamba-2, trained by the CLI) and transformers-style
+/// directories scored by `hf_logits` against the script's independent f64
+/// references (transformers' slow path for Mamba-1, a plain sequential
+/// recurrence for Mamba-2), with a one-token negative control each and the
+/// refusals. The script exits 1 when any check or control fails.
+#[test]
+fn the_python_references_agree_with_hf_logits_on_mamba1_and_mamba2() {
+    let python = Command::new("python3").arg("--version").output();
+    if !python.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipping: python3 is not on PATH (the cross-check script is Python)");
+        return;
+    }
+    let (Some(hf), Some(script)) = (hf_logits_bin(), crosscheck_script()) else {
+        eprintln!(
+            "skipping: the hf_logits example or scripts/hf_crosscheck.py was not found \
+             (cargo test builds the example; a bundle has both)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(&hf)
+        .arg(mamba_train_bin())
+        .arg(dir.path())
+        .arg("--self-test-format")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "hf_crosscheck.py --self-test-format failed:\n{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for row in [
+        "mamba2 trained: ours cpu f32 vs Python f64",
+        "mamba2 HF-style dir: ours cpu f32 vs Python f64",
+        "mamba2 trained: ours vs Python, 1 token altered",
+        "trained: ours cpu f32 vs Python f64",
+    ] {
+        assert!(out.contains(row), "no row {row:?}:\n{out}");
+    }
+    assert!(out.contains("all 8 checks and controls passed"), "{out}");
+}
