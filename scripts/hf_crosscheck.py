@@ -597,6 +597,70 @@ def part_a(a, table, torch, mm):
         table.compare("a", "HF cpu f32 vs Python f64", h_cpu, p, hl_cpu, pl, kind="info")
 
 
+# The mixer tensors transformers initialises to constants, with the noise
+# scale each gets, in the order they are drawn (so a loader that mixed them
+# up could not pass).
+MAMBA1_CONSTANTS = [("D", 0.1), ("conv1d.bias", 0.1), ("A_log", 0.05)]
+MAMBA2_CONSTANTS = MAMBA1_CONSTANTS + [("dt_bias", 0.1), ("norm.weight", 0.1)]
+
+
+def perturb_constants(torch, model, seed, mixer):
+    """N(0, s) noise from one generator on every block's norm weight, the
+    `mixer` tensors of every block, and the final norm."""
+    g = torch.Generator().manual_seed(seed)
+
+    def noise(p, s):
+        p.add_(s * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+    with torch.no_grad():
+        for layer in model.backbone.layers:
+            noise(layer.norm.weight, 0.1)
+            for name, s in mixer:
+                noise(layer.mixer.get_parameter(name), s)
+        noise(model.backbone.norm_f.weight, 0.1)
+
+
+def other_head_spelling(hf_dir, other_dir, what):
+    """A copy of transformers' `save_pretrained` directory with the tied
+    head spelled the other way (lm_head.weight stored if it was not, dropped
+    if it was), which our loader must also take. Returns the copy and the
+    config.json it read."""
+    saved, meta = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
+    head_stored = "lm_head.weight" in saved
+    print(f"{what} save_pretrained wrote {len(saved)} tensors to {hf_dir} "
+          f"(lm_head.weight {'stored' if head_stored else 'not stored (tied)'}), metadata {meta}")
+    os.makedirs(other_dir, exist_ok=True)
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        hf_cfg = json.load(f)
+    with open(os.path.join(other_dir, "config.json"), "w") as f:
+        json.dump(hf_cfg, f, indent=2)
+    other = {k: v for k, v in saved.items() if k != "lm_head.weight"}
+    if not head_stored:
+        other["lm_head.weight"] = saved["backbone.embeddings.weight"]
+    write_safetensors(os.path.join(other_dir, "model.safetensors"), other, {"format": "pt"})
+    return other_dir, hf_cfg
+
+
+def score_saved(a, table, w, part, hf_dir, other_dir, vocab, rng):
+    """Our CPU side of a part that scores transformers' saved directory:
+    random tokens, hf_logits in f32 on both spellings of the tied head (which
+    must give the same bits) and in f64. Returns (tokens, their file, f32
+    logits, f32 loss, f64 logits, f64 loss)."""
+    b, t = a.batch, a.seq_len
+    tokens = random_tokens(rng, b * t, vocab)
+    tok_path = os.path.join(w, "tokens.bin")
+    write_tokens(tok_path, tokens)
+    o_cpu, l_cpu, _ = ours(a.hf_logits, hf_dir, tok_path, b, t, os.path.join(w, "ours_cpu.safetensors"), "cpu", "f32", tokens)
+    o_oth, l_oth, _ = ours(a.hf_logits, other_dir, tok_path, b, t, os.path.join(w, "ours_other.safetensors"), "cpu", "f32", tokens)
+    o_f64, l_f64, _ = ours(a.hf_logits, hf_dir, tok_path, b, t, os.path.join(w, "ours_f64.safetensors"), "cpu", "f64", tokens)
+    if o_oth != o_cpu or l_oth != l_cpu:
+        table.failed.append(f"{part}: the directory with the other lm_head spelling gave different logits")
+        print(f"({part}) FAIL: the two spellings of the tied head gave different results")
+    else:
+        print(f"({part}) both spellings of the tied head (stored / not stored) gave the same bits")
+    return tokens, tok_path, o_cpu, l_cpu, o_f64, l_f64
+
+
 def part_b(a, table, torch, mm):
     from transformers import MambaConfig, MambaForCausalLM
 
@@ -611,49 +675,14 @@ def part_b(a, table, torch, mm):
     model = model.float().eval()
     if not torch.equal(model.lm_head.weight, model.get_input_embeddings().weight):
         raise SetupError("(b) transformers did not tie lm_head to the embedding although tie_word_embeddings=True")
-    g = torch.Generator().manual_seed(a.seed + 1)
-
-    def noise(p, s):
-        p.add_(s * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-    with torch.no_grad():
-        for layer in model.backbone.layers:
-            noise(layer.norm.weight, 0.1)
-            noise(layer.mixer.D, 0.1)
-            noise(layer.mixer.conv1d.bias, 0.1)
-            noise(layer.mixer.A_log, 0.05)
-        noise(model.backbone.norm_f.weight, 0.1)
+    perturb_constants(torch, model, a.seed + 1, MAMBA1_CONSTANTS)
     hf_dir = os.path.join(w, "hf")
     model.save_pretrained(hf_dir)
-    saved, meta = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
-    head_stored = "lm_head.weight" in saved
-    print(f"(b) save_pretrained wrote {len(saved)} tensors to {hf_dir} "
-          f"(lm_head.weight {'stored' if head_stored else 'not stored (tied)'}), metadata {meta}")
-    # The other spelling of a tied head, which our loader must also take.
-    other_dir = os.path.join(w, "hf_other_head")
-    os.makedirs(other_dir, exist_ok=True)
-    with open(os.path.join(hf_dir, "config.json")) as f:
-        hf_cfg = json.load(f)
-    with open(os.path.join(other_dir, "config.json"), "w") as f:
-        json.dump(hf_cfg, f, indent=2)
-    other = {k: v for k, v in saved.items() if k != "lm_head.weight"}
-    if not head_stored:
-        other["lm_head.weight"] = saved["backbone.embeddings.weight"]
-    write_safetensors(os.path.join(other_dir, "model.safetensors"), other, {"format": "pt"})
+    other_dir, _ = other_head_spelling(hf_dir, os.path.join(w, "hf_other_head"), "(b)")
 
     vocab, b, t = cfg.vocab_size, a.batch, a.seq_len
-    rng = random.Random(a.seed + 2)
-    tokens = random_tokens(rng, b * t, vocab)
-    tok_path = os.path.join(w, "tokens.bin")
-    write_tokens(tok_path, tokens)
-    o_cpu, l_cpu, _ = ours(a.hf_logits, hf_dir, tok_path, b, t, os.path.join(w, "ours_cpu.safetensors"), "cpu", "f32", tokens)
-    o_oth, l_oth, _ = ours(a.hf_logits, other_dir, tok_path, b, t, os.path.join(w, "ours_other.safetensors"), "cpu", "f32", tokens)
-    o_f64, l_f64, _ = ours(a.hf_logits, hf_dir, tok_path, b, t, os.path.join(w, "ours_f64.safetensors"), "cpu", "f64", tokens)
-    if o_oth != o_cpu or l_oth != l_cpu:
-        table.failed.append("b: the directory with the other lm_head spelling gave different logits")
-        print("(b) FAIL: the two spellings of the tied head gave different results")
-    else:
-        print("(b) both spellings of the tied head (stored / not stored) gave the same bits")
+    tokens, tok_path, o_cpu, l_cpu, o_f64, l_f64 = score_saved(a, table, w, "b", hf_dir, other_dir, vocab,
+                                                               random.Random(a.seed + 2))
 
     h_cpu, hl_cpu = hf_score(torch, model, tokens, b, t, "cpu")
     h_ctl, hl_ctl = hf_score(torch, model, altered(tokens, t, vocab), b, t, "cpu")
@@ -785,50 +814,15 @@ def part_d(a, table, torch):
     model = Mamba2ForCausalLM(cfg)
     force_pure_pytorch(modeling_mamba2)
     model = model.float().eval()
-    g = torch.Generator().manual_seed(a.seed + 1)
-
-    def noise(p, s):
-        p.add_(s * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-    with torch.no_grad():
-        for layer in model.backbone.layers:
-            noise(layer.norm.weight, 0.1)
-            noise(layer.mixer.D, 0.1)
-            noise(layer.mixer.conv1d.bias, 0.1)
-            noise(layer.mixer.A_log, 0.05)
-            noise(layer.mixer.dt_bias, 0.1)
-            noise(layer.mixer.norm.weight, 0.1)
-        noise(model.backbone.norm_f.weight, 0.1)
+    perturb_constants(torch, model, a.seed + 1, MAMBA2_CONSTANTS)
     hf_dir = os.path.join(w, "hf")
     model.save_pretrained(hf_dir)
-    saved, meta = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
-    head_stored = "lm_head.weight" in saved
-    with open(os.path.join(hf_dir, "config.json")) as f:
-        hf_cfg = json.load(f)
-    print(f"(d) save_pretrained wrote {len(saved)} tensors to {hf_dir} "
-          f"(lm_head.weight {'stored' if head_stored else 'not stored (tied)'}); "
-          f"time_step_limit in config.json: {hf_cfg.get('time_step_limit')!r}")
-    other_dir = os.path.join(w, "hf_other_head")
-    os.makedirs(other_dir, exist_ok=True)
-    with open(os.path.join(other_dir, "config.json"), "w") as f:
-        json.dump(hf_cfg, f, indent=2)
-    other = {k: v for k, v in saved.items() if k != "lm_head.weight"}
-    if not head_stored:
-        other["lm_head.weight"] = saved["backbone.embeddings.weight"]
-    write_safetensors(os.path.join(other_dir, "model.safetensors"), other, {"format": "pt"})
+    other_dir, hf_cfg = other_head_spelling(hf_dir, os.path.join(w, "hf_other_head"), "(d)")
+    print(f"(d) time_step_limit in config.json: {hf_cfg.get('time_step_limit')!r}")
 
     vocab, b, t = cfg.vocab_size, a.batch, a.seq_len
-    tokens = random_tokens(random.Random(a.seed + 4), b * t, vocab)
-    tok_path = os.path.join(w, "tokens.bin")
-    write_tokens(tok_path, tokens)
-    o_cpu, l_cpu, _ = ours(a.hf_logits, hf_dir, tok_path, b, t, os.path.join(w, "ours_cpu.safetensors"), "cpu", "f32", tokens)
-    o_oth, l_oth, _ = ours(a.hf_logits, other_dir, tok_path, b, t, os.path.join(w, "ours_other.safetensors"), "cpu", "f32", tokens)
-    o_f64, l_f64, _ = ours(a.hf_logits, hf_dir, tok_path, b, t, os.path.join(w, "ours_f64.safetensors"), "cpu", "f64", tokens)
-    if o_oth != o_cpu or l_oth != l_cpu:
-        table.failed.append("d: the directory with the other lm_head spelling gave different logits")
-        print("(d) FAIL: the two spellings of the tied head gave different results")
-    else:
-        print("(d) both spellings of the tied head (stored / not stored) gave the same bits")
+    tokens, _, o_cpu, l_cpu, o_f64, l_f64 = score_saved(a, table, w, "d", hf_dir, other_dir, vocab,
+                                                        random.Random(a.seed + 4))
     hf_rows(a, table, torch, "d", model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64)
     if a.py_ref:
         cfgj, weights = read_hf_dir(hf_dir)
@@ -839,6 +833,29 @@ def part_d(a, table, torch):
 # ----------------------------------------------------------------------------
 # --self-test-format: our side only, against the pure-Python reference
 # ----------------------------------------------------------------------------
+
+
+def f32_draws(rng):
+    """u(n, s): n draws from U(-s, s); nrm(n, mean, s): n from N(mean, s);
+    each rounded to f32."""
+    def u(n, s):
+        return [f32(rng.uniform(-s, s)) for _ in range(n)]
+
+    def nrm(n, mean, s):
+        return [f32(rng.gauss(mean, s)) for _ in range(n)]
+
+    return u, nrm
+
+
+def write_hf_style_dir(d, cfg, tensors, rng):
+    """config.json and model.safetensors (tensors in shuffled order, the
+    `format: pt` metadata transformers writes) in directory d."""
+    names = list(tensors)
+    rng.shuffle(names)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    write_safetensors(os.path.join(d, "model.safetensors"), {k: tensors[k] for k in names}, {"format": "pt"})
 
 
 def synthetic_hf_dir(d, rng, store_head=True, eps=1e-5, head_noise=False):
@@ -859,11 +876,7 @@ def synthetic_hf_dir(d, rng, store_head=True, eps=1e-5, head_noise=False):
         "pad_token_id": 0,
     }
 
-    def u(n, s):
-        return [f32(rng.uniform(-s, s)) for _ in range(n)]
-
-    def nrm(n, mean, s):
-        return [f32(rng.gauss(mean, s)) for _ in range(n)]
+    u, nrm = f32_draws(rng)
 
     t = {"backbone.embeddings.weight": ("F32", [V, D], nrm(V * D, 0.0, 0.5))}
     for i in range(L):
@@ -887,12 +900,7 @@ def synthetic_hf_dir(d, rng, store_head=True, eps=1e-5, head_noise=False):
         if head_noise:
             emb[0] = f32(emb[0] + 0.25)
         t["lm_head.weight"] = ("F32", [V, D], emb)
-    names = list(t)
-    rng.shuffle(names)
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    write_safetensors(os.path.join(d, "model.safetensors"), {k: t[k] for k in names}, {"format": "pt"})
+    write_hf_style_dir(d, cfg, t, rng)
     return V
 
 
@@ -918,11 +926,7 @@ def synthetic_hf_dir_mamba2(d, rng):
         "pad_token_id": 0,
     }
 
-    def u(n, s):
-        return [f32(rng.uniform(-s, s)) for _ in range(n)]
-
-    def nrm(n, mean, s):
-        return [f32(rng.gauss(mean, s)) for _ in range(n)]
+    u, nrm = f32_draws(rng)
 
     CI = E + 2 * G * N
     t = {"backbone.embeddings.weight": ("F32", [V, D], nrm(V * D, 0.0, 0.5))}
@@ -942,12 +946,7 @@ def synthetic_hf_dir_mamba2(d, rng):
         })
     t["backbone.norm_f.weight"] = ("F32", [D], nrm(D, 1.0, 0.1))
     t["lm_head.weight"] = ("F32", [V, D], list(t["backbone.embeddings.weight"][2]))
-    names = list(t)
-    rng.shuffle(names)
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    write_safetensors(os.path.join(d, "model.safetensors"), {k: t[k] for k in names}, {"format": "pt"})
+    write_hf_style_dir(d, cfg, t, rng)
     return V
 
 
@@ -959,62 +958,58 @@ def expect_refusal(cmd, needle, what):
     print(f"  refused as expected: {msg.strip().splitlines()[-1]}")
 
 
+def self_check_trained(a, table, w, rng, b, t, label, extra=()):
+    """Ours -> reference: a checkpoint our CLI trains (`extra` flags pick the
+    architecture), scored by hf_logits in f32 and f64 against the Python f64
+    reference of its architecture, with a one-token negative control. Rows
+    are named `{label}trained: ...`."""
+    tag = label.strip().replace(" ", "_")
+    ck = train_ours(a.mamba_train, os.path.join(w, f"run{tag}"), 5, 16, 6, a.seed, extra)
+    cfg, weights = read_hf_dir(ck)
+    tokens = random_tokens(rng, b * t, cfg["vocab_size"])
+    tok = os.path.join(w, f"tokens_run{tag}.bin")
+    write_tokens(tok, tokens)
+    o, lo, _ = ours(a.hf_logits, ck, tok, b, t, os.path.join(w, f"run{tag}_cpu.safetensors"), "cpu", "f32", tokens)
+    o64, lo64, _ = ours(a.hf_logits, ck, tok, b, t, os.path.join(w, f"run{tag}_f64.safetensors"), "cpu", "f64", tokens)
+    p, pl = py_reference(cfg, weights, tokens, b, t)
+    table.compare("self", f"{label}trained: ours cpu f32 vs Python f64", o, p, lo, pl)
+    table.compare("self", f"{label}trained: ours f64 vs Python f64", o64, p, lo64, pl)
+    pa, pla = py_reference(cfg, weights, altered(tokens, t, cfg["vocab_size"]), b, t)
+    table.compare("self", f"{label}trained: ours vs Python, 1 token altered", o, pa, lo, pla, kind="control")
+
+
+def self_check_hf_dir(a, table, w, rng, b, t, label, make):
+    """Reference -> ours: a transformers-style directory `make` writes,
+    scored by hf_logits against the Python f64 reference. Returns the
+    directory and its token file (for the refusals)."""
+    tag = label.strip().replace(" ", "_")
+    hf = os.path.join(w, f"hf{tag}")
+    vocab = make(hf, rng)
+    cfg, weights = read_hf_dir(hf)
+    tokens = random_tokens(rng, b * t, vocab)
+    tok = os.path.join(w, f"tokens_hf{tag}.bin")
+    write_tokens(tok, tokens)
+    o, lo, v = ours(a.hf_logits, hf, tok, b, t, os.path.join(w, f"hf{tag}_cpu.safetensors"), "cpu", "f32", tokens)
+    if v != vocab:
+        raise SetupError(f"hf_logits reported vocabulary {v}, the directory has {vocab}")
+    p, pl = py_reference(cfg, weights, tokens, b, t)
+    table.compare("self", f"{label}HF-style dir: ours cpu f32 vs Python f64", o, p, lo, pl)
+    return hf, tok
+
+
 def self_test(a, table):
     w = os.path.join(a.work, "selftest")
     os.makedirs(w, exist_ok=True)
     rng = random.Random(a.seed)
     b, t = 2, 21  # T not a multiple of the CUDA scan's chunk of 16
 
-    # Ours -> reference: a checkpoint trained by the CLI.
-    ck = train_ours(a.mamba_train, os.path.join(w, "run"), 5, 16, 6, a.seed)
-    cfg, weights = read_hf_dir(ck)
-    tokens = random_tokens(rng, b * t, cfg["vocab_size"])
-    tok = os.path.join(w, "tokens_run.bin")
-    write_tokens(tok, tokens)
-    o, lo, _ = ours(a.hf_logits, ck, tok, b, t, os.path.join(w, "run_cpu.safetensors"), "cpu", "f32", tokens)
-    o64, lo64, _ = ours(a.hf_logits, ck, tok, b, t, os.path.join(w, "run_f64.safetensors"), "cpu", "f64", tokens)
-    p, pl = py_forward(cfg, weights, tokens, b, t)
-    table.compare("self", "trained: ours cpu f32 vs Python f64", o, p, lo, pl)
-    table.compare("self", "trained: ours f64 vs Python f64", o64, p, lo64, pl)
-    pa, pla = py_forward(cfg, weights, altered(tokens, t, cfg["vocab_size"]), b, t)
-    table.compare("self", "trained: ours vs Python, 1 token altered", o, pa, lo, pla, kind="control")
-
-    # Reference -> ours: a transformers-style directory written here.
-    hf = os.path.join(w, "hf")
-    vocab = synthetic_hf_dir(hf, rng)
-    cfg, weights = read_hf_dir(hf)
-    tokens = random_tokens(rng, b * t, vocab)
-    tok = os.path.join(w, "tokens_hf.bin")
-    write_tokens(tok, tokens)
-    o, lo, v = ours(a.hf_logits, hf, tok, b, t, os.path.join(w, "hf_cpu.safetensors"), "cpu", "f32", tokens)
-    if v != vocab:
-        raise SetupError(f"hf_logits reported vocabulary {v}, the directory has {vocab}")
-    p, pl = py_forward(cfg, weights, tokens, b, t)
-    table.compare("self", "HF-style dir: ours cpu f32 vs Python f64", o, p, lo, pl)
-
-    # Mamba-2, both ways, against the plain recurrence (no chunks).
-    ck2 = train_ours(a.mamba_train, os.path.join(w, "run_m2"), 5, 16, 6, a.seed,
-                     ["--arch", "mamba2", "--head-dim", 8, "--n-groups", 2, "--chunk-size", 8, "--d-state", 4])
-    cfg, weights = read_hf_dir(ck2)
-    tokens = random_tokens(rng, b * t, cfg["vocab_size"])
-    tok2 = os.path.join(w, "tokens_m2.bin")
-    write_tokens(tok2, tokens)
-    o, lo, _ = ours(a.hf_logits, ck2, tok2, b, t, os.path.join(w, "m2_cpu.safetensors"), "cpu", "f32", tokens)
-    o64, lo64, _ = ours(a.hf_logits, ck2, tok2, b, t, os.path.join(w, "m2_f64.safetensors"), "cpu", "f64", tokens)
-    p, pl = py_forward_mamba2(cfg, weights, tokens, b, t)
-    table.compare("self", "mamba2 trained: ours cpu f32 vs Python f64", o, p, lo, pl)
-    table.compare("self", "mamba2 trained: ours f64 vs Python f64", o64, p, lo64, pl)
-    pa, pla = py_forward_mamba2(cfg, weights, altered(tokens, t, cfg["vocab_size"]), b, t)
-    table.compare("self", "mamba2 trained: ours vs Python, 1 token altered", o, pa, lo, pla, kind="control")
-    hf2 = os.path.join(w, "hf_m2")
-    vocab2 = synthetic_hf_dir_mamba2(hf2, rng)
-    cfg, weights = read_hf_dir(hf2)
-    tokens = random_tokens(rng, b * t, vocab2)
-    tok3 = os.path.join(w, "tokens_hf_m2.bin")
-    write_tokens(tok3, tokens)
-    o, lo, _ = ours(a.hf_logits, hf2, tok3, b, t, os.path.join(w, "hf_m2_cpu.safetensors"), "cpu", "f32", tokens)
-    p, pl = py_forward_mamba2(cfg, weights, tokens, b, t)
-    table.compare("self", "mamba2 HF-style dir: ours cpu f32 vs Python f64", o, p, lo, pl)
+    # Ours -> reference and reference -> ours, Mamba-1 (transformers' slow
+    # path) and Mamba-2 (the plain recurrence, no chunks).
+    self_check_trained(a, table, w, rng, b, t, "")
+    hf, tok = self_check_hf_dir(a, table, w, rng, b, t, "", synthetic_hf_dir)
+    self_check_trained(a, table, w, rng, b, t, "mamba2 ",
+                       ["--arch", "mamba2", "--head-dim", 8, "--n-groups", 2, "--chunk-size", 8, "--d-state", 4])
+    hf2, tok3 = self_check_hf_dir(a, table, w, rng, b, t, "mamba2 ", synthetic_hf_dir_mamba2)
     expect_refusal([a.hf_logits, "--checkpoint", hf2, "--tokens", tok3, "--batch", b, "--seq-len", t,
                     "--device", "cuda", "--out", os.path.join(w, "x.safetensors")],
                    "Mamba-2 model runs on the CPU only", "Mamba-2 on --device cuda")

@@ -521,43 +521,7 @@ fn a_rank_that_fails_locally_takes_its_peers_down_naming_it() {
 /// `tests/cuda_train.rs`.)
 #[test]
 fn a_rank_that_fails_between_collectives_takes_its_peers_down_naming_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let start = Instant::now();
-    let outs = env_launched_world(
-        TINY,
-        dir.path(),
-        3,
-        "between-collectives",
-        &[("MAMBA_TEST_FAIL_AFTER_STEP", "1:2")],
-        |_| {
-            [
-                "--steps",
-                "6",
-                "--comm-timeout",
-                "600",
-                "--replica-check-every",
-                "0",
-            ]
-            .map(String::from)
-            .to_vec()
-        },
-    );
-    let took = start.elapsed();
-    for (r, o) in outs.iter().enumerate() {
-        let e = err(o);
-        if r == 1 {
-            assert!(
-                e.contains("injected failure on rank 1 after step 2"),
-                "rank 1 reports its own error: {e}"
-            );
-        } else {
-            assert!(e.contains("rank 1 failed"), "rank {r} names rank 1: {e}");
-        }
-    }
-    assert!(
-        took < Duration::from_secs(120),
-        "the peers waited {took:?}: the communication timeout, not the failure, ended them"
-    );
+    common::assert_between_collectives_failure_names_rank_1(TINY, 3, "between-collectives", "");
 }
 
 #[test]

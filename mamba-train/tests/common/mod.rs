@@ -240,3 +240,56 @@ pub fn stopped_after_step(stderr: &str) -> u64 {
         .parse()
         .unwrap_or_else(|_| panic!("no step in:\n{stderr}"))
 }
+
+/// Run a `world`-rank env-launched world of `base` in which rank 1 fails
+/// after step 2 outside any collective (`MAMBA_TEST_FAIL_AFTER_STEP`), with
+/// a 600 s `--comm-timeout`, and check that rank 1 reports its own error,
+/// every other rank names rank 1 (and `peer_says`, e.g. how it learned),
+/// and the world ended well before the timeout would have ended it.
+pub fn assert_between_collectives_failure_names_rank_1(
+    base: &[&str],
+    world: usize,
+    job: &str,
+    peer_says: &str,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let start = std::time::Instant::now();
+    let outs = env_launched_world(
+        base,
+        dir.path(),
+        world,
+        job,
+        &[("MAMBA_TEST_FAIL_AFTER_STEP", "1:2")],
+        |_| {
+            [
+                "--steps",
+                "6",
+                "--comm-timeout",
+                "600",
+                "--replica-check-every",
+                "0",
+            ]
+            .map(String::from)
+            .to_vec()
+        },
+    );
+    let took = start.elapsed();
+    for (r, o) in outs.iter().enumerate() {
+        let e = err(o);
+        if r == 1 {
+            assert!(
+                e.contains("injected failure on rank 1 after step 2"),
+                "rank 1 reports its own error: {e}"
+            );
+        } else {
+            assert!(
+                e.contains("rank 1 failed") && e.contains(peer_says),
+                "rank {r} names rank 1 ({peer_says:?}): {e}"
+            );
+        }
+    }
+    assert!(
+        took < std::time::Duration::from_secs(120),
+        "the peers waited {took:?}: the communication timeout, not the failure, ended them"
+    );
+}
