@@ -98,4 +98,20 @@ static __device__ __forceinline__ void store_f32_bf16(float* __restrict__ f, uns
     if (h) h[i] = (unsigned short)bf16_rne(v);
 }
 
+// The f32 value of a bf16 (its bits): exact, as every bf16 is an f32.
+static __device__ __forceinline__ float bf16_to_f32(unsigned short h) {
+    return __uint_as_float((unsigned)h << 16);
+}
+
+// Element i of an activation stored as f32 (`f` not null) or as bf16 only
+// (`h`, when `f` is null): how a kernel reads an activation a bf16 run keeps
+// in bf16 (the other precisions in f32). Exactly one of the two is given
+// (the host launcher's `Stored`), the same for every thread, so the branch
+// is uniform.
+static __device__ __forceinline__ float load_f32_bf16(const float* __restrict__ f,
+                                                      const unsigned short* __restrict__ h,
+                                                      long long i) {
+    return f ? f[i] : bf16_to_f32(h[i]);
+}
+
 }  // namespace mamba

@@ -341,25 +341,34 @@ extern "C" __global__ void mamba_conv_wgrad_partial(const float* __restrict__ dp
 
 // ---------------------------------------------------- dt, gating, reductions
 
-// dt <- softplus(dt + bias[c]) in place, [M, D].
+// dt = softplus(raw + bias[c]), [M, D]: into dt (f32) and / or dt_h (its
+// bf16 rounding), or over raw in place when both are null (each element is
+// read before the same thread writes it).
 // grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128.
-extern "C" __global__ void mamba_dt_softplus(float* __restrict__ dt,
-                                             const float* __restrict__ bias, long long M,
+extern "C" __global__ void mamba_dt_softplus(float* __restrict__ raw,
+                                             const float* __restrict__ bias,
+                                             float* __restrict__ dt,
+                                             unsigned short* __restrict__ dt_h, long long M,
                                              int D) {
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= D) return;
     const float b = bias[c];
     const long long m0 = (long long)blockIdx.x * kRowsPerThread;
     const long long m1 = min(M, m0 + kRowsPerThread);
-    for (long long m = m0; m < m1; ++m) dt[m * D + c] = softplusf_(dt[m * D + c] + b);
+    float* f = dt || dt_h ? dt : raw;
+    for (long long m = m0; m < m1; ++m) {
+        store_f32_bf16(f, dt_h, m * D + c, softplusf_(raw[m * D + c] + b));
+    }
 }
 
 // Backward of out = y * SiLU(z): dy = dout * SiLU(z) -> dy (ld D);
 // dz = dout * y * SiLU'(z) -> dz (ld ldz) and, when dz_h is not null, its
-// bf16 copy -> dz_h (ld ldz). z is read with ld ldz.
+// bf16 copy -> dz_h (ld ldz). z is read with ld ldz; y is f32 (`y`) or, when
+// that is null, bf16 (`y_h`).
 // grid (M, ceil(D / 128)), block 128.
 extern "C" __global__ void mamba_gate_bwd(const float* __restrict__ dout,
                                           const float* __restrict__ y,
+                                          const unsigned short* __restrict__ y_h,
                                           const float* __restrict__ z, long long ldz,
                                           float* __restrict__ dy, float* __restrict__ dz,
                                           unsigned short* __restrict__ dz_h, int D) {
@@ -370,19 +379,23 @@ extern "C" __global__ void mamba_gate_bwd(const float* __restrict__ dout,
     const float s = sigmoidf_(zv);
     const float g = dout[m * D + c];
     dy[m * D + c] = g * (zv * s);
-    store_f32_bf16(dz, dz_h, m * ldz + c, g * y[m * D + c] * (s * (1.0f + zv * (1.0f - s))));
+    store_f32_bf16(dz, dz_h, m * ldz + c,
+                   g * load_f32_bf16(y, y_h, m * D + c) * (s * (1.0f + zv * (1.0f - s))));
 }
 
 // Stage 1 of a column sum over rows: part[s * C + c] = sum over slab s of
 //   mode 0: a[m, c]
 //   mode 1: a[m, c] * b[m, c]
 //   mode 2: a[m, c] * b[m, c] * rs[m]
-// (a with ld lda, b with ld ldb; unused operands may be any valid pointer).
+// (a with ld lda, b with ld ldb; b is f32, or bf16 in b_h when b is null;
+// unused operands may be any valid pointer).
 // Block: 32 columns x 8 row lanes, fixed tree over the lanes.
 // grid (nslabs, ceil(C / 32)), block 256.
 extern "C" __global__ void mamba_colsum_partial(const float* __restrict__ a, long long lda,
-                                                const float* __restrict__ b, long long ldb,
-                                                const float* __restrict__ rs, int mode,
+                                                const float* __restrict__ b,
+                                                const unsigned short* __restrict__ b_h,
+                                                long long ldb, const float* __restrict__ rs,
+                                                int mode,
                                                 float* __restrict__ part, long long M, int C) {
     __shared__ float sh[8][32];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
@@ -393,7 +406,7 @@ extern "C" __global__ void mamba_colsum_partial(const float* __restrict__ a, lon
     if (c < C) {
         for (long long m = r0 + ty; m < r1; m += 8) {
             float v = a[m * lda + c];
-            if (mode >= 1) v = v * b[m * ldb + c];
+            if (mode >= 1) v = v * load_f32_bf16(b, b_h, m * ldb + c);
             if (mode == 2) v = v * rs[m];
             acc = acc + v;
         }

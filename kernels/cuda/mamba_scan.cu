@@ -28,8 +28,12 @@
 // channel's dt / u / z (or dy) columns are read by its sp lanes, so a block
 // copies each chunk of kChunk steps of them into shared memory with cp.async
 // (no registers held), one chunk ahead of the one it computes: the serial
-// walk reads only shared memory and registers. (The first serial version
-// loaded B_t / C_t from global memory inside each step and waited ~2,500
+// walk reads only shared memory and registers. In a bf16 run u and dt are
+// stored in bf16 only (and y is written in bf16 only): their columns are
+// staged as bf16, two channels a 4-byte copy, and widened to f32 when read
+// (exactly: every bf16 is an f32), so the walk is the f32-input walk on the
+// same values, bit for bit (the CPU emulator checks it). (The first serial
+// version loaded B_t / C_t from global memory inside each step and waited ~2,500
 // cycles a step at 9 % warp occupancy; docs/PERFORMANCE.md.)
 //
 // Deferred sums. Inside the serial walk a thread keeps its per-step partial
@@ -161,11 +165,24 @@ __device__ __forceinline__ Chunk chunk_at(int b, int k, int T) {
     return Chunk{min(kChunk, T - t0), (long long)b * T + t0};
 }
 
-// One per-channel activation column source: x[m * ld + c].
+// One per-channel activation column source, x[m * ld + c]. Its element type
+// is the staging's compile-time choice (stage_chunk's H: columns 0 and 1,
+// dt and u, are bf16 in a bf16 run, `p` then pointing at bf16 elements), so
+// the walk carries no per-column type (an earlier version with a runtime
+// type per column spilled registers in the backward).
 struct Col {
-    const float* p;
+    const void* p;
     long long ld;
 };
+
+// u or dt: the f32 pointer when given, else the bf16 one.
+__device__ __forceinline__ Col act_col(const float* p, const unsigned short* h, long long ld) {
+    return p ? Col{p, ld} : Col{h, ld};
+}
+
+// Which of the kCols columns a kernel stages (bit a: column a); the others
+// are never read and not copied.
+constexpr int kAllCols = 7;
 
 // cp.async of one float, global -> shared (sm_80+), completed by
 // cp_async_wait; the thread holds no register for it meanwhile. Under the
@@ -205,7 +222,7 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 // `buf` (one committed group). Rows past the chunk's end, states past N and
 // channels past D are zero-filled by plain stores: zeros are what the walk
 // computes with there (dt = 0 gives a = 1 and adds 0; B = C = 0 add 0).
-template <int SP>
+template <int SP, bool H, int kStaged = kAllCols>
 __device__ __forceinline__ void stage_chunk(float* buf, const float* __restrict__ bc,
                                             long long ldbc, int N, const Col (&cols)[kCols],
                                             int D, int cbase, Chunk ch) {
@@ -222,23 +239,50 @@ __device__ __forceinline__ void stage_chunk(float* buf, const float* __restrict_
 #pragma unroll
     for (int a = 0; a < kCols; ++a) {
         float* colbuf = buf + kChunk * L::row + a * kChunk * L::cpb;
-        for (int e = threadIdx.x; e < kChunk * L::cpb; e += kScanThreads) {
-            const int j = e / L::cpb, c = cbase + e % L::cpb;
-            if (j < ch.len && c < D) {
-                cp_async4(colbuf + e, cols[a].p + (ch.m0 + j) * cols[a].ld + c);
-            } else {
-                colbuf[e] = 0.0f;
+        if (!((kStaged >> a) & 1)) continue;
+        if (H && a < 2) {
+            // bf16 in the first half of the column's slot, [kChunk][cpb]
+            // halves; each 4-byte copy takes channels c, c + 1 (cbase and
+            // c even, D even: the launcher checks it, so both are < D or
+            // neither is, and every source pair is 4-byte aligned).
+            constexpr int pairs = L::cpb / 2;
+            for (int e = threadIdx.x; e < kChunk * pairs; e += kScanThreads) {
+                const int j = e / pairs, c2 = e % pairs * 2, c = cbase + c2;
+                float* dst = reinterpret_cast<float*>(
+                    reinterpret_cast<unsigned short*>(colbuf) + j * L::cpb + c2);
+                if (j < ch.len && c < D) {
+                    const unsigned short* src = static_cast<const unsigned short*>(cols[a].p);
+                    cp_async4(dst, reinterpret_cast<const float*>(src + (ch.m0 + j) * cols[a].ld + c));
+                } else {
+                    *dst = 0.0f;  // two bf16 zeros
+                }
+            }
+        } else {
+            const float* src = static_cast<const float*>(cols[a].p);
+            for (int e = threadIdx.x; e < kChunk * L::cpb; e += kScanThreads) {
+                const int j = e / L::cpb, c = cbase + e % L::cpb;
+                if (j < ch.len && c < D) {
+                    cp_async4(colbuf + e, src + (ch.m0 + j) * cols[a].ld + c);
+                } else {
+                    colbuf[e] = 0.0f;
+                }
             }
         }
     }
     cp_async_commit();
 }
 
-// Column `a` of the staged chunk at step j for block channel cl.
-template <int SP>
+// Column `a` of the staged chunk at step j for block channel cl, staged as
+// bf16 when H (stage_chunk's layout for a bf16 column), else as f32.
+template <int SP, bool H = false>
 __device__ __forceinline__ float staged_col(const float* buf, int a, int j, int cl) {
     using L = Lanes<SP>;
-    return buf[kChunk * L::row + (a * kChunk + j) * L::cpb + cl];
+    const float* col = buf + kChunk * L::row + a * kChunk * L::cpb;
+    if constexpr (H) {
+        return bf16_to_f32(reinterpret_cast<const unsigned short*>(col)[j * L::cpb + cl]);
+    } else {
+        return col[j * L::cpb + cl];
+    }
 }
 
 // A[i] = -exp(A_log[c, n0 + i]) for this thread's live states, 0 elsewhere;
@@ -314,13 +358,14 @@ __device__ __forceinline__ void sum_stage(const float* sRed, float* __restrict__
     }
 }
 
-template <int SP>
-__device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const float* __restrict__ dt,
+template <int SP, bool H>
+__device__ __forceinline__ void scan_fwd(Col ucol, Col dtcol,
                                          const float* __restrict__ bc, long long ldbc,
                                          const float* __restrict__ a_log,
                                          const float* __restrict__ dpar,
                                          const float* __restrict__ z, long long ldz,
                                          float* __restrict__ Hin, float* __restrict__ y,
+                                         unsigned short* __restrict__ y_h,
                                          float* __restrict__ out,
                                          unsigned short* __restrict__ out_h, int T, int D,
                                          int N, int seg, float* smem) {
@@ -332,7 +377,7 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
     const bool live_c = c < D;
     const int nch = (T + kChunk - 1) / kChunk;
     float* sFin = smem + 2 * L::stage;
-    const Col cols[kCols] = {{dt, D}, {u, D}, {z, ldz}};
+    const Col cols[kCols] = {dtcol, ucol, {z, ldz}};
     float A[kLaneStates], A2[kLaneStates], h[kLaneStates];
     bool live[kLaneStates];
     load_a(a_log, live_c, c, l.n0, N, A, A2, live);
@@ -348,11 +393,11 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
     const float dp = dpar[min(fc, D - 1)];
 
     // Chunk k is staged in buffer (k - k0) & 1.
-    stage_chunk<SP>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k0, T));
+    stage_chunk<SP, H>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k0, T));
     for (int k = sg.k0; k < sg.k1; ++k) {
         const Chunk ch = chunk_at(b, k, T);
         if (k + 1 < sg.k1) {
-            stage_chunk<SP>(smem + ((k + 1 - sg.k0) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+            stage_chunk<SP, H>(smem + ((k + 1 - sg.k0) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
                             chunk_at(b, k + 1, T));
         }
         cp_async_wait(k + 1 < sg.k1 ? 1 : 0);
@@ -367,8 +412,8 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
         float part[kChunk];
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
-            const float dtj = staged_col<SP>(buf, 0, j, l.cl);
-            const float uj = staged_col<SP>(buf, 1, j, l.cl);
+            const float dtj = staged_col<SP, H>(buf, 0, j, l.cl);
+            const float uj = staged_col<SP, H>(buf, 1, j, l.cl);
             const float* row = buf + j * L::row + l.n0;
             float bv[kLaneStates], cv[kLaneStates];
             load4(row, bv);
@@ -392,8 +437,9 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
         for (int j = threadIdx.x / L::cpb; j < ch.len; j += kScanThreads / L::cpb) {
             if (fc < D) {
                 const long long m = ch.m0 + j;
-                const float yv = sFin[j * L::cpb + l.fcl] + dp * staged_col<SP>(buf, 1, j, l.fcl);
-                y[m * D + fc] = yv;
+                const float yv =
+                    sFin[j * L::cpb + l.fcl] + dp * staged_col<SP, H>(buf, 1, j, l.fcl);
+                store_f32_bf16(y, y_h, m * D + fc, yv);
                 store_f32_bf16(out, out_h, m * D + fc, yv * siluf_(staged_col<SP>(buf, 2, j, l.fcl)));
             }
         }
@@ -403,8 +449,8 @@ __device__ __forceinline__ void scan_fwd(const float* __restrict__ u, const floa
     }
 }
 
-template <int SP>
-__device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const float* __restrict__ dt,
+template <int SP, bool H>
+__device__ __forceinline__ void scan_bwd(Col ucol, Col dtcol,
                                          const float* __restrict__ bc, long long ldbc,
                                          const float* __restrict__ a_log,
                                          const float* __restrict__ dpar,
@@ -426,7 +472,7 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
     const long long M = (long long)gridDim.y * T;
     const int nch = (T + kChunk - 1) / kChunk;
     const int tid = threadIdx.x;
-    const Col cols[kCols] = {{dt, D}, {u, D}, {dy, D}};
+    const Col cols[kCols] = {dtcol, ucol, {dy, D}};
     const Segment sg = segment_at(blockIdx.z, seg, nch);
 
     for (int r = 0; r < rounds; ++r) {
@@ -450,7 +496,7 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
         }
 
         // Iteration it walks chunk k = k1 - 1 - it from staging buffer it & 1.
-        stage_chunk<SP>(stage, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k1 - 1, T));
+        stage_chunk<SP, H>(stage, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k1 - 1, T));
         for (int it = 0; it < sg.k1 - sg.k0; ++it) {
             const int k = sg.k1 - 1 - it;
             const Chunk ch = chunk_at(b, k, T);
@@ -459,7 +505,7 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
                 h[i] = live[i] ? Hin[state_index(b, k, nch, c, D, l.n0 + i, N)] : 0.0f;
             }
             if (k > sg.k0) {
-                stage_chunk<SP>(stage + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+                stage_chunk<SP, H>(stage + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
                                 chunk_at(b, k - 1, T));
             }
             cp_async_wait(k > sg.k0 ? 1 : 0);
@@ -469,8 +515,8 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
             // Steps past the chunk's end read zeros and are never walked.
 #pragma unroll
             for (int j = 0; j < kChunk; ++j) {
-                const float dtj = staged_col<SP>(buf, 0, j, l.cl);
-                const float uj = staged_col<SP>(buf, 1, j, l.cl);
+                const float dtj = staged_col<SP, H>(buf, 0, j, l.cl);
+                const float uj = staged_col<SP, H>(buf, 1, j, l.cl);
                 float bv[kLaneStates];
                 load4(buf + j * L::row + l.n0, bv);
 #pragma unroll
@@ -491,8 +537,8 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
             for (int j = kChunk - 1; j >= 0; --j) {
                 const int slot = j % kStage;
                 if (j < ch.len) {  // uniform over the block
-                    const float dtj = staged_col<SP>(buf, 0, j, l.cl);
-                    const float uj = staged_col<SP>(buf, 1, j, l.cl);
+                    const float dtj = staged_col<SP, H>(buf, 0, j, l.cl);
+                    const float uj = staged_col<SP, H>(buf, 1, j, l.cl);
                     const float dyj = staged_col<SP>(buf, 2, j, l.cl);
                     float bv[kLaneStates], cv[kLaneStates];
                     load4(buf + j * L::row + l.n0, bv);
@@ -545,7 +591,7 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
             for (int j = tid / L::cpb; j < ch.len; j += kScanThreads / L::cpb) {
                 if (fc < D) {
                     const long long m = ch.m0 + j;
-                    const float dtj = staged_col<SP>(buf, 0, j, l.fcl);
+                    const float dtj = staged_col<SP, H>(buf, 0, j, l.fcl);
                     const float dyj = staged_col<SP>(buf, 2, j, l.fcl);
                     store_f32_bf16(ddtr, ddtr_h, m * D + fc,
                                    sFin[(j * 2 + 0) * L::cpb + l.fcl] * -expm1f(-dtj));
@@ -572,9 +618,8 @@ __device__ __forceinline__ void scan_bwd(const float* __restrict__ u, const floa
 // decays (P, ascending), per (b, s, c, n): seg_state[0 .. len) holds hloc,
 // seg_state[len .. 2 len) P, len = B * nseg * D * N. The segment's true end
 // state is then P h_entry + hloc, which is how scan_fwd finds its entry.
-template <int SP>
-__device__ __forceinline__ void scan_fwd_seg(const float* __restrict__ u,
-                                             const float* __restrict__ dt,
+template <int SP, bool H>
+__device__ __forceinline__ void scan_fwd_seg(Col ucol, Col dtcol,
                                              const float* __restrict__ bc, long long ldbc,
                                              const float* __restrict__ a_log,
                                              float* __restrict__ seg_state, int T, int D, int N,
@@ -586,8 +631,9 @@ __device__ __forceinline__ void scan_fwd_seg(const float* __restrict__ u,
     const int c = cbase + l.cl;
     const int nch = (T + kChunk - 1) / kChunk;
     const Segment sg = segment_at(s, seg, nch);
-    // Only dt, u and B are read; u stands in for the third column.
-    const Col cols[kCols] = {{dt, D}, {u, D}, {u, D}};
+    // Only dt, u and B are read: the third column is not staged.
+    const Col cols[kCols] = {dtcol, ucol, {nullptr, 0}};
+    constexpr int staged = 3;
     float A[kLaneStates], A2[kLaneStates], h[kLaneStates], p[kLaneStates];
     bool live[kLaneStates];
     load_a(a_log, c < D, c, l.n0, N, A, A2, live);
@@ -596,10 +642,10 @@ __device__ __forceinline__ void scan_fwd_seg(const float* __restrict__ u,
         h[i] = 0.0f;
         p[i] = 1.0f;
     }
-    stage_chunk<SP>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k0, T));
+    stage_chunk<SP, H, staged>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k0, T));
     for (int k = sg.k0; k < sg.k1; ++k) {
         if (k + 1 < sg.k1) {
-            stage_chunk<SP>(smem + ((k + 1 - sg.k0) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+            stage_chunk<SP, H, staged>(smem + ((k + 1 - sg.k0) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
                             chunk_at(b, k + 1, T));
         }
         cp_async_wait(k + 1 < sg.k1 ? 1 : 0);
@@ -608,8 +654,8 @@ __device__ __forceinline__ void scan_fwd_seg(const float* __restrict__ u,
         // Steps past the sequence's end read zeros (a = 1, nothing added).
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
-            const float dtj = staged_col<SP>(buf, 0, j, l.cl);
-            const float uj = staged_col<SP>(buf, 1, j, l.cl);
+            const float dtj = staged_col<SP, H>(buf, 0, j, l.cl);
+            const float uj = staged_col<SP, H>(buf, 1, j, l.cl);
             float bv[kLaneStates];
             load4(buf + j * L::row + l.n0, bv);
 #pragma unroll
@@ -640,8 +686,8 @@ __device__ __forceinline__ void scan_fwd_seg(const float* __restrict__ u,
 // descending), per (b, s, c, n), laid out as scan_fwd_seg's. The carry
 // into segment s is then P_{s+1} carry_{s+1} + cloc_{s+1}, folded from the
 // last segment down.
-template <int SP>
-__device__ __forceinline__ void scan_bwd_seg(const float* __restrict__ dt,
+template <int SP, bool H>
+__device__ __forceinline__ void scan_bwd_seg(Col dtcol,
                                              const float* __restrict__ bc, long long ldbc,
                                              const float* __restrict__ a_log,
                                              const float* __restrict__ dy,
@@ -654,8 +700,9 @@ __device__ __forceinline__ void scan_bwd_seg(const float* __restrict__ dt,
     const int c = cbase + l.cl;
     const int nch = (T + kChunk - 1) / kChunk;
     const Segment sg = segment_at(s, seg, nch);
-    // Only dt, C and dy are read; dt stands in for the second column.
-    const Col cols[kCols] = {{dt, D}, {dt, D}, {dy, D}};
+    // Only dt, C and dy are read: the second column is not staged.
+    const Col cols[kCols] = {dtcol, {nullptr, 0}, {dy, D}};
+    constexpr int staged = 5;
     float A[kLaneStates], A2[kLaneStates], carry[kLaneStates], p[kLaneStates];
     bool live[kLaneStates];
     load_a(a_log, c < D, c, l.n0, N, A, A2, live);
@@ -664,12 +711,12 @@ __device__ __forceinline__ void scan_bwd_seg(const float* __restrict__ dt,
         carry[i] = 0.0f;
         p[i] = 1.0f;
     }
-    stage_chunk<SP>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k1 - 1, T));
+    stage_chunk<SP, H, staged>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k1 - 1, T));
     for (int it = 0; it < sg.k1 - sg.k0; ++it) {
         const int k = sg.k1 - 1 - it;
         const Chunk ch = chunk_at(b, k, T);
         if (k > sg.k0) {
-            stage_chunk<SP>(smem + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+            stage_chunk<SP, H, staged>(smem + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
                             chunk_at(b, k - 1, T));
         }
         cp_async_wait(k > sg.k0 ? 1 : 0);
@@ -678,7 +725,7 @@ __device__ __forceinline__ void scan_bwd_seg(const float* __restrict__ dt,
 #pragma unroll
         for (int j = kChunk - 1; j >= 0; --j) {
             if (j < ch.len) {  // uniform over the block
-                const float dtj = staged_col<SP>(buf, 0, j, l.cl);
+                const float dtj = staged_col<SP, H>(buf, 0, j, l.cl);
                 const float dyj = staged_col<SP>(buf, 2, j, l.cl);
                 float cv[kLaneStates];
                 load4(buf + j * L::row + l.n0 + L::npad, cv);
@@ -707,40 +754,51 @@ __device__ __forceinline__ void scan_bwd_seg(const float* __restrict__ dt,
 }  // namespace
 
 // The kernels' entry points: `sp` (ScanShape::lanes, a power of two 1..32)
-// picks the instantiation; any other value does nothing (the host launcher
-// only passes valid ones).
-#define MAMBA_SCAN_DISPATCH(SP_VAR, CALL) \
-    switch (SP_VAR) {                     \
-        case 1: CALL(1); break;           \
-        case 2: CALL(2); break;           \
-        case 4: CALL(4); break;           \
-        case 8: CALL(8); break;           \
-        case 16: CALL(16); break;         \
-        case 32: CALL(32); break;         \
-        default: break;                   \
+// and whether u and dt are bf16 (`half`: their f32 pointers null) pick the
+// instantiation; any other sp does nothing (the host launcher only passes
+// valid ones). u and dt are both f32 or both bf16 (the launcher checks it).
+#define MAMBA_SCAN_DISPATCH_SP(SP_VAR, H, CALL) \
+    switch (SP_VAR) {                           \
+        case 1: CALL(1, H); break;              \
+        case 2: CALL(2, H); break;              \
+        case 4: CALL(4, H); break;              \
+        case 8: CALL(8, H); break;              \
+        case 16: CALL(16, H); break;            \
+        case 32: CALL(32, H); break;            \
+        default: break;                         \
+    }
+#define MAMBA_SCAN_DISPATCH(SP_VAR, HALF, CALL)         \
+    if (HALF) {                                         \
+        MAMBA_SCAN_DISPATCH_SP(SP_VAR, true, CALL)      \
+    } else {                                            \
+        MAMBA_SCAN_DISPATCH_SP(SP_VAR, false, CALL)     \
     }
 
-// `out` and its bf16 copy `out_h`: either may be null (a bf16 run keeps the
-// gated output in bf16 alone).
+// u and dt: f32 (`u`, `dt`) or, when those are null, bf16 (`u_h`, `dt_h`).
+// `y` / `y_h` and `out` / `out_h`: f32 and bf16 outputs, either may be null
+// (a bf16 run keeps y and the gated output in bf16 alone).
 // grid (ceil(D / cpb), B, nseg), block kScanThreads, dynamic shared memory
 // 2 * Lanes::stage + Lanes::fin(1) floats. Block z walks time segment z
 // (`seg` chunks), entering with the state mamba_scan_seg_link left in Hin
 // at the segment's first chunk (z > 0).
 extern "C" __global__ void __launch_bounds__(kScanThreads)
-    mamba_scan_fwd(const float* __restrict__ u, const float* __restrict__ dt,
+    mamba_scan_fwd(const float* __restrict__ u, const unsigned short* __restrict__ u_h,
+                   const float* __restrict__ dt, const unsigned short* __restrict__ dt_h,
                    const float* __restrict__ bc, long long ldbc,
                    const float* __restrict__ a_log, const float* __restrict__ dpar,
                    const float* __restrict__ z, long long ldz, float* __restrict__ Hin,
-                   float* __restrict__ y, float* __restrict__ out,
-                   unsigned short* __restrict__ out_h, int T, int D, int N, int sp, int seg) {
+                   float* __restrict__ y, unsigned short* __restrict__ y_h,
+                   float* __restrict__ out, unsigned short* __restrict__ out_h, int T, int D,
+                   int N, int sp, int seg) {
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
     extern __shared__ float smem[];
 #endif
-#define MAMBA_SCAN_FWD(SP) \
-    scan_fwd<SP>(u, dt, bc, ldbc, a_log, dpar, z, ldz, Hin, y, out, out_h, T, D, N, seg, smem)
-    MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_FWD)
+#define MAMBA_SCAN_FWD(SP, H)                                                                  \
+    scan_fwd<SP, H>(act_col(u, u_h, D), act_col(dt, dt_h, D), bc, ldbc, a_log, dpar, z, ldz, Hin, \
+                    y, y_h, out, out_h, T, D, N, seg, smem)
+    MAMBA_SCAN_DISPATCH(sp, !u, MAMBA_SCAN_FWD)
 #undef MAMBA_SCAN_FWD
 }
 
@@ -761,10 +819,13 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
 // (the d B / d C stage, rows padded against bank conflicts), two staging
 // buffers of Lanes::stage, then Lanes::fin(2) (d dt and d u per step and
 // channel).
-// At most four blocks per SM (at N = 16 the shared memory fits three):
-// the bound lets ptxas use up to 128 registers.
-extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
-    mamba_scan_bwd(const float* __restrict__ u, const float* __restrict__ dt,
+// At most three blocks per SM, what the shared memory fits at N = 16 (and
+// what the 130m grid, 384 blocks on 132 SMs, needs): the bound lets ptxas
+// use up to 168 registers. Under the earlier bound of four (128 registers)
+// the bf16-input instantiations spilled 24-56 bytes a thread.
+extern "C" __global__ void __launch_bounds__(kScanThreads, 3)
+    mamba_scan_bwd(const float* __restrict__ u, const unsigned short* __restrict__ u_h,
+                   const float* __restrict__ dt, const unsigned short* __restrict__ dt_h,
                    const float* __restrict__ bc, long long ldbc,
                    const float* __restrict__ a_log, const float* __restrict__ dpar,
                    const float* __restrict__ dy, const float* __restrict__ Hin,
@@ -777,10 +838,10 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
 #else
     extern __shared__ float smem[];
 #endif
-#define MAMBA_SCAN_BWD(SP)                                                                  \
-    scan_bwd<SP>(u, dt, bc, ldbc, a_log, dpar, dy, Hin, ddtr, ddtr_h, du, part, dA_part, \
-                 seg_carry, T, D, N, rounds, seg, smem)
-    MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_BWD)
+#define MAMBA_SCAN_BWD(SP, H)                                                                  \
+    scan_bwd<SP, H>(act_col(u, u_h, D), act_col(dt, dt_h, D), bc, ldbc, a_log, dpar, dy, Hin, \
+                    ddtr, ddtr_h, du, part, dA_part, seg_carry, T, D, N, rounds, seg, smem)
+    MAMBA_SCAN_DISPATCH(sp, !u, MAMBA_SCAN_BWD)
 #undef MAMBA_SCAN_BWD
 }
 
@@ -789,7 +850,8 @@ extern "C" __global__ void __launch_bounds__(kScanThreads, 4)
 // uses the two staging buffers). Launched only when nseg > 1, before
 // mamba_scan_fwd.
 extern "C" __global__ void __launch_bounds__(kScanThreads)
-    mamba_scan_fwd_seg(const float* __restrict__ u, const float* __restrict__ dt,
+    mamba_scan_fwd_seg(const float* __restrict__ u, const unsigned short* __restrict__ u_h,
+                       const float* __restrict__ dt, const unsigned short* __restrict__ dt_h,
                        const float* __restrict__ bc, long long ldbc,
                        const float* __restrict__ a_log, float* __restrict__ seg_state, int T,
                        int D, int N, int sp, int seg) {
@@ -798,8 +860,10 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
 #else
     extern __shared__ float smem[];
 #endif
-#define MAMBA_SCAN_FWD_SEG(SP) scan_fwd_seg<SP>(u, dt, bc, ldbc, a_log, seg_state, T, D, N, seg, smem)
-    MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_FWD_SEG)
+#define MAMBA_SCAN_FWD_SEG(SP, H)                                                          \
+    scan_fwd_seg<SP, H>(act_col(u, u_h, D), act_col(dt, dt_h, D), bc, ldbc, a_log, seg_state, \
+                        T, D, N, seg, smem)
+    MAMBA_SCAN_DISPATCH(sp, !u, MAMBA_SCAN_FWD_SEG)
 #undef MAMBA_SCAN_FWD_SEG
 }
 
@@ -807,8 +871,9 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
 // B, nseg - 1), block kScanThreads, the forward's dynamic shared memory.
 // Launched only when nseg > 1, before mamba_scan_bwd.
 extern "C" __global__ void __launch_bounds__(kScanThreads)
-    mamba_scan_bwd_seg(const float* __restrict__ dt, const float* __restrict__ bc,
-                       long long ldbc, const float* __restrict__ a_log,
+    mamba_scan_bwd_seg(const float* __restrict__ dt, const unsigned short* __restrict__ dt_h,
+                       const float* __restrict__ bc, long long ldbc,
+                       const float* __restrict__ a_log,
                        const float* __restrict__ dy, float* __restrict__ seg_carry, int T, int D,
                        int N, int sp, int seg) {
 #ifdef MAMBA_CUDA_EMU
@@ -816,8 +881,9 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
 #else
     extern __shared__ float smem[];
 #endif
-#define MAMBA_SCAN_BWD_SEG(SP) scan_bwd_seg<SP>(dt, bc, ldbc, a_log, dy, seg_carry, T, D, N, seg, smem)
-    MAMBA_SCAN_DISPATCH(sp, MAMBA_SCAN_BWD_SEG)
+#define MAMBA_SCAN_BWD_SEG(SP, H) \
+    scan_bwd_seg<SP, H>(act_col(dt, dt_h, D), bc, ldbc, a_log, dy, seg_carry, T, D, N, seg, smem)
+    MAMBA_SCAN_DISPATCH(sp, !dt, MAMBA_SCAN_BWD_SEG)
 #undef MAMBA_SCAN_BWD_SEG
 }
 
@@ -858,6 +924,7 @@ extern "C" __global__ void mamba_scan_seg_link(float* __restrict__ seg_buf,
 }
 
 #undef MAMBA_SCAN_DISPATCH
+#undef MAMBA_SCAN_DISPATCH_SP
 
 // dbc[m*ldbc + j] = part[0][m][j] + part[1][m][j] + ... (ascending groups)
 // for j < 2N: d B then d C, into x_proj's output gradient.

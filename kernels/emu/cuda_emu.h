@@ -69,6 +69,12 @@ inline unsigned __float_as_uint(float v) {
     return b;
 }
 
+inline float __uint_as_float(unsigned b) {
+    float v;
+    std::memcpy(&v, &b, 4);
+    return v;
+}
+
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
@@ -85,7 +91,9 @@ inline void emu_commit() {
 }
 inline void emu_wait(size_t pending) {
     while (g_groups.size() > pending) {
-        for (auto& c : g_groups.front()) *c.dst = *c.src;
+        // Four raw bytes, as the hardware copies them (a staged pair of
+        // bf16 values is no float: a float assignment could quiet a NaN).
+        for (auto& c : g_groups.front()) std::memcpy(c.dst, c.src, 4);
         g_groups.erase(g_groups.begin());
     }
 }

@@ -121,15 +121,6 @@ int main() {
         const int nseg = (nch + seg - 1) / seg;
         const int rounds = std::max(1, (sets + 63) / 64), groups = (sets + rounds - 1) / rounds;
         const float nan = std::nanf("");
-        std::vector<float> hin((size_t)B * nch * D * N, nan), y(M * D, nan), out(M * D, nan);
-        std::vector<float> ddtr(M * D, nan), du(M * D, nan), part((size_t)groups * M * 2 * N, nan),
-            dapart((size_t)B * nseg * D * N, nan), ddbc((size_t)M * ld, nan);
-        // Pass-1 values per segment (segment 0's carry and the last's state
-        // are never written nor read).
-        std::vector<float> seg_state((size_t)2 * B * nseg * D * N, nan),
-            seg_carry((size_t)2 * B * nseg * D * N, nan);
-        // The fused bf16 copies of out and ddtr (0xffff: never written).
-        std::vector<unsigned short> out_h(M * D, 0xffff), ddtr_h(M * D, 0xffff);
         // Dynamic shared memory in floats (ScanShape::fwd_smem_bytes and
         // bwd_smem_bytes / 4): two chunk staging buffers and the chunk's
         // per-channel sums (1 a step forward, 2 backward); the backward adds
@@ -141,36 +132,92 @@ int main() {
                                16 * 2 * cpb;
         const float* bc = fdbc.data() + R;
         const unsigned link_blocks = (unsigned)((B * D * N + 255) / 256);
-        if (nseg > 1) {
-            emu_launch({(unsigned)sets, (unsigned)B, (unsigned)(nseg - 1)}, EMU_BLOCK, fwd_dyn, [&] {
-                mamba_scan_fwd_seg(fu.data(), fdt.data(), bc, ld, fal.data(), seg_state.data(), T, D,
-                                   N, sp, seg);
+        // Every launch of one forward + backward: u and dt as f32 (uh, dth
+        // null) or bf16 (u, dt null); y into y (f32) or, when y is null,
+        // y_h alone. The outputs start as NaN (0xffff for the bf16 ones):
+        // an element never written shows.
+        struct Outs {
+            std::vector<float> hin, y, out, ddtr, du, part, dapart, ddbc, seg_state, seg_carry;
+            std::vector<unsigned short> y_h, out_h, ddtr_h;
+        };
+        auto run = [&](const float* uf, const unsigned short* uh, const float* dtf,
+                       const unsigned short* dth, bool y_half) {
+            Outs o{std::vector<float>((size_t)B * nch * D * N, nan), std::vector<float>(M * D, nan),
+                   std::vector<float>(M * D, nan), std::vector<float>(M * D, nan),
+                   std::vector<float>(M * D, nan), std::vector<float>((size_t)groups * M * 2 * N, nan),
+                   std::vector<float>((size_t)B * nseg * D * N, nan),
+                   std::vector<float>((size_t)M * ld, nan),
+                   // Pass-1 values per segment (segment 0's carry and the
+                   // last's state are never written nor read).
+                   std::vector<float>((size_t)2 * B * nseg * D * N, nan),
+                   std::vector<float>((size_t)2 * B * nseg * D * N, nan),
+                   std::vector<unsigned short>(M * D, 0xffff), std::vector<unsigned short>(M * D, 0xffff),
+                   std::vector<unsigned short>(M * D, 0xffff)};
+            float* yf = y_half ? nullptr : o.y.data();
+            unsigned short* yh = y_half ? o.y_h.data() : nullptr;
+            if (nseg > 1) {
+                emu_launch({(unsigned)sets, (unsigned)B, (unsigned)(nseg - 1)}, EMU_BLOCK, fwd_dyn, [&] {
+                    mamba_scan_fwd_seg(uf, uh, dtf, dth, bc, ld, fal.data(), o.seg_state.data(), T, D,
+                                       N, sp, seg);
+                });
+                emu_launch({link_blocks, 1, 1}, 256, 0, [&] {
+                    mamba_scan_seg_link(o.seg_state.data(), o.hin.data(), B, T, D, N, seg, 0);
+                });
+            }
+            emu_launch({(unsigned)sets, (unsigned)B, (unsigned)nseg}, EMU_BLOCK, fwd_dyn, [&] {
+                mamba_scan_fwd(uf, uh, dtf, dth, bc, ld, fal.data(), fdp.data(), fxz.data() + D, 2 * D,
+                               o.hin.data(), yf, yh, o.out.data(), o.out_h.data(), T, D, N, sp, seg);
             });
-            emu_launch({link_blocks, 1, 1}, 256, 0, [&] {
-                mamba_scan_seg_link(seg_state.data(), hin.data(), B, T, D, N, seg, 0);
+            if (nseg > 1) {
+                emu_launch({(unsigned)sets, (unsigned)B, (unsigned)(nseg - 1)}, EMU_BLOCK, fwd_dyn, [&] {
+                    mamba_scan_bwd_seg(dtf, dth, bc, ld, fal.data(), fdy.data(), o.seg_carry.data(), T,
+                                       D, N, sp, seg);
+                });
+                emu_launch({link_blocks, 1, 1}, 256, 0, [&] {
+                    mamba_scan_seg_link(o.seg_carry.data(), nullptr, B, T, D, N, seg, 1);
+                });
+            }
+            emu_launch({(unsigned)groups, (unsigned)B, (unsigned)nseg}, EMU_BLOCK, bwd_dyn, [&] {
+                mamba_scan_bwd(uf, uh, dtf, dth, bc, ld, fal.data(), fdp.data(), fdy.data(),
+                               o.hin.data(), o.ddtr.data(), o.ddtr_h.data(), o.du.data(), o.part.data(),
+                               o.dapart.data(), o.seg_carry.data(), T, D, N, sp, rounds, seg);
             });
+            emu_launch({(unsigned)((M * 2 * N + 255) / 256), 1, 1}, 256, 0, [&] {
+                mamba_scan_dbc_reduce(o.part.data(), groups, M, N, o.ddbc.data() + R, ld);
+            });
+            return o;
+        };
+        Outs o = run(fu.data(), nullptr, fdt.data(), nullptr, false);
+        auto& [hin, y, out, ddtr, du, part, dapart, ddbc, seg_state, seg_carry, y_h, out_h, ddtr_h] = o;
+        (void)part; (void)seg_state; (void)seg_carry; (void)y_h;
+        // bf16-kept u and dt (even D): the bf16 staging must give the bits
+        // of the f32 staging of the same values, and y's bf16 the rounding
+        // of that run's y.
+        bool half_ok = true;
+        // (Unsegmented and one segmented walk per shape; not in the
+        // negative build, which needs only the tolerance to fail.)
+        const bool half_case = D % 2 == 0 && (seg == 64 || seg == 1) && !EMU_NEGATIVE;
+        if (half_case) {
+            std::vector<float> ru(fu.size()), rdt(fdt.size());
+            std::vector<unsigned short> hu(fu.size()), hdt(fdt.size());
+            for (size_t i = 0; i < fu.size(); ++i) {
+                hu[i] = (unsigned short)mamba::bf16_rne(fu[i]);
+                hdt[i] = (unsigned short)mamba::bf16_rne(fdt[i]);
+                ru[i] = mamba::bf16_to_f32(hu[i]);
+                rdt[i] = mamba::bf16_to_f32(hdt[i]);
+            }
+            Outs a = run(ru.data(), nullptr, rdt.data(), nullptr, false);
+            Outs h = run(nullptr, hu.data(), nullptr, hdt.data(), true);
+            auto same = [](const std::vector<float>& x, const std::vector<float>& z) {
+                return std::memcmp(x.data(), z.data(), x.size() * 4) == 0;
+            };
+            half_ok = same(a.hin, h.hin) && same(a.out, h.out) && same(a.ddtr, h.ddtr) &&
+                      same(a.du, h.du) && same(a.ddbc, h.ddbc) && same(a.dapart, h.dapart);
+            for (int i = 0; i < M * D; ++i) {
+                half_ok = half_ok && h.y_h[i] == (unsigned short)mamba::bf16_rne(a.y[i]);
+            }
+            fails += !half_ok;
         }
-        emu_launch({(unsigned)sets, (unsigned)B, (unsigned)nseg}, EMU_BLOCK, fwd_dyn, [&] {
-            mamba_scan_fwd(fu.data(), fdt.data(), bc, ld, fal.data(), fdp.data(), fxz.data() + D,
-                           2 * D, hin.data(), y.data(), out.data(), out_h.data(), T, D, N, sp, seg);
-        });
-        if (nseg > 1) {
-            emu_launch({(unsigned)sets, (unsigned)B, (unsigned)(nseg - 1)}, EMU_BLOCK, fwd_dyn, [&] {
-                mamba_scan_bwd_seg(fdt.data(), bc, ld, fal.data(), fdy.data(), seg_carry.data(), T, D,
-                                   N, sp, seg);
-            });
-            emu_launch({link_blocks, 1, 1}, 256, 0, [&] {
-                mamba_scan_seg_link(seg_carry.data(), nullptr, B, T, D, N, seg, 1);
-            });
-        }
-        emu_launch({(unsigned)groups, (unsigned)B, (unsigned)nseg}, EMU_BLOCK, bwd_dyn, [&] {
-            mamba_scan_bwd(fu.data(), fdt.data(), bc, ld, fal.data(), fdp.data(), fdy.data(),
-                           hin.data(), ddtr.data(), ddtr_h.data(), du.data(), part.data(), dapart.data(),
-                           seg_carry.data(), T, D, N, sp, rounds, seg);
-        });
-        emu_launch({(unsigned)((M * 2 * N + 255) / 256), 1, 1}, 256, 0, [&] {
-            mamba_scan_dbc_reduce(part.data(), groups, M, N, ddbc.data() + R, ld);
-        });
         std::vector<float> da(D * N);
         for (int j = 0; j < D * N; ++j) {
             float s = 0;
@@ -191,8 +238,10 @@ int main() {
             copy_bad += ddtr_h[i] != (unsigned short)mamba::bf16_rne(ddtr[i]);
         }
         fails += copy_bad != 0;
-        printf("B %d T %d D %d N %d (sp %d cpb %d rounds %d groups %d seg %d nseg %d): bf16 copies %s,",
-               B, T, D, N, sp, cpb, rounds, groups, seg, nseg, copy_bad ? "DIFFER" : "exact");
+        printf("B %d T %d D %d N %d (sp %d cpb %d rounds %d groups %d seg %d nseg %d): bf16 copies %s, "
+               "bf16 u/dt %s,",
+               B, T, D, N, sp, cpb, rounds, groups, seg, nseg, copy_bad ? "DIFFER" : "exact",
+               !half_case ? "not run" : half_ok ? "same bits" : "DIFFER");
         for (auto& k : checks) {
             bool bad = !(k.err <= k.tol);
             fails += bad;

@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release -p mamba-train --example bench_cuda_step -- \
 //!     [--sizes small,130m,long] [--steps 10] [--warmup 3] [--json FILE] \
-//!     [--precision f32|tf32|bf16] [--recompute] [--gemm-detail]
+//!     [--precision f32|tf32|bf16] [--recompute] [--f32-acts] [--gemm-detail]
 //! ```
 //!
 //! `--precision` (default f32) builds the model in that precision
@@ -89,6 +89,11 @@ struct Args {
     /// (`CudaModel::set_recompute`, the CLI's `--recompute`).
     #[arg(long)]
     recompute: bool,
+    /// bf16 only: keep the scan's activations (u, dt, y) in f32 instead of
+    /// bf16 (`CudaModel::set_bf16_acts(false)`, the earlier builds' bits),
+    /// to compare the two in one run.
+    #[arg(long)]
+    f32_acts: bool,
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -399,6 +404,7 @@ struct StepRecord {
     size: String,
     precision: String,
     recompute: bool,
+    f32_acts: bool,
     d_model: usize,
     n_layer: usize,
     vocab: usize,
@@ -495,6 +501,7 @@ fn main() -> Res<()> {
 
         let mut model = CudaModel::with_stream_in(cfg.clone(), args.precision, stream.clone())?;
         model.set_recompute(args.recompute);
+        model.set_bf16_acts(!args.f32_acts);
         let mut params = model.init_params(1)?;
         let mut grads = model.zeros_arena()?;
         let sched = Schedule {
@@ -596,11 +603,12 @@ fn main() -> Res<()> {
         let exact =
             model.workspace_bytes() + 4 * 4 * pn + mamba_train::model::cuda::blas::WORKSPACE_BYTES;
         println!(
-            "{sz:>5}{}: d {} x {} layers, vocab {}, batch {nb} x {t}: step {sm:.2} ms (wall {:.2}), {:.0} tokens/s; \
+            "{sz:>5}{}{}: d {} x {} layers, vocab {}, batch {nb} x {t}: step {sm:.2} ms (wall {:.2}), {:.0} tokens/s; \
              forward {fm:.2} ms, optimizer {om:.2} ms, GEMMs alone {gemm_ms:.2} ms ({:.1} TFLOP/s); \
              floor {floor:.2} ms (GEMM {floor_gemm:.2}, bytes {floor_bytes:.2}) -> step/floor {:.2}; \
              memory high-water {:.2} GiB (model-owned {:.2} GiB); loss {last_loss:.4}",
             if args.recompute { " (recompute)" } else { "" },
+            if args.f32_acts { " (f32 activations)" } else { "" },
             cfg.d_model,
             cfg.n_layer,
             cfg.vocab_size,
@@ -615,6 +623,7 @@ fn main() -> Res<()> {
             size: sz.to_string(),
             precision: args.precision.name().to_string(),
             recompute: args.recompute,
+            f32_acts: args.f32_acts,
             d_model: cfg.d_model,
             n_layer: cfg.n_layer,
             vocab: cfg.vocab_size,

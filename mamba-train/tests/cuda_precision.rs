@@ -240,21 +240,28 @@ fn grad_cfg() -> ModelConfig {
     ModelConfig::new(96, 64, 2)
 }
 
-/// Loss and gradients of the CUDA model in `p` on the host.
+/// Loss, gradients and workspace bytes of the CUDA model in `p` (bf16: the
+/// scan's activations kept in bf16 when `half_acts`) on the host.
 fn cuda_grads(
     cfg: &ModelConfig,
     p: Precision,
+    half_acts: bool,
     params: &[f32],
     b: &mamba_train::model::Batch,
-) -> (f32, Vec<f32>) {
-    let mut m = CudaModel::new_in(cfg.clone(), p, 0).expect("model");
+) -> (f32, Vec<f32>, usize) {
+    let model = || {
+        let mut m = CudaModel::new_in(cfg.clone(), p, 0).expect("model");
+        m.set_bf16_acts(half_acts);
+        m
+    };
+    let mut m = model();
     assert_eq!(m.precision(), p);
     let mut g = vec![f32::NAN; params.len()];
     let loss = m
         .forward_backward_host(params, b, &mut g)
         .expect("forward_backward");
     // Run to run on a fresh model too: the same bits.
-    let mut m2 = CudaModel::new_in(cfg.clone(), p, 0).expect("model");
+    let mut m2 = model();
     let mut g2 = vec![f32::NAN; params.len()];
     let loss2 = m2
         .forward_backward_host(params, b, &mut g2)
@@ -269,7 +276,7 @@ fn cuda_grads(
         digest(&g2),
         "{p}: gradient bits differ run to run"
     );
-    (loss, g)
+    (loss, g, m.workspace_bytes())
 }
 
 /// (c) One forward/backward in each precision against the CPU f32 model:
@@ -295,13 +302,25 @@ fn each_precision_is_within_its_tolerance_of_the_cpu_and_really_is_that_precisio
 
     let mut fails = Vec::new();
     let mut f32_grads = Vec::new();
-    for p in Precision::ALL {
-        let (loss_tol, grad_floor): (f64, f64) = match p {
+    // bf16 twice: the scan's activations kept in bf16 (the default) and in
+    // f32 (`set_bf16_acts(false)`); both within bf16's tolerance.
+    let mut bf16_runs = Vec::new();
+    let runs = Precision::ALL
+        .into_iter()
+        .map(|p| (p, true))
+        .chain([(Precision::Bf16, false)]);
+    for (prec, half_acts) in runs {
+        let (loss_tol, grad_floor): (f64, f64) = match prec {
             Precision::F32 => (1e-5, 2e-5),
             Precision::Tf32 => (2e-4, 1e-2),
             Precision::Bf16 => (2e-3, 8e-2),
         };
-        let (loss, g) = cuda_grads(&cfg, p, &params, &b);
+        let (loss, g, bytes) = cuda_grads(&cfg, prec, half_acts, &params, &b);
+        let p = if prec == Precision::Bf16 && !half_acts {
+            "bf16 (f32 activations)".to_string()
+        } else {
+            prec.to_string()
+        };
         let loss_err = (loss as f64 - loss_cpu).abs() / loss_cpu.abs();
         let loss_err64 = (loss as f64 - loss64).abs() / loss64.abs();
         println!(
@@ -319,7 +338,7 @@ fn each_precision_is_within_its_tolerance_of_the_cpu_and_really_is_that_precisio
             let r = e.range();
             let (err, _) = rel_l2(&g[r.clone()], &g_cpu64[r.clone()]);
             let (cpu_own, _) = rel_l2(&g_cpu[r.clone()], &g64[r.clone()]);
-            let tol = match p {
+            let tol = match prec {
                 Precision::F32 => grad_floor.max(8.0 * cpu_own),
                 _ => grad_floor,
             };
@@ -333,7 +352,7 @@ fn each_precision_is_within_its_tolerance_of_the_cpu_and_really_is_that_precisio
             }
         }
         println!("precision {p}: worst gradient error / tolerance = {worst:.3}");
-        if p == Precision::F32 {
+        if prec == Precision::F32 {
             f32_grads = g;
         } else {
             // Negative controls: another precision really changed the GEMMs.
@@ -350,14 +369,28 @@ fn each_precision_is_within_its_tolerance_of_the_cpu_and_really_is_that_precisio
                 "{p} differs from f32 by only {vs_f32:.2e}, within f32's own tolerance: \
                  the mode is not {p}"
             );
-            if p == Precision::Bf16 {
+            if prec == Precision::Bf16 {
                 // bf16 rounds 8x coarser than tf32: its distance from f32 is
                 // well above TF32's unit roundoff.
-                assert!(vs_f32 > 5e-4, "bf16 is only {vs_f32:.2e} from f32");
+                assert!(vs_f32 > 5e-4, "{p} is only {vs_f32:.2e} from f32");
+                bf16_runs.push((digest(&g), bytes));
             }
         }
     }
     assert!(fails.is_empty(), "outside tolerance:\n{}", fails.join("\n"));
+    // Keeping u, dt and y in bf16 is a real change (other bits) and saves
+    // exactly 8 bytes per row, channel and block: u's f32 values and bf16
+    // copy (6 B) become one bf16 (2 B), dt and y go from 4 B to 2 B.
+    let [(half_bits, half_bytes), (f32_bits, f32_bytes)] = &bf16_runs[..] else {
+        panic!("expected two bf16 runs, got {}", bf16_runs.len());
+    };
+    assert_ne!(half_bits, f32_bits, "bf16 activations did not change a bit");
+    let saved = cfg.n_layer * b.batch * b.seq_len * cfg.d_inner() * 8;
+    assert_eq!(
+        f32_bytes - half_bytes,
+        saved,
+        "workspace {f32_bytes} B with f32 activations, {half_bytes} B with bf16"
+    );
 }
 
 /// The bf16 cast kernel gives the host twin's bits (ties, NaN, inf,

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use cuda_common::{gpu_required, no_gpu_reason, rel_l2};
 use cudarc::driver::{CudaSlice, CudaStream};
 use kernels::mamba::{
-    f32_to_bf16_rne, MambaKernels, ScanBackward, ScanForward, ScanInputs, ScanShape, Store,
-    SEGMENT_CHUNKS,
+    bf16_to_f32, f32_to_bf16_rne, MambaKernels, ScanBackward, ScanForward, ScanInputs, ScanShape,
+    Store, Stored, SEGMENT_CHUNKS,
 };
 use mamba_train::seed::Rng;
 
@@ -280,8 +280,8 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
             dp.as_view(),
         );
         let inp = ScanInputs {
-            u: &uv,
-            dt: &dtv,
+            u: Stored::F32(&uv),
+            dt: Stored::F32(&dtv),
             bc: &bc,
             ldbc: ld,
             a_log: &alv,
@@ -295,7 +295,7 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
                 z: &xz.slice(d..),
                 ldz: 2 * d,
                 hin: &mut hin.as_view_mut(),
-                y: &mut y.as_view_mut(),
+                y: Store::F32(y.as_view_mut()),
                 out: Store::Both(out.as_view_mut(), out_h.as_view_mut()),
                 scratch_seg: &mut seg.as_view_mut(),
             },
@@ -398,8 +398,8 @@ fn scan_launchers_refuse_short_buffers() {
             &s,
             shape,
             ScanInputs {
-                u: &uv,
-                dt: &dtv,
+                u: Stored::F32(&uv),
+                dt: Stored::F32(&dtv),
                 bc: &bcv,
                 ldbc: 34,
                 a_log: &av,
@@ -409,7 +409,7 @@ fn scan_launchers_refuse_short_buffers() {
                 z: &zz.slice(4..),
                 ldz: 8,
                 hin: &mut hin.as_view_mut(),
-                y: &mut y.as_view_mut(),
+                y: Store::F32(y.as_view_mut()),
                 out: Store::F32(out.as_view_mut()),
                 scratch_seg: &mut z(1).as_view_mut(),
             },
@@ -417,4 +417,257 @@ fn scan_launchers_refuse_short_buffers() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("dt has 79 elements, needs 80"), "{err}");
+}
+
+/// Every output of one forward + backward scan, as bits (y in f32 or, when
+/// the scan wrote it in bf16 alone, its bf16 values widened).
+#[derive(PartialEq, Debug)]
+struct ScanBits {
+    hin: Vec<u32>,
+    y: Vec<u32>,
+    out: Vec<u32>,
+    ddtr: Vec<u32>,
+    du: Vec<u32>,
+    ddbc: Vec<u32>,
+    da: Vec<u32>,
+}
+
+/// Run both scan directions over `u` and `dt` (f32 values, all exactly
+/// bf16 numbers) uploaded as f32 (`half` false) or as bf16 alone with y
+/// written in bf16 alone (`half` true).
+#[allow(clippy::too_many_arguments)]
+fn run_scan(
+    s: &Arc<CudaStream>,
+    k: &MambaKernels,
+    shape: ScanShape,
+    r: usize,
+    u: &[f32],
+    dt: &[f32],
+    rest: (&[f32], &[f32], &[f32], &[f32], &[f32]),
+    half: bool,
+) -> ScanBits {
+    let (dbc, a_log, dp, xz, dy) = rest;
+    let (m, d, n) = (shape.rows(), shape.d_inner, shape.d_state);
+    let ld = r + 2 * n;
+    let up = |v: &[f32]| s.clone_htod(v).expect("upload");
+    let nan = |len: usize| s.clone_htod(&vec![f32::NAN; len.max(1)]).expect("alloc");
+    let halves = |v: &[f32]| {
+        let h: Vec<u16> = v.iter().map(|x| f32_to_bf16_rne(*x)).collect();
+        s.clone_htod(&h).expect("upload")
+    };
+    let (uf, dtf, uh, dth) = (up(u), up(dt), halves(u), halves(dt));
+    let (dbc, a_log, dp, xz, dy) = (up(dbc), up(a_log), up(dp), up(xz), up(dy));
+    let (ufv, dtfv, uhv, dthv) = (uf.as_view(), dtf.as_view(), uh.as_view(), dth.as_view());
+    let (bc, alv, dpv) = (dbc.slice(r..), a_log.as_view(), dp.as_view());
+    let inp = ScanInputs {
+        u: if half {
+            Stored::Bf16(&uhv)
+        } else {
+            Stored::F32(&ufv)
+        },
+        dt: if half {
+            Stored::Bf16(&dthv)
+        } else {
+            Stored::F32(&dtfv)
+        },
+        bc: &bc,
+        ldbc: ld,
+        a_log: &alv,
+        d: &dpv,
+    };
+    let (mut hin, mut y, mut out) = (nan(shape.state_len()), nan(m * d), nan(m * d));
+    let mut y_h = s.clone_htod(&vec![0xffffu16; m * d]).expect("alloc");
+    let mut seg = nan(shape.segment_scratch_len());
+    k.scan_forward(
+        s,
+        shape,
+        inp,
+        ScanForward {
+            z: &xz.slice(d..),
+            ldz: 2 * d,
+            hin: &mut hin.as_view_mut(),
+            y: if half {
+                Store::Bf16(y_h.as_view_mut())
+            } else {
+                Store::F32(y.as_view_mut())
+            },
+            out: Store::F32(out.as_view_mut()),
+            scratch_seg: &mut seg.as_view_mut(),
+        },
+    )
+    .expect("scan_forward");
+    let (mut da_part, mut dbc_part) = (nan(shape.da_partial_len()), nan(shape.dbc_partial_len()));
+    let (mut ddtr, mut du, mut ddbc, mut da) = (nan(m * d), nan(m * d), nan(m * ld), nan(d * n));
+    k.scan_backward(
+        s,
+        shape,
+        inp,
+        ScanBackward {
+            dy: &dy.as_view(),
+            hin: &hin.as_view(),
+            scratch_da: &mut da_part.as_view_mut(),
+            scratch_dbc: &mut dbc_part.as_view_mut(),
+            scratch_seg: &mut seg.as_view_mut(),
+            ddt_raw: Store::F32(ddtr.as_view_mut()),
+            du: &mut du.as_view_mut(),
+            dbc: &mut ddbc.slice_mut(r..),
+            da_log: &mut da.as_view_mut(),
+        },
+    )
+    .expect("scan_backward");
+    let bits = |v: &CudaSlice<f32>| -> Vec<u32> {
+        s.clone_dtoh(v)
+            .expect("download")
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    let y = if half {
+        let h = s.clone_dtoh(&y_h).expect("download");
+        h.iter().map(|b| bf16_to_f32(*b).to_bits()).collect()
+    } else {
+        bits(&y)
+    };
+    ScanBits {
+        hin: bits(&hin),
+        y,
+        out: bits(&out),
+        ddtr: bits(&ddtr),
+        du: bits(&du),
+        ddbc: bits(&ddbc),
+        da: bits(&da),
+    }
+}
+
+/// bf16 runs keep u and dt in bf16 alone and write y in bf16 alone: the scan
+/// staging them as bf16 must give exactly the bits of the f32 scan over the
+/// same (bf16-representable) values, and y's bf16 must be the rounding of
+/// that scan's y. Shapes cover every lane count the 130m model does not use,
+/// ragged chunks, odd channel-set counts and several time segments; a
+/// negative control moves one u by one bf16 step and must change the bits.
+#[test]
+fn bf16_stored_inputs_give_the_bits_of_the_same_values_in_f32() {
+    let Some((s, k)) = device() else { return };
+    // (batch, T, d_inner, d_state, dt_rank): d_inner even (a bf16 u / dt
+    // needs it).
+    let cases = [
+        (1, 1, 2, 1, 1),
+        (2, 37, 6, 16, 3),
+        (1, 50, 130, 33, 2),
+        (2, 17, 70, 9, 3),
+        (1, 20, 300, 128, 2),
+        (2, 2100, 40, 16, 3),
+    ];
+    for (ci, &(b, t, d, n, r)) in cases.iter().enumerate() {
+        let shape = ScanShape {
+            batch: b,
+            seq_len: t,
+            d_inner: d,
+            d_state: n,
+        };
+        let (m, ld) = (b * t, r + 2 * n);
+        let mut rng = Rng::new(100 + ci as u64);
+        let mut uni = |lo: f32, hi: f32, len: usize, round: bool| -> Vec<f32> {
+            (0..len)
+                .map(|_| {
+                    let x = lo + (hi - lo) * rng.next_f64() as f32;
+                    if round {
+                        bf16_to_f32(f32_to_bf16_rne(x))
+                    } else {
+                        x
+                    }
+                })
+                .collect()
+        };
+        let (u, dt) = (uni(-1.0, 1.0, m * d, true), uni(0.001, 0.6, m * d, true));
+        let (dbc, dp) = (uni(-1.0, 1.0, m * ld, false), uni(0.5, 1.5, d, false));
+        let (xz, dy) = (
+            uni(-2.0, 2.0, m * 2 * d, false),
+            uni(-1.0, 1.0, m * d, false),
+        );
+        let a_log: Vec<f32> = (0..d * n).map(|i| (((i % n) + 1) as f32).ln()).collect();
+        let rest = (&dbc[..], &a_log[..], &dp[..], &xz[..], &dy[..]);
+        let f32_run = run_scan(&s, &k, shape, r, &u, &dt, rest, false);
+        let mut bf16_run = run_scan(&s, &k, shape, r, &u, &dt, rest, true);
+        // y: the bf16 run wrote only the rounding of the f32 run's y.
+        let y_rounded: Vec<u32> = f32_run
+            .y
+            .iter()
+            .map(|b| bf16_to_f32(f32_to_bf16_rne(f32::from_bits(*b))).to_bits())
+            .collect();
+        assert_eq!(
+            bf16_run.y, y_rounded,
+            "case {ci}: y's bf16 is not the f32 y rounded"
+        );
+        bf16_run.y = f32_run.y.clone();
+        assert_eq!(
+            bf16_run, f32_run,
+            "case {ci} (batch {b} T {t} d_inner {d} d_state {n}): bf16-staged u / dt changed the bits"
+        );
+        if ci == 1 {
+            // Negative control: one bf16 step on one u.
+            let mut u2 = u.clone();
+            let i = u2.len() / 2;
+            u2[i] = bf16_to_f32(f32_to_bf16_rne(u2[i]).wrapping_add(1));
+            let moved = run_scan(&s, &k, shape, r, &u2, &dt, rest, true);
+            assert_ne!(moved.out, f32_run.out, "a changed u must change the output");
+        }
+    }
+}
+
+#[test]
+fn scan_launchers_refuse_mixed_or_odd_bf16_inputs() {
+    let Some((s, k)) = device() else { return };
+    let shape = |d: usize| ScanShape {
+        batch: 1,
+        seq_len: 4,
+        d_inner: d,
+        d_state: 4,
+    };
+    let zf = |len: usize| s.alloc_zeros::<f32>(len).expect("alloc");
+    let zh = |len: usize| s.alloc_zeros::<u16>(len).expect("alloc");
+    for (d, mixed, want) in [
+        (4, true, "u and dt must be kept in the same type"),
+        (3, false, "bf16 u and dt need an even d_inner, got 3"),
+    ] {
+        let (uh, dth, dtf) = (zh(4 * d), zh(4 * d), zf(4 * d));
+        let (bc, a, dp, zz) = (zf(4 * 8), zf(d * 4), zf(d), zf(8 * d));
+        let (mut hin, mut y, mut out) = (zf(shape(d).state_len()), zh(4 * d), zh(4 * d));
+        let (uhv, dthv, dtfv, bcv, av, dpv) = (
+            uh.as_view(),
+            dth.as_view(),
+            dtf.as_view(),
+            bc.as_view(),
+            a.as_view(),
+            dp.as_view(),
+        );
+        let err = k
+            .scan_forward(
+                &s,
+                shape(d),
+                ScanInputs {
+                    u: Stored::Bf16(&uhv),
+                    dt: if mixed {
+                        Stored::F32(&dtfv)
+                    } else {
+                        Stored::Bf16(&dthv)
+                    },
+                    bc: &bcv,
+                    ldbc: 8,
+                    a_log: &av,
+                    d: &dpv,
+                },
+                ScanForward {
+                    z: &zz.slice(d..),
+                    ldz: 2 * d,
+                    hin: &mut hin.as_view_mut(),
+                    y: Store::Bf16(y.as_view_mut()),
+                    out: Store::Bf16(out.as_view_mut()),
+                    scratch_seg: &mut zf(1).as_view_mut(),
+                },
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{err}");
+    }
 }

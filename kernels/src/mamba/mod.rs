@@ -51,7 +51,7 @@ pub use reductions::{ColSum, LogitGrad};
 pub use scan::{
     ScanBackward, ScanForward, ScanInputs, ScanShape, MAX_D_STATE, SCAN_CHUNK, SEGMENT_CHUNKS,
 };
-pub use store::Store;
+pub use store::{Store, Stored};
 pub use tokens::{DeviceTokenCsr, TokenCsr};
 
 /// Rows summed per block by the two-stage column reductions

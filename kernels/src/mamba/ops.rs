@@ -9,7 +9,7 @@ use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
 use super::check;
 use super::launcher::{Arg, Grid, Launch, THREADS};
 use super::reductions::REDUCE_THREADS;
-use super::store::Store;
+use super::store::{Store, Stored};
 use super::MambaKernels;
 use crate::error::KernelError;
 
@@ -210,19 +210,25 @@ impl MambaKernels {
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
-    /// `dt <- softplus(dt + bias[c])` in place over `[rows, d_inner]`
-    /// (torch's softplus: threshold 20).
+    /// `dt = softplus(raw + bias[c])` over `[rows, d_inner]` (torch's
+    /// softplus: threshold 20): in place over an f32 `raw` when `dt` is
+    /// `None`, else from `raw` into `dt` (f32, its bf16 rounding, or both).
     pub fn dt_softplus(
         &self,
         stream: &CudaStream,
-        dt: &mut CudaViewMut<f32>,
+        raw: &mut CudaViewMut<f32>,
+        mut dt: Option<Store<'_>>,
         bias: &CudaView<f32>,
         rows: usize,
         d_inner: usize,
     ) -> Result<(), KernelError> {
         const K: &str = "mamba_dt_softplus";
         self.check_stream(K, stream)?;
-        check::len(K, "dt", dt.len(), check::mul(K, "dt", rows, d_inner)?)?;
+        let n = check::mul(K, "dt", rows, d_inner)?;
+        check::len(K, "raw", raw.len(), n)?;
+        if let Some(dt) = &dt {
+            dt.check_each("dt", |what, have| check::len(K, what, have, n))?;
+        }
         check::len(K, "bias", bias.len(), d_inner)?;
         if rows == 0 || d_inner == 0 {
             return Ok(());
@@ -236,20 +242,29 @@ impl MambaKernels {
             },
             block: THREADS,
         };
+        let [dt_f32, dt_bf16] = match dt.as_mut() {
+            Some(dt) => dt.args(),
+            None => [Arg::Null, Arg::Null],
+        };
         let mut args = [
-            Arg::Out(dt),
+            Arg::Out(raw),
             Arg::In(bias),
+            dt_f32,
+            dt_bf16,
             Arg::Long("rows", rows),
             Arg::Int("d_inner", d_inner),
         ];
-        // SAFETY: matches mamba_dt_softplus(float* dt, const float* bias, long
-        // long M, int D); a thread touches rows < M of its column only;
-        // extents checked above.
+        // SAFETY: matches mamba_dt_softplus(float* raw, const float* bias,
+        // float* dt, unsigned short* dt_h, long long M, int D) (dt, dt_h
+        // each null or checked; both null: the result goes over raw, which
+        // is why raw is pushed as written); a thread touches rows < M of its
+        // column only; extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
     /// Backward of `out = y * SiLU(z)`: `dy = dout SiLU(z)` (`[rows,
-    /// d_inner]`) and `dz = dout y SiLU'(z)` (f32 and/or bf16); `z` and `dz`
+    /// d_inner]`) and `dz = dout y SiLU'(z)` (f32 and/or bf16; `y` as it is
+    /// kept, f32 or bf16); `z` and `dz`
     /// have leading dimension `ldz` (the second half of in_proj's output /
     /// its gradient).
     #[allow(clippy::too_many_arguments)]
@@ -257,7 +272,7 @@ impl MambaKernels {
         &self,
         stream: &CudaStream,
         dout: &CudaView<f32>,
-        y: &CudaView<f32>,
+        y: Stored<'_>,
         z: &CudaView<f32>,
         ldz: usize,
         dy: &mut CudaViewMut<f32>,
@@ -286,9 +301,11 @@ impl MambaKernels {
             block: THREADS,
         };
         let [dz_f32, dz_bf16] = dz.args();
+        let [y_f32, y_bf16] = y.args();
         let mut args = [
             Arg::In(dout),
-            Arg::In(y),
+            y_f32,
+            y_bf16,
             Arg::In(z),
             Arg::Long("ldz", ldz),
             Arg::Out(dy),
@@ -297,7 +314,7 @@ impl MambaKernels {
             Arg::Int("d_inner", d_inner),
         ];
         // SAFETY: matches mamba_gate_bwd(const float* dout, const float* y,
-        // const float* z, long long ldz, float* dy, float* dz, unsigned
+        // const unsigned short* y_h (one of the two null), const float* z, long long ldz, float* dy, float* dz, unsigned
         // short* dz_h, int D) (dz and dz_h each null or checked); extents
         // checked above.
         unsafe { self.launch(stream, launch, &mut args) }

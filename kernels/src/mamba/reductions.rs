@@ -7,6 +7,7 @@ use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
 
 use super::check;
 use super::launcher::{Arg, Grid, Launch};
+use super::store::Stored;
 use super::{MambaKernels, COL_SLAB};
 use crate::error::KernelError;
 
@@ -29,11 +30,11 @@ pub enum ColSum<'a> {
         a: &'a CudaView<'a, f32>,
         lda: usize,
     },
-    /// `a[m, c] * b[m, c]`.
+    /// `a[m, c] * b[m, c]` (`b` f32 or kept in bf16).
     Product {
         a: &'a CudaView<'a, f32>,
         lda: usize,
-        b: &'a CudaView<'a, f32>,
+        b: Stored<'a>,
         ldb: usize,
     },
     /// `a[m, c] * b[m, c] * row_scale[m]` (RMSNorm's weight gradient with
@@ -82,7 +83,7 @@ impl MambaKernels {
         const K: &str = "mamba_colsum_partial";
         self.check_stream(K, stream)?;
         let (a, lda, b, ldb, rs, mode) = match sum {
-            ColSum::Plain { a, lda } => (a, lda, a, lda, a, 0i32),
+            ColSum::Plain { a, lda } => (a, lda, Stored::F32(a), lda, a, 0i32),
             ColSum::Product { a, lda, b, ldb } => (a, lda, b, ldb, a, 1),
             ColSum::ProductRowScaled {
                 a,
@@ -92,7 +93,7 @@ impl MambaKernels {
                 row_scale,
             } => {
                 check::len(K, "row_scale", row_scale.len(), rows)?;
-                (a, lda, b, ldb, row_scale, 2)
+                (a, lda, Stored::F32(b), ldb, row_scale, 2)
             }
         };
         check::matrix(K, "a", a.len(), rows, cols, lda)?;
@@ -117,10 +118,12 @@ impl MambaKernels {
             grid: Grid::Dims(slabs, cols.div_ceil(32), 1),
             block: REDUCE_THREADS,
         };
+        let [b_f32, b_bf16] = b.args();
         let mut args = [
             Arg::In(a),
             Arg::Long("lda", lda),
-            Arg::In(b),
+            b_f32,
+            b_bf16,
             Arg::Long("ldb", ldb),
             Arg::In(rs),
             Arg::I32(mode),
@@ -129,9 +132,10 @@ impl MambaKernels {
             Arg::Int("cols", cols),
         ];
         // SAFETY: matches mamba_colsum_partial(const float* a, long long lda,
-        // const float* b, long long ldb, const float* rs, int mode, float*
-        // part, long long M, int C); b and rs are read only in the modes
-        // that checked them (else they alias a, which is only read).
+        // const float* b, const unsigned short* b_h (one of the two null),
+        // long long ldb, const float* rs, int mode, float* part, long long
+        // M, int C); b and rs are read only in the modes that checked them
+        // (else they alias a, which is only read).
         unsafe { self.launch(stream, launch, &mut args) }?;
         self.reduce_partials(stream, &scratch.as_view(), slabs, cols, 0, cols, None, out)
     }

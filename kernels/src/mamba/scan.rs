@@ -14,12 +14,12 @@
 //! as several time segments in parallel, each direction with a first pass
 //! that links them (see the `.cu` file).
 
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr};
 
 use super::check::{self, grid};
 use super::launcher::{Arg, Grid, Launch};
 use super::scan_shape::{ScanLaunch, BLOCK, FLAT};
-use super::store::Store;
+use super::store::{Store, Stored};
 use super::MambaKernels;
 
 pub use super::scan_shape::{ScanShape, MAX_D_STATE, SCAN_CHUNK, SEGMENT_CHUNKS};
@@ -28,10 +28,13 @@ use crate::error::KernelError;
 /// Inputs the forward and backward scans share.
 #[derive(Clone, Copy)]
 pub struct ScanInputs<'a> {
-    /// `u = SiLU(conv(x))`, `[rows, d_inner]`.
-    pub u: &'a CudaView<'a, f32>,
-    /// `dt = softplus(dt_proj(.) + bias)`, `[rows, d_inner]`.
-    pub dt: &'a CudaView<'a, f32>,
+    /// `u = SiLU(conv(x))`, `[rows, d_inner]`: f32, or bf16 (then `dt`
+    /// too, and `d_inner` even, the views 4-byte aligned: the kernels stage
+    /// two channels a copy).
+    pub u: Stored<'a>,
+    /// `dt = softplus(dt_proj(.) + bias)`, `[rows, d_inner]`, kept in the
+    /// type `u` is.
+    pub dt: Stored<'a>,
     /// x_proj's output from its B column on: `bc[m * ldbc + n]` is `B_t[n]`,
     /// `bc[m * ldbc + d_state + n]` is `C_t[n]`.
     pub bc: &'a CudaView<'a, f32>,
@@ -52,8 +55,9 @@ pub struct ScanForward<'a, 'b> {
     /// Out: chunk entry states, [`ScanShape::state_len`] elements; keep for
     /// [`MambaKernels::scan_backward`].
     pub hin: &'a mut CudaViewMut<'b, f32>,
-    /// Out: `y = C.h + D u`, `[rows, d_inner]` (kept for the gate's backward).
-    pub y: &'a mut CudaViewMut<'b, f32>,
+    /// Out: `y = C.h + D u`, `[rows, d_inner]` (kept for the gate's
+    /// backward): f32, bf16 or both.
+    pub y: Store<'b>,
     /// Out: `y * SiLU(z)`, `[rows, d_inner]` (out_proj's input): f32, bf16
     /// (all a bf16 out_proj reads) or both.
     pub out: Store<'b>,
@@ -102,7 +106,7 @@ impl MambaKernels {
     ) -> Result<(usize, usize), KernelError> {
         self.check_stream(kernel, stream)?;
         shape.validate(kernel)?;
-        check_inputs(kernel, shape, inp)?;
+        check_inputs(kernel, stream, shape, inp)?;
         let rd = check::mul(kernel, "activations", shape.rows(), shape.d_inner)?;
         Ok((rd, shape.state_len()))
     }
@@ -120,7 +124,8 @@ impl MambaKernels {
         let (rows, d) = (shape.rows(), shape.d_inner);
         check::matrix(K, "z", buf.z.len(), rows, d, buf.ldz)?;
         check::len(K, "hin", buf.hin.len(), sl)?;
-        check::len(K, "y", buf.y.len(), rd)?;
+        buf.y
+            .check_each("y", |what, have| check::len(K, what, have, rd))?;
         buf.out
             .check_each("out", |what, have| check::len(K, what, have, rd))?;
         check::len(
@@ -144,9 +149,12 @@ impl MambaKernels {
                 grid: Grid::Checked(seg_grid),
                 block: BLOCK as u32,
             };
+            let ([u, u_h], [dt, dt_h]) = (inp.u.args(), inp.dt.args());
             let mut args = [
-                Arg::In(inp.u),
-                Arg::In(inp.dt),
+                u,
+                u_h,
+                dt,
+                dt_h,
                 Arg::In(inp.bc),
                 Arg::I64(ldbc),
                 Arg::In(inp.a_log),
@@ -157,8 +165,9 @@ impl MambaKernels {
                 Arg::I32(lp.sp),
                 Arg::I32(lp.seg),
             ];
-            // SAFETY: matches mamba_scan_fwd_seg(const float* u, const float*
-            // dt, const float* bc, long long ldbc, const float* a_log, float*
+            // SAFETY: matches mamba_scan_fwd_seg(const float* u, const unsigned
+            // short* u_h, const float* dt, const unsigned short* dt_h (one of
+            // each pair null, both pairs of one type: check_inputs), const float* bc, long long ldbc, const float* a_log, float*
             // seg_state, int T, int D, int N, int sp, int seg); the grid is
             // (channel sets, batch, segments - 1), it reads what the forward
             // reads and writes seg_state[< segment_scratch_len] (checked).
@@ -172,9 +181,13 @@ impl MambaKernels {
             block: BLOCK as u32,
         };
         let [out_f32, out_bf16] = buf.out.args();
+        let [y_f32, y_bf16] = buf.y.args();
+        let ([u, u_h], [dt, dt_h]) = (inp.u.args(), inp.dt.args());
         let mut args = [
-            Arg::In(inp.u),
-            Arg::In(inp.dt),
+            u,
+            u_h,
+            dt,
+            dt_h,
             Arg::In(inp.bc),
             Arg::I64(ldbc),
             Arg::In(inp.a_log),
@@ -182,7 +195,8 @@ impl MambaKernels {
             Arg::In(buf.z),
             Arg::I64(ldz),
             Arg::Out(&mut *buf.hin),
-            Arg::Out(&mut *buf.y),
+            y_f32,
+            y_bf16,
             out_f32,
             out_bf16,
             Arg::I32(lp.t),
@@ -191,11 +205,14 @@ impl MambaKernels {
             Arg::I32(lp.sp),
             Arg::I32(lp.seg),
         ];
-        // SAFETY: matches mamba_scan_fwd(const float* u, const float* dt,
-        // const float* bc, long long ldbc, const float* a_log, const float*
-        // dpar, const float* z, long long ldz, float* Hin, float* y, float*
-        // out, unsigned short* out_h, int T, int D, int N, int sp, int seg)
-        // (out and out_h each null or checked; a segment's entry state is
+        // SAFETY: matches mamba_scan_fwd(const float* u, const unsigned
+        // short* u_h, const float* dt, const unsigned short* dt_h, const
+        // float* bc, long long ldbc, const float* a_log, const float* dpar,
+        // const float* z, long long ldz, float* Hin, float* y, unsigned
+        // short* y_h, float* out, unsigned short* out_h, int T, int D, int N,
+        // int sp, int seg) (one of u / u_h and of dt / dt_h null, both of one
+        // type, bf16 ones aligned with D even: check_inputs; y / y_h and
+        // out / out_h each null or checked; a segment's entry state is
         // read from Hin, where the link above wrote it); check_inputs and the
         // checks above
         // bound every index (rows < batch*seq_len, channels < d_inner, states
@@ -254,8 +271,10 @@ impl MambaKernels {
                 grid: Grid::Checked(seg_grid),
                 block: BLOCK as u32,
             };
+            let [dt, dt_h] = inp.dt.args();
             let mut args = [
-                Arg::In(inp.dt),
+                dt,
+                dt_h,
                 Arg::In(inp.bc),
                 Arg::I64(ldbc),
                 Arg::In(inp.a_log),
@@ -268,7 +287,7 @@ impl MambaKernels {
                 Arg::I32(lp.seg),
             ];
             // SAFETY: matches mamba_scan_bwd_seg(const float* dt, const
-            // float* bc, long long ldbc, const float* a_log, const float* dy,
+            // unsigned short* dt_h (one null: check_inputs), const float* bc, long long ldbc, const float* a_log, const float* dy,
             // float* seg_carry, int T, int D, int N, int sp, int seg); the
             // grid is (channel sets, batch, segments - 1); it reads what the
             // backward reads and writes seg_carry[< segment_scratch_len]
@@ -285,9 +304,12 @@ impl MambaKernels {
         };
         let seg_in = buf.scratch_seg.as_view();
         let [ddt_f32, ddt_bf16] = buf.ddt_raw.args();
+        let ([u, u_h], [dt, dt_h]) = (inp.u.args(), inp.dt.args());
         let mut args = [
-            Arg::In(inp.u),
-            Arg::In(inp.dt),
+            u,
+            u_h,
+            dt,
+            dt_h,
             Arg::In(inp.bc),
             Arg::I64(ldbc),
             Arg::In(inp.a_log),
@@ -307,7 +329,8 @@ impl MambaKernels {
             Arg::I32(lp.rounds),
             Arg::I32(lp.seg),
         ];
-        // SAFETY: matches mamba_scan_bwd(u, dt, bc, long long ldbc, a_log,
+        // SAFETY: matches mamba_scan_bwd(u, u_h, dt, dt_h (as the forward's),
+        // bc, long long ldbc, a_log,
         // dpar, dy, Hin, float* ddtr, unsigned short* ddtr_h, float* du,
         // float* part, float* dA_part, int T, int D, int N, int sp, int
         // rounds) (ddtr and ddtr_h each null or checked; seg_carry as the
@@ -399,6 +422,7 @@ impl MambaKernels {
 
 fn check_inputs(
     kernel: &'static str,
+    stream: &CudaStream,
     shape: &ScanShape,
     inp: &ScanInputs<'_>,
 ) -> Result<(), KernelError> {
@@ -406,6 +430,34 @@ fn check_inputs(
     let rd = check::mul(kernel, "activations", rows, d)?;
     check::len(kernel, "u", inp.u.len(), rd)?;
     check::len(kernel, "dt", inp.dt.len(), rd)?;
+    match (inp.u, inp.dt) {
+        (Stored::F32(_), Stored::F32(_)) => {}
+        (Stored::Bf16(u), Stored::Bf16(dt)) => {
+            // Two channels a 4-byte copy: every pair (m * d + c, c even)
+            // must be 4-byte aligned.
+            if d % 2 != 0 {
+                return Err(KernelError::invalid(
+                    kernel,
+                    format!("bf16 u and dt need an even d_inner, got {d}"),
+                ));
+            }
+            for (what, v) in [("u", u), ("dt", dt)] {
+                let (ptr, _read) = v.device_ptr(stream);
+                if ptr % 4 != 0 {
+                    return Err(KernelError::invalid(
+                        kernel,
+                        format!("bf16 {what} must start 4-byte aligned (at {ptr:#x})"),
+                    ));
+                }
+            }
+        }
+        _ => {
+            return Err(KernelError::invalid(
+                kernel,
+                "u and dt must be kept in the same type (both f32 or both bf16)",
+            ))
+        }
+    }
     check::matrix(kernel, "bc", inp.bc.len(), rows, 2 * n, inp.ldbc)?;
     check::len(
         kernel,

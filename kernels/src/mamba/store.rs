@@ -1,5 +1,7 @@
 //! Where a kernel writes an activation it produces: its f32 values, their
-//! bf16 rounding, or both ([`Store`]).
+//! bf16 rounding, or both ([`Store`]); and how a kernel reads one that is
+//! kept in either type ([`Stored`]: a bf16 run keeps some activations in
+//! bf16 alone, SPEC's "bf16 is the type of ... stored activations").
 //!
 //! A bf16 GEMM reads a bf16 copy of its operands. Casting an f32 activation
 //! afterwards ([`MambaKernels::cast_bf16`](super::MambaKernels::cast_bf16))
@@ -8,7 +10,7 @@
 //! `mamba_common.cuh`, the host twin [`f32_to_bf16_rne`](super::f32_to_bf16_rne)),
 //! so a fused store and a cast afterwards give the same bits.
 
-use cudarc::driver::CudaViewMut;
+use cudarc::driver::{CudaView, CudaViewMut};
 
 use super::check;
 use super::launcher::Arg;
@@ -79,5 +81,55 @@ impl<'b> Store<'b> {
             Store::Bf16(h) => [Arg::Null, Arg::Out(h)],
             Store::Both(f, h) => [Arg::Out(f), Arg::Out(h)],
         }
+    }
+}
+
+/// An activation a kernel reads, as it is kept: f32, or bf16 alone (read
+/// widened to f32, which is exact). The kernel takes the pair of pointers
+/// `const float* f, const unsigned short* h`, exactly one of them not null.
+#[derive(Clone, Copy)]
+pub enum Stored<'a> {
+    F32(&'a CudaView<'a, f32>),
+    Bf16(&'a CudaView<'a, u16>),
+}
+
+impl<'a> Stored<'a> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Stored::F32(v) => v.len(),
+            Stored::Bf16(v) => v.len(),
+        }
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether it is kept in bf16.
+    pub fn is_bf16(&self) -> bool {
+        matches!(self, Stored::Bf16(_))
+    }
+
+    /// The kernel's two pointer arguments, `const float* f, const unsigned
+    /// short* h` (null for the type not given).
+    pub(crate) fn args(&self) -> [Arg<'a>; 2] {
+        match *self {
+            Stored::F32(f) => [Arg::In(f), Arg::Null],
+            Stored::Bf16(h) => [Arg::Null, Arg::In(h)],
+        }
+    }
+}
+
+impl<'a> From<&'a CudaView<'a, f32>> for Stored<'a> {
+    fn from(v: &'a CudaView<'a, f32>) -> Self {
+        Stored::F32(v)
+    }
+}
+
+impl<'a> From<&'a CudaView<'a, u16>> for Stored<'a> {
+    fn from(v: &'a CudaView<'a, u16>) -> Self {
+        Stored::Bf16(v)
     }
 }

@@ -29,7 +29,9 @@
 use cudarc::driver::CudaSlice;
 use kernels::mamba::{ColSum, DeviceTokenCsr, ScanBackward, ScanInputs, Store};
 
-use super::forward::{again, block_forward, cast_copy, half, op, op_t, store_into, stored};
+use super::forward::{
+    again, block_forward, cast_copy, half, op, op_t, store_into, stored, Scratch,
+};
 use super::workspace::Workspace;
 use super::Engine;
 use crate::config::ModelConfig;
@@ -100,7 +102,10 @@ pub(super) fn backward(
                 &ws.resid[l],
                 None,
                 ws.acts.slot_mut(l),
-                &mut ws.scan_seg,
+                Scratch {
+                    scan_seg: &mut ws.scan_seg,
+                    dt_raw: &mut ws.ddtr,
+                },
             )?;
             ws.acts.resident = Some(l);
         }
@@ -137,10 +142,11 @@ pub(super) fn backward(
 
         // Gate.
         let z = a.xz.slice(di..);
+        let (y, u, dt) = (a.y.view(), a.u.view(), a.dt.view());
         kr.gate_bwd(
             s,
             &ws.dout.as_view(),
-            &a.y.as_view(),
+            y.stored(),
             &z,
             2 * di,
             &mut ws.dy.as_view_mut(),
@@ -151,13 +157,12 @@ pub(super) fn backward(
             m,
             di,
         )?;
-        let u = a.u.as_view();
         kr.colsum(
             s,
             ColSum::Product {
                 a: &ws.dy.as_view(),
                 lda: di,
-                b: &u,
+                b: u.stored(),
                 ldb: di,
             },
             m,
@@ -167,13 +172,13 @@ pub(super) fn backward(
         )?;
 
         // Scan.
-        let (dt, bc, a_log, dpar) = (a.dt.as_view(), a.dbc.slice(r..), w(&lo.a_log), w(&lo.d));
+        let (bc, a_log, dpar) = (a.dbc.slice(r..), w(&lo.a_log), w(&lo.d));
         kr.scan_backward(
             s,
             shape,
             ScanInputs {
-                u: &u,
-                dt: &dt,
+                u: u.stored(),
+                dt: dt.stored(),
                 bc: &bc,
                 ldbc,
                 a_log: &a_log,
@@ -235,7 +240,7 @@ pub(super) fn backward(
             di,
             m,
             op_t(&ddbc, ldbc).with_bf16(again(&ddbc_h)),
-            op(&u, di).with_bf16(a.u_h.as_ref().map(|h| h.as_view())),
+            op(a.u.elems(), di).with_bf16(a.u_h.as_ref().map(|h| h.as_view())),
             0.0,
             &mut grads.slice_mut(g(&lo.x_proj)),
             di,

@@ -190,7 +190,7 @@ impl CudaDecoder {
                 &mut b.dt.as_view_mut(),
                 e,
             )?;
-            kr.dt_softplus(s, &mut b.dt.as_view_mut(), &w(&lo.dt_proj_b), 1, e)?;
+            kr.dt_softplus(s, &mut b.dt.as_view_mut(), None, &w(&lo.dt_proj_b), 1, e)?;
             let (u, dt, bc, a_log, dpar, z) = (
                 b.u.as_view(),
                 b.dt.as_view(),

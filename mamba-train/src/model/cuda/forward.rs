@@ -19,7 +19,7 @@ use cudarc::driver::CudaSlice;
 use kernels::mamba::{ScanForward, ScanInputs, ScanShape, Store};
 
 use super::blas::{Elems, Operand};
-use super::workspace::{LayerActs, Workspace};
+use super::workspace::{ActBuf, LayerActs, Workspace};
 use super::Engine;
 use crate::config::{ModelConfig, RMS_EPS};
 use crate::error::{Result, TrainError};
@@ -128,7 +128,10 @@ pub(super) fn forward(
             &before[l],
             Some(&mut after[0]),
             acts,
-            &mut ws.scan_seg,
+            Scratch {
+                scan_seg: &mut ws.scan_seg,
+                dt_raw: &mut ws.ddtr,
+            },
         )?;
         ws.acts.resident = Some(l);
     }
@@ -148,6 +151,15 @@ pub(super) fn forward(
     Ok(())
 }
 
+/// Device scratch a block's forward pass borrows from the workspace.
+pub(super) struct Scratch<'w> {
+    /// The scan's per-segment scratch.
+    pub scan_seg: &'w mut CudaSlice<f32>,
+    /// `[rows, d_inner]` f32: dt_proj's output on its way into a `dt` kept
+    /// in bf16 (the backward's `ddtr`, free whenever a forward runs).
+    pub dt_raw: &'w mut CudaSlice<f32>,
+}
+
 /// One block's forward pass from `x_in`: its activations into `a` (what
 /// its backward pass reads) and, when `x_out` is given, its output
 /// `x_in + Mixer(RMSNorm(x_in))` into `x_out`. Without `x_out` it is the
@@ -163,7 +175,7 @@ pub(super) fn block_forward(
     x_in: &CudaSlice<f32>,
     x_out: Option<&mut CudaSlice<f32>>,
     a: &mut LayerActs,
-    scan_seg: &mut CudaSlice<f32>,
+    scratch: Scratch<'_>,
 ) -> Result<()> {
     let (t, m) = (shape.seq_len, shape.batch * shape.seq_len);
     let (d, di, r, k) = (cfg.d_model, cfg.d_inner(), cfg.dt_rank, cfg.d_conv);
@@ -198,7 +210,7 @@ pub(super) fn block_forward(
         2 * di,
         &w(&lo.conv_w),
         &w(&lo.conv_b),
-        Store::f32_and(a.u.as_view_mut(), store_into(&mut a.u_h, m * di)),
+        a.u.produce_with(store_into(&mut a.u_h, m * di)),
         m,
         t,
         di,
@@ -209,13 +221,20 @@ pub(super) fn block_forward(
         m,
         ldbc,
         di,
-        op(&a.u.as_view(), di).with_bf16(stored(&a.u_h, m * di)),
+        op(a.u.elems(), di).with_bf16(stored(&a.u_h, m * di)),
         op_t(&w(&lo.x_proj), di).with_bf16(half(pb, &lo.x_proj)),
         0.0,
         &mut a.dbc.as_view_mut(),
         ldbc,
     )?;
     let dbc_h = cast_copy(e, &a.dbc.as_view(), a.dbc_h.as_mut())?;
+    // dt_proj's f32 output goes into dt itself when it is kept in f32 (the
+    // softplus then runs in place), else through the scratch.
+    let (raw, dt_out) = match &mut a.dt {
+        ActBuf::F32(dt) => (dt, None),
+        ActBuf::Bf16(h) => (&mut *scratch.dt_raw, Some(Store::Bf16(h.as_view_mut()))),
+    };
+    let mut raw = raw.slice_mut(0..m * di);
     e.blas.gemm(
         "dt_proj",
         m,
@@ -224,14 +243,14 @@ pub(super) fn block_forward(
         op(&a.dbc.as_view(), ldbc).with_bf16(dbc_h),
         op_t(&w(&lo.dt_proj_w), r).with_bf16(half(pb, &lo.dt_proj_w)),
         0.0,
-        &mut a.dt.as_view_mut(),
+        &mut raw,
         di,
     )?;
-    kr.dt_softplus(s, &mut a.dt.as_view_mut(), &w(&lo.dt_proj_b), m, di)?;
+    kr.dt_softplus(s, &mut raw, dt_out, &w(&lo.dt_proj_b), m, di)?;
 
     let (u, dt, bc, a_log, dpar) = (
-        a.u.as_view(),
-        a.dt.as_view(),
+        a.u.view(),
+        a.dt.view(),
         a.dbc.slice(r..),
         w(&lo.a_log),
         w(&lo.d),
@@ -241,8 +260,8 @@ pub(super) fn block_forward(
         s,
         shape,
         ScanInputs {
-            u: &u,
-            dt: &dt,
+            u: u.stored(),
+            dt: dt.stored(),
             bc: &bc,
             ldbc,
             a_log: &a_log,
@@ -252,9 +271,9 @@ pub(super) fn block_forward(
             z: &z,
             ldz: 2 * di,
             hin: &mut a.hin.as_view_mut(),
-            y: &mut a.y.as_view_mut(),
+            y: a.y.produce(),
             out: a.g.produce(),
-            scratch_seg: &mut scan_seg.as_view_mut(),
+            scratch_seg: &mut scratch.scan_seg.as_view_mut(),
         },
     )?;
 

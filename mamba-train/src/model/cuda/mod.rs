@@ -25,11 +25,13 @@
 //! and the same code; the embedding, the norms, the conv, the scan (its
 //! state `h` and every product in it), the gate, softmax/cross-entropy, the
 //! loss mean, every column sum and the gradient norm run in f32 in all
-//! three. Stored activations are f32, except in bf16 the two that only
-//! GEMMs read (the norm output and the gated output), kept as their bf16
-//! GEMM operand. What changes is the GEMMs only (all of them:
+//! three. Stored activations are f32, except in bf16: the two that only
+//! GEMMs read (the norm output and the gated output) are kept as their bf16
+//! GEMM operand, and the scan's `u`, `dt` and `y` in bf16 alone (each
+//! rounded once where it is made, read widened to f32;
+//! [`CudaModel::set_bf16_acts`]). What changes is the GEMMs (all of them:
 //! in_proj, x_proj, dt_proj, out_proj, the tied LM head, forward and
-//! backward):
+//! backward) and, in bf16, those three roundings:
 //! - `f32`: cuBLAS SGEMM, f32 FMA (the reference; the bits of earlier
 //!   builds);
 //! - `tf32`: tensor cores with inputs rounded to TF32 (10-bit mantissa),
@@ -189,6 +191,7 @@ impl CudaModel {
                 loss_chunk_rows: head::LOSS_CHUNK_ROWS,
                 recompute: false,
                 bf16_copies: true,
+                bf16_acts: true,
             },
         })
     }
@@ -250,6 +253,22 @@ impl CudaModel {
     pub fn set_bf16_copies(&mut self, on: bool) {
         self.set_options(WorkspaceOptions {
             bf16_copies: on,
+            ..self.options
+        });
+    }
+
+    /// bf16 runs: whether the scan's activations (`u`, `dt`, `y`) are kept
+    /// in bf16 alone, each rounded once where it is made (on, the
+    /// default: SPEC's stored activations in bf16, 2.25 GiB less at the
+    /// 130m shape), or in f32 (off: the earlier builds' bits). Unlike
+    /// [`Self::set_bf16_copies`] this changes values (one more bf16
+    /// rounding of each), so the two settings give different bits, each
+    /// deterministic; the checkpoint's precision is `bf16` either way. A
+    /// model with an odd `d_inner` keeps them in f32. No effect in the
+    /// other precisions. The workspace is rebuilt at the next pass.
+    pub fn set_bf16_acts(&mut self, on: bool) {
+        self.set_options(WorkspaceOptions {
+            bf16_acts: on,
             ..self.options
         });
     }

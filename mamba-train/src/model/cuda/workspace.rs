@@ -6,11 +6,21 @@
 //! kernel producing an activation stores the copy itself ([`Store`]), and
 //! only cuBLAS outputs (x_proj's and its gradient) are cast afterwards. An
 //! activation read by GEMMs only (the norm output, the gated output, a loss
-//! chunk's logits gradient) is stored in bf16 only ([`GemmInput::Bf16`]).
+//! chunk's logits gradient) is stored in bf16 only ([`ActBuf::Bf16`]).
 //! The copies round exactly as a GEMM casting its own operand would (the
 //! same device function as `mamba_cast_bf16`), so the bits are those of
 //! casting per GEMM; what changes is the passes over memory and the bytes
 //! kept.
+//!
+//! bf16 runs also keep the scan's activations in bf16 alone (SPEC: bf16 is
+//! the type of stored activations): `u` (the conv output, also x_proj's
+//! operand), `dt` and `y`, each rounded once by the kernel that makes it
+//! and read back widened to f32, the scan's state and every sum staying
+//! f32. This changes the values the later ops see (one bf16 rounding each),
+//! so it is a precision choice, not a layout one:
+//! [`WorkspaceOptions::bf16_acts`] (on by default; off keeps them in f32,
+//! the earlier builds' bits). A `d_inner` that is odd keeps them in f32
+//! (the scan stages bf16 columns two channels a copy).
 //!
 //! Sized for one `(batch, seq_len)`; [`super::CudaModel`] rebuilds it when a
 //! batch of another shape arrives (dropping the old one first, so the peak
@@ -20,35 +30,65 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use kernels::mamba::{MambaKernels, ScanShape, Store};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
+use kernels::mamba::{MambaKernels, ScanShape, Store, Stored};
 
 use super::blas::Elems;
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
 
-/// An activation whose only readers are GEMMs: f32, or in bf16 runs its
-/// bf16 rounding only (stored by its producer, see the module docs).
-pub(crate) enum GemmInput {
+/// An activation kept in f32, or in bf16 runs as its bf16 rounding only
+/// (stored by its producer, see the module docs).
+pub(crate) enum ActBuf {
     F32(CudaSlice<f32>),
     Bf16(CudaSlice<u16>),
 }
 
-impl GemmInput {
+impl ActBuf {
     /// The elements the GEMMs read.
     pub fn elems(&self) -> Elems<'_> {
         match self {
-            GemmInput::F32(x) => Elems::F32(x.as_view()),
-            GemmInput::Bf16(h) => Elems::Bf16(h.as_view()),
+            ActBuf::F32(x) => Elems::F32(x.as_view()),
+            ActBuf::Bf16(h) => Elems::Bf16(h.as_view()),
         }
     }
 
-    /// Where its producer stores it: the f32 values, or only their bf16
-    /// rounding.
-    pub fn produce(&mut self) -> Store<'_> {
+    /// Where its producer stores it: the f32 values (with their bf16 copy
+    /// into `copy` when given), or only their bf16 rounding (`copy` unused).
+    pub fn produce_with<'b>(&'b mut self, copy: Option<CudaViewMut<'b, u16>>) -> Store<'b> {
         match self {
-            GemmInput::F32(x) => Store::F32(x.as_view_mut()),
-            GemmInput::Bf16(h) => Store::Bf16(h.as_view_mut()),
+            ActBuf::F32(x) => Store::f32_and(x.as_view_mut(), copy),
+            ActBuf::Bf16(h) => Store::Bf16(h.as_view_mut()),
+        }
+    }
+
+    /// [`Self::produce_with`] without a copy.
+    pub fn produce(&mut self) -> Store<'_> {
+        self.produce_with(None)
+    }
+
+    /// A view of it, to lend kernels as [`Stored`] ([`ActView::stored`]).
+    pub fn view(&self) -> ActView<'_> {
+        match self {
+            ActBuf::F32(x) => ActView::F32(x.as_view()),
+            ActBuf::Bf16(h) => ActView::Bf16(h.as_view()),
+        }
+    }
+}
+
+/// A view of an [`ActBuf`], owned so that [`Self::stored`] can lend the
+/// `&CudaView` that kernels and GEMM operands take.
+pub(crate) enum ActView<'a> {
+    F32(CudaView<'a, f32>),
+    Bf16(CudaView<'a, u16>),
+}
+
+impl ActView<'_> {
+    /// As a kernel input.
+    pub fn stored(&self) -> Stored<'_> {
+        match self {
+            ActView::F32(v) => Stored::F32(v),
+            ActView::Bf16(v) => Stored::Bf16(v),
         }
     }
 }
@@ -58,23 +98,27 @@ pub(crate) struct LayerActs {
     /// 1/rms of each row of the block's input, `[rows]`.
     pub rstd: CudaSlice<f32>,
     /// RMSNorm output, `[rows, d_model]` (in_proj's input).
-    pub xn: GemmInput,
+    pub xn: ActBuf,
     /// in_proj output, `[rows, 2 d_inner]`: x then z.
     pub xz: CudaSlice<f32>,
-    /// `SiLU(conv(x))`, `[rows, d_inner]`.
-    pub u: CudaSlice<f32>,
-    /// bf16 runs: `u`'s bf16 copy (x_proj's input; the scan reads `u`).
+    /// `SiLU(conv(x))`, `[rows, d_inner]` (the scan's and x_proj's input):
+    /// bf16 alone with `bf16_acts`.
+    pub u: ActBuf,
+    /// bf16 runs keeping `u` in f32: its bf16 copy (x_proj's operand).
     pub u_h: Option<CudaSlice<u16>>,
     /// x_proj output, `[rows, dt_rank + 2 d_state]`: dt_raw, B, C.
     pub dbc: CudaSlice<f32>,
     /// bf16 runs: `dbc`'s bf16 copy (dt_proj reads its dt_raw columns).
     pub dbc_h: Option<CudaSlice<u16>>,
-    /// `softplus(dt_proj(dt_raw) + bias)`, `[rows, d_inner]`.
-    pub dt: CudaSlice<f32>,
-    /// Scan output `C.h + D u`, `[rows, d_inner]`.
-    pub y: CudaSlice<f32>,
+    /// `softplus(dt_proj(dt_raw) + bias)`, `[rows, d_inner]` (bf16 alone
+    /// with `bf16_acts`, dt_proj's f32 output then passing through
+    /// [`Workspace::ddtr`] on the way).
+    pub dt: ActBuf,
+    /// Scan output `C.h + D u`, `[rows, d_inner]` (bf16 alone with
+    /// `bf16_acts`).
+    pub y: ActBuf,
     /// Gated output `y SiLU(z)`, `[rows, d_inner]` (out_proj's input).
-    pub g: GemmInput,
+    pub g: ActBuf,
     /// The scan's chunk entry states ([`ScanShape::state_len`]).
     pub hin: CudaSlice<f32>,
 }
@@ -124,6 +168,9 @@ pub(crate) struct WorkspaceOptions {
     /// each GEMM casts its own operands (the reference path: the same bits,
     /// more casts and more memory).
     pub bf16_copies: bool,
+    /// bf16 runs: `u`, `dt` and `y` kept in bf16 alone (the module docs);
+    /// off, in f32.
+    pub bf16_acts: bool,
 }
 
 /// All device buffers of one shape.
@@ -245,7 +292,9 @@ impl Workspace {
             loss_chunk_rows,
             recompute,
             bf16_copies,
+            bf16_acts,
         } = options;
+        let half_acts = bf16 && bf16_acts && cfg.d_inner() % 2 == 0;
         let bf16 = bf16 && bf16_copies;
         let rows = batch * seq_len;
         let loss_rows = rows.min(loss_chunk_rows.max(1));
@@ -272,27 +321,32 @@ impl Workspace {
                     format!("layer {l} {s}")
                 }
             };
-            let mut gemm_input = |what: &str, len: usize| -> Result<GemmInput> {
-                Ok(if bf16 {
-                    GemmInput::Bf16(a.zeros(&w(&format!("{what} (bf16)")), len)?)
+            let mut act = |half: bool, what: &str, len: usize| -> Result<ActBuf> {
+                Ok(if half {
+                    ActBuf::Bf16(a.zeros(&w(&format!("{what} (bf16)")), len)?)
                 } else {
-                    GemmInput::F32(a.zeros(&w(what), len)?)
+                    ActBuf::F32(a.zeros(&w(what), len)?)
                 })
             };
             let (xn, g) = (
-                gemm_input("norm output", rows * d)?,
-                gemm_input("gated output", rows * di)?,
+                act(bf16, "norm output", rows * d)?,
+                act(bf16, "gated output", rows * di)?,
+            );
+            let (u, dt, y) = (
+                act(half_acts, "conv output", rows * di)?,
+                act(half_acts, "dt", rows * di)?,
+                act(half_acts, "scan output", rows * di)?,
             );
             layers.push(LayerActs {
                 rstd: a.zeros(&w("rstd"), rows)?,
                 xn,
                 xz: a.zeros(&w("in_proj output"), rows * 2 * di)?,
-                u: a.zeros(&w("conv output"), rows * di)?,
-                u_h: a.zeros_if(bf16, &w("conv output (bf16)"), rows * di)?,
+                u_h: a.zeros_if(bf16 && !half_acts, &w("conv output (bf16 copy)"), rows * di)?,
+                u,
                 dbc: a.zeros(&w("x_proj output"), rows * ldbc)?,
                 dbc_h: a.zeros_if(bf16, &w("x_proj output (bf16)"), rows * ldbc)?,
-                dt: a.zeros(&w("dt"), rows * di)?,
-                y: a.zeros(&w("scan output"), rows * di)?,
+                dt,
+                y,
                 g,
                 hin: a.zeros(&w("scan chunk states"), sl)?,
             });
