@@ -432,6 +432,10 @@ struct ScanBits {
     da: Vec<u32>,
 }
 
+/// The scan inputs besides u and dt: x_proj's output, A_log, D, in_proj's
+/// output (for z) and dy.
+type OtherInputs<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a [f32], &'a [f32]);
+
 /// Run both scan directions over `u` and `dt` (f32 values, all exactly
 /// bf16 numbers) uploaded as f32 (`half` false) or as bf16 alone with y
 /// written in bf16 alone (`half` true).
@@ -443,7 +447,7 @@ fn run_scan(
     r: usize,
     u: &[f32],
     dt: &[f32],
-    rest: (&[f32], &[f32], &[f32], &[f32], &[f32]),
+    rest: OtherInputs<'_>,
     half: bool,
 ) -> ScanBits {
     let (dbc, a_log, dp, xz, dy) = rest;
