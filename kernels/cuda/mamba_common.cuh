@@ -37,6 +37,15 @@ static __device__ __forceinline__ float sigmoidf_(float x) {
 // x * sigmoid(x), as torch's SiLU.
 static __device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
 
+// The gated output y * SiLU(z), as the scan's forward writes it and the
+// gate's backward recomputes it (mamba_gate_bwd: the backward reads this
+// value again instead of a stored copy, so the two must agree bit for bit):
+// y as it is kept (f32, or its bf16 rounding read back) and z as it is
+// kept. The product is __fmul_rn so no caller's context can contract it.
+static __device__ __forceinline__ float gate_out(float y, float z) {
+    return __fmul_rn(y, siluf_(z));
+}
+
 // d/dx SiLU(x) = s (1 + x (1 - s)), s = sigmoid(x).
 static __device__ __forceinline__ float dsiluf_(float x) {
     float s = sigmoidf_(x);

@@ -146,7 +146,9 @@ constexpr int kRowsPerThread = 8;
 // [0, m1) are not read (the taps that would use them are outside the
 // sequence or past the group).
 template <int K>
-static __device__ __forceinline__ void conv_pre_rows(const float* __restrict__ x, long long ldx,
+static __device__ __forceinline__ void conv_pre_rows(const float* __restrict__ x,
+                                                     const unsigned short* __restrict__ x_h,
+                                                     long long ldx,
                                                      const float* __restrict__ w,
                                                      const float* __restrict__ bias,
                                                      long long m0, long long m1, int T, int c,
@@ -155,7 +157,7 @@ static __device__ __forceinline__ void conv_pre_rows(const float* __restrict__ x
 #pragma unroll
     for (int j = 0; j < kRowsPerThread + K - 1; ++j) {
         const long long m = m0 - (K - 1) + j;
-        xs[j] = (m >= 0 && m < m1) ? x[m * ldx + c] : 0.0f;
+        xs[j] = (m >= 0 && m < m1) ? load_f32_bf16(x, x_h, m * ldx + c) : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < K; ++k) wk[k] = w[c * K + k];
@@ -175,7 +177,9 @@ static __device__ __forceinline__ void conv_pre_rows(const float* __restrict__ x
 }
 
 template <int K>
-static __device__ __forceinline__ void conv_fwd_rows(const float* __restrict__ x, long long ldx,
+static __device__ __forceinline__ void conv_fwd_rows(const float* __restrict__ x,
+                                                     const unsigned short* __restrict__ x_h,
+                                                     long long ldx,
                                                      const float* __restrict__ w,
                                                      const float* __restrict__ bias,
                                                      float* __restrict__ u,
@@ -183,7 +187,7 @@ static __device__ __forceinline__ void conv_fwd_rows(const float* __restrict__ x
                                                      long long m0, long long m1, int T, int D,
                                                      int c) {
     float pre[kRowsPerThread];
-    conv_pre_rows<K>(x, ldx, w, bias, m0, m1, T, c, pre);
+    conv_pre_rows<K>(x, x_h, ldx, w, bias, m0, m1, T, c, pre);
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
         if (m0 + r < m1) store_f32_bf16(u, u_h, (m0 + r) * D + c, siluf_(pre[r]));
@@ -192,13 +196,14 @@ static __device__ __forceinline__ void conv_fwd_rows(const float* __restrict__ x
 
 template <int K>
 static __device__ __forceinline__ void conv_bwd_pre_rows(const float* __restrict__ x,
+                                                         const unsigned short* __restrict__ x_h,
                                                          long long ldx,
                                                          const float* __restrict__ w,
                                                          const float* __restrict__ bias,
                                                          float* __restrict__ g, long long m0,
                                                          long long m1, int T, int D, int c) {
     float pre[kRowsPerThread];
-    conv_pre_rows<K>(x, ldx, w, bias, m0, m1, T, c, pre);
+    conv_pre_rows<K>(x, x_h, ldx, w, bias, m0, m1, T, c, pre);
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
         const long long m = m0 + r;
@@ -239,10 +244,11 @@ static __device__ __forceinline__ void conv_bwd_dx_rows(const float* __restrict_
     }
 }
 
-// u = SiLU(conv(x)), x = xz[:, :D] (ld ldx), for M rows; u's bf16 copy into
-// u_h when it is not null.
+// u = SiLU(conv(x)), x = xz[:, :D] (ld ldx; f32 in x or, when x is null,
+// bf16 in x_h), for M rows; u's bf16 copy into u_h when it is not null.
 // grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128; K in 1..8.
-extern "C" __global__ void mamba_conv_fwd(const float* __restrict__ x, long long ldx,
+extern "C" __global__ void mamba_conv_fwd(const float* __restrict__ x,
+                                          const unsigned short* __restrict__ x_h, long long ldx,
                                           const float* __restrict__ w,
                                           const float* __restrict__ bias,
                                           float* __restrict__ u, unsigned short* __restrict__ u_h,
@@ -251,14 +257,17 @@ extern "C" __global__ void mamba_conv_fwd(const float* __restrict__ x, long long
     if (c >= D) return;
     const long long m0 = (long long)blockIdx.x * kRowsPerThread;
     const long long m1 = min(M, m0 + kRowsPerThread);
-#define MAMBA_CONV_FWD(KW) conv_fwd_rows<KW>(x, ldx, w, bias, u, u_h, m0, m1, T, D, c)
+#define MAMBA_CONV_FWD(KW) conv_fwd_rows<KW>(x, x_h, ldx, w, bias, u, u_h, m0, m1, T, D, c)
     MAMBA_CONV_DISPATCH(K, MAMBA_CONV_FWD)
 #undef MAMBA_CONV_FWD
 }
 
-// In place: g <- g * SiLU'(pre), turning d u into d pre (pre recomputed).
+// In place: g <- g * SiLU'(pre), turning d u into d pre (pre recomputed
+// from x as mamba_conv_fwd reads it).
 // grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128; K in 1..8.
-extern "C" __global__ void mamba_conv_bwd_pre(const float* __restrict__ x, long long ldx,
+extern "C" __global__ void mamba_conv_bwd_pre(const float* __restrict__ x,
+                                              const unsigned short* __restrict__ x_h,
+                                              long long ldx,
                                               const float* __restrict__ w,
                                               const float* __restrict__ bias,
                                               float* __restrict__ g, long long M, int T, int D,
@@ -267,7 +276,7 @@ extern "C" __global__ void mamba_conv_bwd_pre(const float* __restrict__ x, long 
     if (c >= D) return;
     const long long m0 = (long long)blockIdx.x * kRowsPerThread;
     const long long m1 = min(M, m0 + kRowsPerThread);
-#define MAMBA_CONV_BWD_PRE(KW) conv_bwd_pre_rows<KW>(x, ldx, w, bias, g, m0, m1, T, D, c)
+#define MAMBA_CONV_BWD_PRE(KW) conv_bwd_pre_rows<KW>(x, x_h, ldx, w, bias, g, m0, m1, T, D, c)
     MAMBA_CONV_DISPATCH(K, MAMBA_CONV_BWD_PRE)
 #undef MAMBA_CONV_BWD_PRE
 }
@@ -297,10 +306,13 @@ extern "C" __global__ void mamba_conv_bwd_dx(const float* __restrict__ dpre,
 // of dpre[m, c] * x[m - (K-1) + k, c] (inside the sequence) and
 // part[s * (D*K + D) + D*K + c] = sum of dpre[m, c]. Block: 32 channels x 8
 // row lanes; each lane sums rows lane, lane+8, ... in order, then the 8 lanes
-// are added in a fixed tree. K <= 8 (checked on the host).
+// are added in a fixed tree. K <= 8 (checked on the host). x is f32 (`x`)
+// or, when that is null, bf16 (`x_h`).
 // grid (nslabs, ceil(D / 32)), block 256.
 extern "C" __global__ void mamba_conv_wgrad_partial(const float* __restrict__ dpre,
-                                                    const float* __restrict__ x, long long ldx,
+                                                    const float* __restrict__ x,
+                                                    const unsigned short* __restrict__ x_h,
+                                                    long long ldx,
                                                     float* __restrict__ part, long long M,
                                                     int T, int D, int K) {
     __shared__ float sh[9][8][32];
@@ -318,7 +330,7 @@ extern "C" __global__ void mamba_conv_wgrad_partial(const float* __restrict__ dp
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
                 const int back = K - 1 - k;
-                if (k < K && t - back >= 0) acc[k] = acc[k] + g * x[(m - back) * ldx + c];
+                if (k < K && t - back >= 0) acc[k] = acc[k] + g * load_f32_bf16(x, x_h, (m - back) * ldx + c);
             }
             acc[8] = acc[8] + g;
         }
@@ -363,24 +375,31 @@ extern "C" __global__ void mamba_dt_softplus(float* __restrict__ raw,
 
 // Backward of out = y * SiLU(z): dy = dout * SiLU(z) -> dy (ld D);
 // dz = dout * y * SiLU'(z) -> dz (ld ldz) and, when dz_h is not null, its
-// bf16 copy -> dz_h (ld ldz). z is read with ld ldz; y is f32 (`y`) or, when
-// that is null, bf16 (`y_h`).
+// bf16 copy -> dz_h (ld ldz); and out itself again, recomputed with
+// gate_out exactly as the scan's forward wrote it (the same bits: no block
+// keeps it), into g (f32) and / or g_h (bf16), ld D, for out_proj's weight
+// gradient. z is read with ld ldz; y and z are each f32 (`y`, `z`) or, when
+// that is null, bf16 (`y_h`, `z_h`).
 // grid (M, ceil(D / 128)), block 128.
 extern "C" __global__ void mamba_gate_bwd(const float* __restrict__ dout,
                                           const float* __restrict__ y,
                                           const unsigned short* __restrict__ y_h,
-                                          const float* __restrict__ z, long long ldz,
+                                          const float* __restrict__ z,
+                                          const unsigned short* __restrict__ z_h, long long ldz,
                                           float* __restrict__ dy, float* __restrict__ dz,
-                                          unsigned short* __restrict__ dz_h, int D) {
+                                          unsigned short* __restrict__ dz_h,
+                                          float* __restrict__ g_out,
+                                          unsigned short* __restrict__ g_h, int D) {
     const long long m = blockIdx.x;
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= D) return;
-    const float zv = z[m * ldz + c];
+    const float zv = load_f32_bf16(z, z_h, m * ldz + c);
+    const float yv = load_f32_bf16(y, y_h, m * D + c);
     const float s = sigmoidf_(zv);
     const float g = dout[m * D + c];
     dy[m * D + c] = g * (zv * s);
-    store_f32_bf16(dz, dz_h, m * ldz + c,
-                   g * load_f32_bf16(y, y_h, m * D + c) * (s * (1.0f + zv * (1.0f - s))));
+    store_f32_bf16(dz, dz_h, m * ldz + c, g * yv * (s * (1.0f + zv * (1.0f - s))));
+    store_f32_bf16(g_out, g_h, m * D + c, gate_out(yv, zv));
 }
 
 // Stage 1 of a column sum over rows: part[s * C + c] = sum over slab s of

@@ -166,8 +166,8 @@ __device__ __forceinline__ Chunk chunk_at(int b, int k, int T) {
 }
 
 // One per-channel activation column source, x[m * ld + c]. Its element type
-// is the staging's compile-time choice (stage_chunk's H: columns 0 and 1,
-// dt and u, are bf16 in a bf16 run, `p` then pointing at bf16 elements), so
+// is the staging's compile-time choice (stage_chunk's HM: in a bf16 run dt
+// and u, and the forward's z, are bf16, `p` then pointing at bf16 elements), so
 // the walk carries no per-column type (an earlier version with a runtime
 // type per column spilled registers in the backward).
 struct Col {
@@ -175,7 +175,7 @@ struct Col {
     long long ld;
 };
 
-// u or dt: the f32 pointer when given, else the bf16 one.
+// u, dt or z: the f32 pointer when given, else the bf16 one.
 __device__ __forceinline__ Col act_col(const float* p, const unsigned short* h, long long ld) {
     return p ? Col{p, ld} : Col{h, ld};
 }
@@ -183,6 +183,13 @@ __device__ __forceinline__ Col act_col(const float* p, const unsigned short* h, 
 // Which of the kCols columns a kernel stages (bit a: column a); the others
 // are never read and not copied.
 constexpr int kAllCols = 7;
+
+// Which staged columns are bf16 in a bf16 run (stage_chunk's HM, bit a:
+// column a): dt and u in every kernel; the forward's third column, z, too
+// (in_proj's output is kept in bf16 with them); the backward's third, dy,
+// stays f32 (the gate's backward makes it in f32).
+constexpr int kHalfDtU = 3;
+constexpr int kHalfDtUZ = 7;
 
 // cp.async of one float, global -> shared (sm_80+), completed by
 // cp_async_wait; the thread holds no register for it meanwhile. Under the
@@ -222,7 +229,7 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 // `buf` (one committed group). Rows past the chunk's end, states past N and
 // channels past D are zero-filled by plain stores: zeros are what the walk
 // computes with there (dt = 0 gives a = 1 and adds 0; B = C = 0 add 0).
-template <int SP, bool H, int kStaged = kAllCols>
+template <int SP, int HM, int kStaged = kAllCols>
 __device__ __forceinline__ void stage_chunk(float* buf, const float* __restrict__ bc,
                                             long long ldbc, int N, const Col (&cols)[kCols],
                                             int D, int cbase, Chunk ch) {
@@ -240,7 +247,7 @@ __device__ __forceinline__ void stage_chunk(float* buf, const float* __restrict_
     for (int a = 0; a < kCols; ++a) {
         float* colbuf = buf + kChunk * L::row + a * kChunk * L::cpb;
         if (!((kStaged >> a) & 1)) continue;
-        if (H && a < 2) {
+        if ((HM >> a) & 1) {
             // bf16 in the first half of the column's slot, [kChunk][cpb]
             // halves; each 4-byte copy takes channels c, c + 1 (cbase and
             // c even, D even: the launcher checks it, so both are < D or
@@ -363,7 +370,7 @@ __device__ __forceinline__ void scan_fwd(Col ucol, Col dtcol,
                                          const float* __restrict__ bc, long long ldbc,
                                          const float* __restrict__ a_log,
                                          const float* __restrict__ dpar,
-                                         const float* __restrict__ z, long long ldz,
+                                         Col zcol,
                                          float* __restrict__ Hin, float* __restrict__ y,
                                          unsigned short* __restrict__ y_h,
                                          float* __restrict__ out,
@@ -377,7 +384,7 @@ __device__ __forceinline__ void scan_fwd(Col ucol, Col dtcol,
     const bool live_c = c < D;
     const int nch = (T + kChunk - 1) / kChunk;
     float* sFin = smem + 2 * L::stage;
-    const Col cols[kCols] = {dtcol, ucol, {z, ldz}};
+    const Col cols[kCols] = {dtcol, ucol, zcol};
     float A[kLaneStates], A2[kLaneStates], h[kLaneStates];
     bool live[kLaneStates];
     load_a(a_log, live_c, c, l.n0, N, A, A2, live);
@@ -393,12 +400,12 @@ __device__ __forceinline__ void scan_fwd(Col ucol, Col dtcol,
     const float dp = dpar[min(fc, D - 1)];
 
     // Chunk k is staged in buffer (k - k0) & 1.
-    stage_chunk<SP, H>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k0, T));
+    stage_chunk<SP, H ? kHalfDtUZ : 0>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k0, T));
     for (int k = sg.k0; k < sg.k1; ++k) {
         const Chunk ch = chunk_at(b, k, T);
         if (k + 1 < sg.k1) {
-            stage_chunk<SP, H>(smem + ((k + 1 - sg.k0) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
-                            chunk_at(b, k + 1, T));
+            stage_chunk<SP, H ? kHalfDtUZ : 0>(smem + ((k + 1 - sg.k0) & 1) * L::stage, bc, ldbc, N, cols, D,
+                                              cbase, chunk_at(b, k + 1, T));
         }
         cp_async_wait(k + 1 < sg.k1 ? 1 : 0);
         __syncthreads();
@@ -440,7 +447,11 @@ __device__ __forceinline__ void scan_fwd(Col ucol, Col dtcol,
                 const float yv =
                     sFin[j * L::cpb + l.fcl] + dp * staged_col<SP, H>(buf, 1, j, l.fcl);
                 store_f32_bf16(y, y_h, m * D + fc, yv);
-                store_f32_bf16(out, out_h, m * D + fc, yv * siluf_(staged_col<SP>(buf, 2, j, l.fcl)));
+                // The gate reads y as it is kept (its bf16 rounding when
+                // only that is), as the gate's backward recomputes it.
+                const float yk = y ? yv : bf16_to_f32((unsigned short)bf16_rne(yv));
+                store_f32_bf16(out, out_h, m * D + fc,
+                               gate_out(yk, staged_col<SP, H>(buf, 2, j, l.fcl)));
             }
         }
         // Every thread is done with this buffer and sFin before the next
@@ -496,7 +507,7 @@ __device__ __forceinline__ void scan_bwd(Col ucol, Col dtcol,
         }
 
         // Iteration it walks chunk k = k1 - 1 - it from staging buffer it & 1.
-        stage_chunk<SP, H>(stage, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k1 - 1, T));
+        stage_chunk<SP, H ? kHalfDtU : 0>(stage, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k1 - 1, T));
         for (int it = 0; it < sg.k1 - sg.k0; ++it) {
             const int k = sg.k1 - 1 - it;
             const Chunk ch = chunk_at(b, k, T);
@@ -505,7 +516,7 @@ __device__ __forceinline__ void scan_bwd(Col ucol, Col dtcol,
                 h[i] = live[i] ? Hin[state_index(b, k, nch, c, D, l.n0 + i, N)] : 0.0f;
             }
             if (k > sg.k0) {
-                stage_chunk<SP, H>(stage + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+                stage_chunk<SP, H ? kHalfDtU : 0>(stage + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
                                 chunk_at(b, k - 1, T));
             }
             cp_async_wait(k > sg.k0 ? 1 : 0);
@@ -642,10 +653,10 @@ __device__ __forceinline__ void scan_fwd_seg(Col ucol, Col dtcol,
         h[i] = 0.0f;
         p[i] = 1.0f;
     }
-    stage_chunk<SP, H, staged>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k0, T));
+    stage_chunk<SP, H ? kHalfDtU : 0, staged>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k0, T));
     for (int k = sg.k0; k < sg.k1; ++k) {
         if (k + 1 < sg.k1) {
-            stage_chunk<SP, H, staged>(smem + ((k + 1 - sg.k0) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+            stage_chunk<SP, H ? kHalfDtU : 0, staged>(smem + ((k + 1 - sg.k0) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
                             chunk_at(b, k + 1, T));
         }
         cp_async_wait(k + 1 < sg.k1 ? 1 : 0);
@@ -711,12 +722,12 @@ __device__ __forceinline__ void scan_bwd_seg(Col dtcol,
         carry[i] = 0.0f;
         p[i] = 1.0f;
     }
-    stage_chunk<SP, H, staged>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k1 - 1, T));
+    stage_chunk<SP, H ? kHalfDtU : 0, staged>(smem, bc, ldbc, N, cols, D, cbase, chunk_at(b, sg.k1 - 1, T));
     for (int it = 0; it < sg.k1 - sg.k0; ++it) {
         const int k = sg.k1 - 1 - it;
         const Chunk ch = chunk_at(b, k, T);
         if (k > sg.k0) {
-            stage_chunk<SP, H, staged>(smem + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
+            stage_chunk<SP, H ? kHalfDtU : 0, staged>(smem + ((it + 1) & 1) * L::stage, bc, ldbc, N, cols, D, cbase,
                             chunk_at(b, k - 1, T));
         }
         cp_async_wait(k > sg.k0 ? 1 : 0);
@@ -774,7 +785,9 @@ __device__ __forceinline__ void scan_bwd_seg(Col dtcol,
         MAMBA_SCAN_DISPATCH_SP(SP_VAR, false, CALL)     \
     }
 
-// u and dt: f32 (`u`, `dt`) or, when those are null, bf16 (`u_h`, `dt_h`).
+// u, dt and z: f32 (`u`, `dt`, `z`) or, when those are null, bf16 (`u_h`,
+// `dt_h`, `z_h`; all three in the same type). The gated output is
+// gate_out(y as kept, z).
 // `y` / `y_h` and `out` / `out_h`: f32 and bf16 outputs, either may be null
 // (a bf16 run keeps y and the gated output in bf16 alone).
 // grid (ceil(D / cpb), B, nseg), block kScanThreads, dynamic shared memory
@@ -786,7 +799,8 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
                    const float* __restrict__ dt, const unsigned short* __restrict__ dt_h,
                    const float* __restrict__ bc, long long ldbc,
                    const float* __restrict__ a_log, const float* __restrict__ dpar,
-                   const float* __restrict__ z, long long ldz, float* __restrict__ Hin,
+                   const float* __restrict__ z, const unsigned short* __restrict__ z_h,
+                   long long ldz, float* __restrict__ Hin,
                    float* __restrict__ y, unsigned short* __restrict__ y_h,
                    float* __restrict__ out, unsigned short* __restrict__ out_h, int T, int D,
                    int N, int sp, int seg) {
@@ -796,7 +810,8 @@ extern "C" __global__ void __launch_bounds__(kScanThreads)
     extern __shared__ float smem[];
 #endif
 #define MAMBA_SCAN_FWD(SP, H)                                                                  \
-    scan_fwd<SP, H>(act_col(u, u_h, D), act_col(dt, dt_h, D), bc, ldbc, a_log, dpar, z, ldz, Hin, \
+    scan_fwd<SP, H>(act_col(u, u_h, D), act_col(dt, dt_h, D), bc, ldbc, a_log, dpar,          \
+                    act_col(z, z_h, ldz), Hin,                                               \
                     y, y_h, out, out_h, T, D, N, seg, smem)
     MAMBA_SCAN_DISPATCH(sp, !u, MAMBA_SCAN_FWD)
 #undef MAMBA_SCAN_FWD

@@ -141,7 +141,8 @@ int main() {
             std::vector<unsigned short> y_h, out_h, ddtr_h;
         };
         auto run = [&](const float* uf, const unsigned short* uh, const float* dtf,
-                       const unsigned short* dth, bool y_half) {
+                       const unsigned short* dth, const float* zf, const unsigned short* zh,
+                       bool y_half) {
             Outs o{std::vector<float>((size_t)B * nch * D * N, nan), std::vector<float>(M * D, nan),
                    std::vector<float>(M * D, nan), std::vector<float>(M * D, nan),
                    std::vector<float>(M * D, nan), std::vector<float>((size_t)groups * M * 2 * N, nan),
@@ -165,7 +166,7 @@ int main() {
                 });
             }
             emu_launch({(unsigned)sets, (unsigned)B, (unsigned)nseg}, EMU_BLOCK, fwd_dyn, [&] {
-                mamba_scan_fwd(uf, uh, dtf, dth, bc, ld, fal.data(), fdp.data(), fxz.data() + D, 2 * D,
+                mamba_scan_fwd(uf, uh, dtf, dth, bc, ld, fal.data(), fdp.data(), zf, zh, 2 * D,
                                o.hin.data(), yf, yh, o.out.data(), o.out_h.data(), T, D, N, sp, seg);
             });
             if (nseg > 1) {
@@ -187,34 +188,43 @@ int main() {
             });
             return o;
         };
-        Outs o = run(fu.data(), nullptr, fdt.data(), nullptr, false);
+        Outs o = run(fu.data(), nullptr, fdt.data(), nullptr, fxz.data() + D, nullptr, false);
         auto& [hin, y, out, ddtr, du, part, dapart, ddbc, seg_state, seg_carry, y_h, out_h, ddtr_h] = o;
         (void)part; (void)seg_state; (void)seg_carry; (void)y_h;
-        // bf16-kept u and dt (even D): the bf16 staging must give the bits
-        // of the f32 staging of the same values, and y's bf16 the rounding
-        // of that run's y.
+        // bf16-kept u, dt and z (even D): the bf16 staging must give the
+        // bits of the f32 staging of the same values, y's bf16 the rounding
+        // of that run's y, and the gated output gate_out of that rounded y
+        // (what the gate's backward recomputes).
         bool half_ok = true;
         // (Unsegmented and one segmented walk per shape; not in the
         // negative build, which needs only the tolerance to fail.)
         const bool half_case = D % 2 == 0 && (seg == 64 || seg == 1) && !EMU_NEGATIVE;
         if (half_case) {
-            std::vector<float> ru(fu.size()), rdt(fdt.size());
-            std::vector<unsigned short> hu(fu.size()), hdt(fdt.size());
+            std::vector<float> ru(fu.size()), rdt(fdt.size()), rxz(fxz.size());
+            std::vector<unsigned short> hu(fu.size()), hdt(fdt.size()), hxz(fxz.size());
             for (size_t i = 0; i < fu.size(); ++i) {
                 hu[i] = (unsigned short)mamba::bf16_rne(fu[i]);
                 hdt[i] = (unsigned short)mamba::bf16_rne(fdt[i]);
                 ru[i] = mamba::bf16_to_f32(hu[i]);
                 rdt[i] = mamba::bf16_to_f32(hdt[i]);
             }
-            Outs a = run(ru.data(), nullptr, rdt.data(), nullptr, false);
-            Outs h = run(nullptr, hu.data(), nullptr, hdt.data(), true);
+            for (size_t i = 0; i < fxz.size(); ++i) {
+                hxz[i] = (unsigned short)mamba::bf16_rne(fxz[i]);
+                rxz[i] = mamba::bf16_to_f32(hxz[i]);
+            }
+            Outs a = run(ru.data(), nullptr, rdt.data(), nullptr, rxz.data() + D, nullptr, false);
+            Outs h = run(nullptr, hu.data(), nullptr, hdt.data(), nullptr, hxz.data() + D, true);
             auto same = [](const std::vector<float>& x, const std::vector<float>& z) {
                 return std::memcmp(x.data(), z.data(), x.size() * 4) == 0;
             };
-            half_ok = same(a.hin, h.hin) && same(a.out, h.out) && same(a.ddtr, h.ddtr) &&
-                      same(a.du, h.du) && same(a.ddbc, h.ddbc) && same(a.dapart, h.dapart);
+            half_ok = same(a.hin, h.hin) && same(a.ddtr, h.ddtr) && same(a.du, h.du) &&
+                      same(a.ddbc, h.ddbc) && same(a.dapart, h.dapart);
             for (int i = 0; i < M * D; ++i) {
-                half_ok = half_ok && h.y_h[i] == (unsigned short)mamba::bf16_rne(a.y[i]);
+                const unsigned short yr = (unsigned short)mamba::bf16_rne(a.y[i]);
+                const float zr = rxz[(size_t)(i / D) * 2 * D + D + i % D];
+                const float g = mamba::gate_out(mamba::bf16_to_f32(yr), zr);
+                half_ok = half_ok && h.y_h[i] == yr &&
+                          std::memcmp(&h.out[i], &g, 4) == 0;
             }
             fails += !half_ok;
         }
@@ -239,7 +249,7 @@ int main() {
         }
         fails += copy_bad != 0;
         printf("B %d T %d D %d N %d (sp %d cpb %d rounds %d groups %d seg %d nseg %d): bf16 copies %s, "
-               "bf16 u/dt %s,",
+               "bf16 u/dt/z %s,",
                B, T, D, N, sp, cpb, rounds, groups, seg, nseg, copy_bad ? "DIFFER" : "exact",
                !half_case ? "not run" : half_ok ? "same bits" : "DIFFER");
         for (auto& k : checks) {

@@ -287,12 +287,13 @@ fn chunked_scan_matches_a_sequential_f64_scan() {
             a_log: &alv,
             d: &dpv,
         };
+        let zv = xz.slice(d..);
         k.scan_forward(
             &s,
             shape,
             inp,
             ScanForward {
-                z: &xz.slice(d..),
+                z: Stored::F32(&zv),
                 ldz: 2 * d,
                 hin: &mut hin.as_view_mut(),
                 y: Store::F32(y.as_view_mut()),
@@ -393,6 +394,7 @@ fn scan_launchers_refuse_short_buffers() {
         a.as_view(),
         dp.as_view(),
     );
+    let zv = zz.slice(4..);
     let err = k
         .scan_forward(
             &s,
@@ -406,7 +408,7 @@ fn scan_launchers_refuse_short_buffers() {
                 d: &dpv,
             },
             ScanForward {
-                z: &zz.slice(4..),
+                z: Stored::F32(&zv),
                 ldz: 8,
                 hin: &mut hin.as_view_mut(),
                 y: Store::F32(y.as_view_mut()),
@@ -460,7 +462,14 @@ fn run_scan(
         s.clone_htod(&h).expect("upload")
     };
     let (uf, dtf, uh, dth) = (up(u), up(dt), halves(u), halves(dt));
+    let xz_h = halves(xz);
     let (dbc, a_log, dp, xz, dy) = (up(dbc), up(a_log), up(dp), up(xz), up(dy));
+    let (zf, zh) = (xz.slice(d..), xz_h.slice(d..));
+    let zin = if half {
+        Stored::Bf16(&zh)
+    } else {
+        Stored::F32(&zf)
+    };
     let (ufv, dtfv, uhv, dthv) = (uf.as_view(), dtf.as_view(), uh.as_view(), dth.as_view());
     let (bc, alv, dpv) = (dbc.slice(r..), a_log.as_view(), dp.as_view());
     let inp = ScanInputs {
@@ -487,7 +496,7 @@ fn run_scan(
         shape,
         inp,
         ScanForward {
-            z: &xz.slice(d..),
+            z: zin,
             ldz: 2 * d,
             hin: &mut hin.as_view_mut(),
             y: if half {
@@ -500,6 +509,29 @@ fn run_scan(
         },
     )
     .expect("scan_forward");
+    // The gate's backward makes the gated output again (the backward pass
+    // keeps no copy of it): from the same kept y and z, the same bits.
+    let (mut g, mut dy_g, mut dz) = (nan(m * d), nan(m * d), nan(m * 2 * d));
+    {
+        let (yf, yh) = (y.as_view(), y_h.as_view());
+        k.gate_bwd(
+            s,
+            &dy.as_view(),
+            if half {
+                Stored::Bf16(&yh)
+            } else {
+                Stored::F32(&yf)
+            },
+            zin,
+            2 * d,
+            &mut dy_g.as_view_mut(),
+            Store::F32(dz.slice_mut(d..)),
+            Store::F32(g.as_view_mut()),
+            m,
+            d,
+        )
+        .expect("gate_bwd");
+    }
     let (mut da_part, mut dbc_part) = (nan(shape.da_partial_len()), nan(shape.dbc_partial_len()));
     let (mut ddtr, mut du, mut ddbc, mut da) = (nan(m * d), nan(m * d), nan(m * ld), nan(d * n));
     k.scan_backward(
@@ -526,6 +558,11 @@ fn run_scan(
             .map(|x| x.to_bits())
             .collect()
     };
+    assert_eq!(
+        bits(&g),
+        bits(&out),
+        "the gate's backward must remake the scan's gated output bit for bit (bf16 {half})"
+    );
     let y = if half {
         let h = s.clone_dtoh(&y_h).expect("download");
         h.iter().map(|b| bf16_to_f32(*b).to_bits()).collect()
@@ -543,12 +580,15 @@ fn run_scan(
     }
 }
 
-/// bf16 runs keep u and dt in bf16 alone and write y in bf16 alone: the scan
-/// staging them as bf16 must give exactly the bits of the f32 scan over the
-/// same (bf16-representable) values, and y's bf16 must be the rounding of
-/// that scan's y. Shapes cover every lane count the 130m model does not use,
-/// ragged chunks, odd channel-set counts and several time segments; a
-/// negative control moves one u by one bf16 step and must change the bits.
+/// bf16 runs keep u, dt and z in bf16 alone and write y in bf16 alone: the
+/// scan staging them as bf16 must give exactly the bits of the f32 scan
+/// over the same (bf16-representable) values, and y's bf16 must be the
+/// rounding of that scan's y. The gated output is then made from the
+/// rounded y (so it differs from the f32 run's); `run_scan` checks that the
+/// gate's backward remakes it bit for bit in both runs. Shapes cover every
+/// lane count the 130m model does not use, ragged chunks, odd channel-set
+/// counts and several time segments; a negative control moves one u by one
+/// bf16 step and must change the bits.
 #[test]
 fn bf16_stored_inputs_give_the_bits_of_the_same_values_in_f32() {
     let Some((s, k)) = device() else { return };
@@ -586,7 +626,7 @@ fn bf16_stored_inputs_give_the_bits_of_the_same_values_in_f32() {
         let (u, dt) = (uni(-1.0, 1.0, m * d, true), uni(0.001, 0.6, m * d, true));
         let (dbc, dp) = (uni(-1.0, 1.0, m * ld, false), uni(0.5, 1.5, d, false));
         let (xz, dy) = (
-            uni(-2.0, 2.0, m * 2 * d, false),
+            uni(-2.0, 2.0, m * 2 * d, true),
             uni(-1.0, 1.0, m * d, false),
         );
         let a_log: Vec<f32> = (0..d * n).map(|i| (((i % n) + 1) as f32).ln()).collect();
@@ -604,6 +644,11 @@ fn bf16_stored_inputs_give_the_bits_of_the_same_values_in_f32() {
             "case {ci}: y's bf16 is not the f32 y rounded"
         );
         bf16_run.y = f32_run.y.clone();
+        assert_ne!(
+            bf16_run.out, f32_run.out,
+            "case {ci}: the gated output must come from the rounded y"
+        );
+        bf16_run.out = f32_run.out.clone();
         assert_eq!(
             bf16_run, f32_run,
             "case {ci} (batch {b} T {t} d_inner {d} d_state {n}): bf16-staged u / dt changed the bits"
@@ -614,7 +659,7 @@ fn bf16_stored_inputs_give_the_bits_of_the_same_values_in_f32() {
             let i = u2.len() / 2;
             u2[i] = bf16_to_f32(f32_to_bf16_rne(u2[i]).wrapping_add(1));
             let moved = run_scan(&s, &k, shape, r, &u2, &dt, rest, true);
-            assert_ne!(moved.out, f32_run.out, "a changed u must change the output");
+            assert_ne!(moved.y, f32_run.y, "a changed u must change the output");
         }
     }
 }
@@ -630,12 +675,14 @@ fn scan_launchers_refuse_mixed_or_odd_bf16_inputs() {
     };
     let zf = |len: usize| s.alloc_zeros::<f32>(len).expect("alloc");
     let zh = |len: usize| s.alloc_zeros::<u16>(len).expect("alloc");
-    for (d, mixed, want) in [
-        (4, true, "u and dt must be kept in the same type"),
-        (3, false, "bf16 u and dt need an even d_inner, got 3"),
+    for (d, mixed, z_f32, want) in [
+        (4, true, false, "u and dt must be kept in the same type"),
+        (3, false, false, "bf16 u and dt need an even d_inner, got 3"),
+        (4, false, true, "z must be kept in the type u and dt are"),
     ] {
         let (uh, dth, dtf) = (zh(4 * d), zh(4 * d), zf(4 * d));
-        let (bc, a, dp, zz) = (zf(4 * 8), zf(d * 4), zf(d), zf(8 * d));
+        let (bc, a, dp, zz, zzh) = (zf(4 * 8), zf(d * 4), zf(d), zf(8 * d), zh(8 * d));
+        let (zv, zhv) = (zz.slice(d..), zzh.slice(d..));
         let (mut hin, mut y, mut out) = (zf(shape(d).state_len()), zh(4 * d), zh(4 * d));
         let (uhv, dthv, dtfv, bcv, av, dpv) = (
             uh.as_view(),
@@ -662,7 +709,11 @@ fn scan_launchers_refuse_mixed_or_odd_bf16_inputs() {
                     d: &dpv,
                 },
                 ScanForward {
-                    z: &zz.slice(d..),
+                    z: if z_f32 {
+                        Stored::F32(&zv)
+                    } else {
+                        Stored::Bf16(&zhv)
+                    },
                     ldz: 2 * d,
                     hin: &mut hin.as_view_mut(),
                     y: Store::Bf16(y.as_view_mut()),

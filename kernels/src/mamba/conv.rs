@@ -8,7 +8,7 @@ use cudarc::driver::{CudaFunction, CudaStream, CudaView, CudaViewMut};
 use super::check;
 use super::launcher::{Arg, Grid, Launch, THREADS};
 use super::reductions::REDUCE_THREADS;
-use super::store::Store;
+use super::store::{Store, Stored};
 use super::{MambaKernels, COL_SLAB};
 use crate::error::KernelError;
 
@@ -18,13 +18,14 @@ pub const MAX_CONV_WIDTH: usize = 8;
 impl MambaKernels {
     /// `u = SiLU(conv(x))`: causal depthwise conv of width `k` with bias
     /// over each sequence of `seq_len` rows; `x` is `[rows, d_inner]` with
-    /// leading dimension `ldx` (the first half of in_proj's output), `w` is
-    /// `[d_inner, 1, k]`, `u` is `[rows, d_inner]` (f32, bf16 or both).
+    /// leading dimension `ldx` (the first half of in_proj's output, f32 or
+    /// kept in bf16), `w` is `[d_inner, 1, k]`, `u` is `[rows, d_inner]`
+    /// (f32, bf16 or both).
     #[allow(clippy::too_many_arguments)]
     pub fn conv_fwd(
         &self,
         stream: &CudaStream,
-        x: &CudaView<f32>,
+        x: Stored<'_>,
         ldx: usize,
         w: &CudaView<f32>,
         bias: &CudaView<f32>,
@@ -58,7 +59,7 @@ impl MambaKernels {
     pub fn conv_bwd_pre(
         &self,
         stream: &CudaStream,
-        x: &CudaView<f32>,
+        x: Stored<'_>,
         ldx: usize,
         w: &CudaView<f32>,
         bias: &CudaView<f32>,
@@ -97,7 +98,7 @@ impl MambaKernels {
         func: &CudaFunction,
         out_name: &str,
         stream: &CudaStream,
-        x: &CudaView<f32>,
+        x: Stored<'_>,
         ldx: usize,
         w: &CudaView<f32>,
         bias: &CudaView<f32>,
@@ -132,8 +133,10 @@ impl MambaKernels {
             block: THREADS,
         };
         let [out_f32, out_bf16] = out.args();
+        let [x_f32, x_bf16] = x.args();
         let mut args = vec![
-            Arg::In(x),
+            x_f32,
+            x_bf16,
             Arg::Long("ldx", ldx),
             Arg::In(w),
             Arg::In(bias),
@@ -148,7 +151,8 @@ impl MambaKernels {
             Arg::Int("d_inner", d_inner),
             Arg::Int("k", k),
         ]);
-        // SAFETY: `func` is mamba_conv_fwd (const float* x, long long ldx,
+        // SAFETY: `func` is mamba_conv_fwd (const float* x, const unsigned
+        // short* x_h (one of the two null: Stored), long long ldx,
         // const float* w, const float* bias, float* u, unsigned short* u_h,
         // long long M, int T, int D, int K; u and u_h each null or checked
         // above) or mamba_conv_bwd_pre (the same without u_h, g in u's place:
@@ -216,8 +220,8 @@ impl MambaKernels {
         rows.div_ceil(COL_SLAB) * (d_inner * k + d_inner)
     }
 
-    /// The conv's weight and bias gradients: `dw[c, k] = sum_m dpre[m, c]
-    /// x[m - k_max + k, c]` and `db[c] = sum_m dpre[m, c]`, each a fixed
+    /// The conv's weight and bias gradients (`x` f32 or kept in bf16):
+    /// `dw[c, k] = sum_m dpre[m, c] x[m - k_max + k, c]` and `db[c] = sum_m dpre[m, c]`, each a fixed
     /// two-stage sum (slabs of [`COL_SLAB`] rows, then slabs ascending).
     /// `scratch` holds [`Self::conv_wgrad_scratch_len`] elements.
     #[allow(clippy::too_many_arguments)]
@@ -225,7 +229,7 @@ impl MambaKernels {
         &self,
         stream: &CudaStream,
         dpre: &CudaView<f32>,
-        x: &CudaView<f32>,
+        x: Stored<'_>,
         ldx: usize,
         scratch: &mut CudaViewMut<f32>,
         dw: &mut CudaViewMut<f32>,
@@ -265,9 +269,11 @@ impl MambaKernels {
             grid: Grid::Dims(slabs, d_inner.div_ceil(32), 1),
             block: REDUCE_THREADS,
         };
+        let [x_f32, x_bf16] = x.args();
         let mut args = [
             Arg::In(dpre),
-            Arg::In(x),
+            x_f32,
+            x_bf16,
             Arg::Long("ldx", ldx),
             Arg::Out(&mut *scratch),
             Arg::Long("rows", rows),
@@ -276,8 +282,9 @@ impl MambaKernels {
             Arg::Int("k", k),
         ];
         // SAFETY: matches mamba_conv_wgrad_partial(const float* dpre, const
-        // float* x, long long ldx, float* part, long long M, int T, int D,
-        // int K); writes part[< slabs * stride], extents checked above.
+        // float* x, const unsigned short* x_h (one of the two null: Stored),
+        // long long ldx, float* part, long long M, int T, int D, int K);
+        // writes part[< slabs * stride], extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }?;
         let part = scratch.as_view();
         self.reduce_partials(stream, &part, slabs, stride, 0, d_inner * k, None, dw)?;

@@ -263,20 +263,24 @@ impl MambaKernels {
     }
 
     /// Backward of `out = y * SiLU(z)`: `dy = dout SiLU(z)` (`[rows,
-    /// d_inner]`) and `dz = dout y SiLU'(z)` (f32 and/or bf16; `y` as it is
-    /// kept, f32 or bf16); `z` and `dz`
-    /// have leading dimension `ldz` (the second half of in_proj's output /
-    /// its gradient).
+    /// d_inner]`), `dz = dout y SiLU'(z)` (f32 and/or bf16), and `out`
+    /// itself again into `g` (f32 and/or bf16, `[rows, d_inner]`): the same
+    /// bits as [`Self::scan_forward`] wrote it from the same `y` and `z`
+    /// (one device function, `gate_out`), so no caller needs to keep it for
+    /// out_proj's weight gradient. `y` and `z` as they are kept (f32 or
+    /// bf16); `z` and `dz` have leading dimension `ldz` (the second half of
+    /// in_proj's output / its gradient).
     #[allow(clippy::too_many_arguments)]
     pub fn gate_bwd(
         &self,
         stream: &CudaStream,
         dout: &CudaView<f32>,
         y: Stored<'_>,
-        z: &CudaView<f32>,
+        z: Stored<'_>,
         ldz: usize,
         dy: &mut CudaViewMut<f32>,
         mut dz: Store<'_>,
+        mut g: Store<'_>,
         rows: usize,
         d_inner: usize,
     ) -> Result<(), KernelError> {
@@ -288,6 +292,7 @@ impl MambaKernels {
         check::len(K, "dy", dy.len(), n)?;
         check::matrix(K, "z", z.len(), rows, d_inner, ldz)?;
         dz.check_matrix(K, "dz", rows, d_inner, ldz)?;
+        g.check_each("g", |what, have| check::len(K, what, have, n))?;
         if rows == 0 || d_inner == 0 {
             return Ok(());
         }
@@ -301,22 +306,29 @@ impl MambaKernels {
             block: THREADS,
         };
         let [dz_f32, dz_bf16] = dz.args();
+        let [g_f32, g_bf16] = g.args();
         let [y_f32, y_bf16] = y.args();
+        let [z_f32, z_bf16] = z.args();
         let mut args = [
             Arg::In(dout),
             y_f32,
             y_bf16,
-            Arg::In(z),
+            z_f32,
+            z_bf16,
             Arg::Long("ldz", ldz),
             Arg::Out(dy),
             dz_f32,
             dz_bf16,
+            g_f32,
+            g_bf16,
             Arg::Int("d_inner", d_inner),
         ];
         // SAFETY: matches mamba_gate_bwd(const float* dout, const float* y,
-        // const unsigned short* y_h (one of the two null), const float* z, long long ldz, float* dy, float* dz, unsigned
-        // short* dz_h, int D) (dz and dz_h each null or checked); extents
-        // checked above.
+        // const unsigned short* y_h, const float* z, const unsigned short*
+        // z_h (one of each pair null: Stored), long long ldz, float* dy,
+        // float* dz, unsigned short* dz_h, float* g, unsigned short* g_h,
+        // int D) (dz, dz_h, g, g_h each null or checked); extents checked
+        // above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 }

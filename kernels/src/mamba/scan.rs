@@ -48,8 +48,10 @@ pub struct ScanInputs<'a> {
 
 /// Buffers of [`MambaKernels::scan_forward`].
 pub struct ScanForward<'a, 'b> {
-    /// The gate `z`, `[rows, d_inner]` with leading dimension `ldz`.
-    pub z: &'a CudaView<'a, f32>,
+    /// The gate `z`, `[rows, d_inner]` with leading dimension `ldz`, kept
+    /// in the type `u` is (bf16: `ldz` even and the view 4-byte aligned, as
+    /// for `u`).
+    pub z: Stored<'a>,
     /// Leading dimension of `z`.
     pub ldz: usize,
     /// Out: chunk entry states, [`ScanShape::state_len`] elements; keep for
@@ -58,8 +60,10 @@ pub struct ScanForward<'a, 'b> {
     /// Out: `y = C.h + D u`, `[rows, d_inner]` (kept for the gate's
     /// backward): f32, bf16 or both.
     pub y: Store<'b>,
-    /// Out: `y * SiLU(z)`, `[rows, d_inner]` (out_proj's input): f32, bf16
-    /// (all a bf16 out_proj reads) or both.
+    /// Out: `y * SiLU(z)` from `y` as it is kept (its bf16 rounding when
+    /// `y` is bf16 alone), `[rows, d_inner]` (out_proj's input): f32, bf16
+    /// (all a bf16 out_proj reads) or both. [`MambaKernels::gate_bwd`]
+    /// recomputes the same bits.
     pub out: Store<'b>,
     /// Scratch, [`ScanShape::segment_scratch_len`] elements (none needed,
     /// any length, for a one-segment sequence).
@@ -123,6 +127,7 @@ impl MambaKernels {
         let (rd, sl) = self.scan_checks(K, stream, &shape, &inp)?;
         let (rows, d) = (shape.rows(), shape.d_inner);
         check::matrix(K, "z", buf.z.len(), rows, d, buf.ldz)?;
+        check_gate(K, stream, &inp, &buf)?;
         check::len(K, "hin", buf.hin.len(), sl)?;
         buf.y
             .check_each("y", |what, have| check::len(K, what, have, rd))?;
@@ -183,6 +188,7 @@ impl MambaKernels {
         let [out_f32, out_bf16] = buf.out.args();
         let [y_f32, y_bf16] = buf.y.args();
         let ([u, u_h], [dt, dt_h]) = (inp.u.args(), inp.dt.args());
+        let [z, z_h] = buf.z.args();
         let mut args = [
             u,
             u_h,
@@ -192,7 +198,8 @@ impl MambaKernels {
             Arg::I64(ldbc),
             Arg::In(inp.a_log),
             Arg::In(inp.d),
-            Arg::In(buf.z),
+            z,
+            z_h,
             Arg::I64(ldz),
             Arg::Out(&mut *buf.hin),
             y_f32,
@@ -208,10 +215,11 @@ impl MambaKernels {
         // SAFETY: matches mamba_scan_fwd(const float* u, const unsigned
         // short* u_h, const float* dt, const unsigned short* dt_h, const
         // float* bc, long long ldbc, const float* a_log, const float* dpar,
-        // const float* z, long long ldz, float* Hin, float* y, unsigned
-        // short* y_h, float* out, unsigned short* out_h, int T, int D, int N,
-        // int sp, int seg) (one of u / u_h and of dt / dt_h null, both of one
-        // type, bf16 ones aligned with D even: check_inputs; y / y_h and
+        // const float* z, const unsigned short* z_h, long long ldz, float*
+        // Hin, float* y, unsigned short* y_h, float* out, unsigned short*
+        // out_h, int T, int D, int N, int sp, int seg) (one of u / u_h, of
+        // dt / dt_h and of z / z_h null, all three of one type, bf16 ones
+        // aligned with D and ldz even: check_inputs, check_gate; y / y_h and
         // out / out_h each null or checked; a segment's entry state is
         // read from Hin, where the link above wrote it); check_inputs and the
         // checks above
@@ -417,6 +425,38 @@ impl MambaKernels {
         // forward only (Hin not null then), Hin[< state_len] at segment
         // starts (both checked by the callers).
         unsafe { self.launch(stream, launch, &mut args) }
+    }
+}
+
+/// The forward's gate input: in `u`'s type (the kernel's bf16 staging is
+/// one compile-time choice for u, dt and z), and when bf16 staged like
+/// them, two channels a 4-byte copy (`ldz` even, the view aligned).
+fn check_gate(
+    kernel: &'static str,
+    stream: &CudaStream,
+    inp: &ScanInputs<'_>,
+    buf: &ScanForward<'_, '_>,
+) -> Result<(), KernelError> {
+    match (inp.u, buf.z) {
+        (Stored::F32(_), Stored::F32(_)) => Ok(()),
+        (Stored::Bf16(_), Stored::Bf16(z)) => {
+            let (ptr, _read) = z.device_ptr(stream);
+            if buf.ldz % 2 != 0 || ptr % 4 != 0 {
+                return Err(KernelError::invalid(
+                    kernel,
+                    format!(
+                        "bf16 z needs an even leading dimension and a 4-byte aligned start \
+                         (ldz {}, at {ptr:#x})",
+                        buf.ldz
+                    ),
+                ));
+            }
+            Ok(())
+        }
+        _ => Err(KernelError::invalid(
+            kernel,
+            "z must be kept in the type u and dt are (all f32 or all bf16)",
+        )),
     }
 }
 

@@ -5,24 +5,26 @@
 //!
 //! With `--recompute` ([`super::workspace::BlockActs`]) each block's
 //! activations are recomputed from its input just before its backward
-//! (the last block's are still there from the forward pass). In bf16 runs
+//! (the last block's are still there from the forward pass). Every block's
+//! norm output `xn` and gated output `g` are made again here, not kept
+//! ([`super::workspace`]'s docs): `xn` by the block's RMSNorm on its input,
+//! `g` by the gate's backward, both the forward's bits. In bf16 runs
 //! each output gradient has one bf16 copy, which the two GEMMs of its linear
 //! layer share: stored by the kernel that makes the gradient (the norm's
 //! backward for `dres`, the gate and conv backward for `dxz`, the scan for
-//! `ddtr`), cast afterwards only for cuBLAS's `ddbc`. `grad_h` holds `dres`'s
-//! copy and then `dxz`'s (their lives do not overlap: out_proj's GEMMs read
-//! the first before the gate's backward writes the second).
+//! `ddtr`), cast afterwards only for cuBLAS's `ddbc`.
 //!
 //! Per block, from `dres = dL/dx_out` (which also flows straight through to
 //! `x_in`):
 //! ```text
-//! dW_out = dres^T . g            dout = dres . W_out
-//! dy, dz = gate_bwd(dout, y, z)  dD   = colsum(dy * u)
+//! dout = dres . W_out
+//! dy, dz, g = gate_bwd(dout, y, z)   (g = y SiLU(z) again)
+//! dW_out = dres^T . g            dD   = colsum(dy * u)
 //! ddtr, du, dB, dC, dA_log = scan_bwd(...)      (du includes D dy)
 //! db_dt = colsum(ddtr)  dW_dt = ddtr^T . dt_raw  d dt_raw = ddtr . W_dt
 //! dW_x  = ddbc^T . u    du   += ddbc . W_x
 //! dpre  = du SiLU'(pre) dx = conv^T(dpre)  dw_conv, db_conv = colsums
-//! dW_in = dxz^T . xn    dxn  = dxz . W_in
+//! xn again = RMSNorm(x_in)      dW_in = dxz^T . xn    dxn  = dxz . W_in
 //! dw_norm = colsum(dxn * x_in * rstd)   dres += RMSNorm_bwd(dxn)
 //! ```
 
@@ -30,7 +32,7 @@ use cudarc::driver::CudaSlice;
 use kernels::mamba::{ColSum, DeviceTokenCsr, ScanBackward, ScanInputs, Store};
 
 use super::forward::{
-    again, block_forward, cast_copy, half, op, op_t, store_into, stored, Scratch,
+    again, block_forward, block_norm, cast_copy, half, op, op_t, store_into, stored, Scratch,
 };
 use super::workspace::Workspace;
 use super::Engine;
@@ -84,7 +86,7 @@ pub(super) fn backward(
         &last,
         &norm_f,
         &ws.rstd_f.as_view(),
-        Store::f32_and(ws.dres.as_view_mut(), store_into(&mut ws.grad_h, m * d)),
+        Store::f32_and(ws.dres.as_view_mut(), store_into(&mut ws.dres_h, m * d)),
         m,
         d,
         false,
@@ -105,35 +107,43 @@ pub(super) fn backward(
                 Scratch {
                     scan_seg: &mut ws.scan_seg,
                     dt_raw: &mut ws.ddtr,
+                    xn: &mut ws.xn,
+                    g: &mut ws.g,
                 },
             )?;
             ws.acts.resident = Some(l);
+            ws.xn_of = Some(l);
+        }
+        if ws.xn_of != Some(l) {
+            // The block's norm output again (the forward's bits; its 1/rms
+            // is rewritten with the bits it holds).
+            block_norm(
+                e,
+                lo,
+                p,
+                (m, d),
+                &ws.resid[l],
+                &mut ws.xn,
+                &mut ws.acts.slot_mut(l).rstd,
+            )?;
+            ws.xn_of = Some(l);
         }
         let a = ws.acts.slot(l);
         let x_in = ws.resid[l].as_view();
         let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
         let g = |range: &std::ops::Range<usize>| range.clone();
 
-        // out_proj and the residual: x_out = x_in + g . W_out^T.
+        // out_proj and the residual: x_out = x_in + g . W_out^T. The input
+        // gradient first: the gate's backward below makes it into dy and dz
+        // and makes g again, which the weight gradient reads.
         let dres = ws.dres.as_view();
-        let dres_h = stored(&ws.grad_h, m * d);
-        e.blas.gemm(
-            "out_proj dW",
-            d,
-            di,
-            m,
-            op_t(&dres, d).with_bf16(again(&dres_h)),
-            op(a.g.elems(), di),
-            0.0,
-            &mut grads.slice_mut(g(&lo.out_proj)),
-            di,
-        )?;
+        let dres_h = stored(&ws.dres_h, m * d);
         e.blas.gemm(
             "out_proj dx",
             m,
             di,
             d,
-            op(&dres, d).with_bf16(dres_h),
+            op(&dres, d).with_bf16(again(&dres_h)),
             op(&w(&lo.out_proj), di).with_bf16(half(pb, &lo.out_proj)),
             0.0,
             &mut ws.dout.as_view_mut(),
@@ -141,20 +151,32 @@ pub(super) fn backward(
         )?;
 
         // Gate.
-        let z = a.xz.slice(di..);
+        let z = a.xz.view_from(di);
         let (y, u, dt) = (a.y.view(), a.u.view(), a.dt.view());
         kr.gate_bwd(
             s,
             &ws.dout.as_view(),
             y.stored(),
-            &z,
+            z.stored(),
             2 * di,
             &mut ws.dy.as_view_mut(),
             Store::f32_and(
                 ws.dxz.slice_mut(di..),
-                ws.grad_h.as_mut().map(|h| h.slice_mut(di..m * 2 * di)),
+                ws.dxz_h.as_mut().map(|h| h.slice_mut(di..m * 2 * di)),
             ),
+            ws.g.produce(),
             m,
+            di,
+        )?;
+        e.blas.gemm(
+            "out_proj dW",
+            d,
+            di,
+            m,
+            op_t(&dres, d).with_bf16(dres_h),
+            op(ws.g.elems(), di),
+            0.0,
+            &mut grads.slice_mut(g(&lo.out_proj)),
             di,
         )?;
         kr.colsum(
@@ -259,11 +281,11 @@ pub(super) fn backward(
 
         // Conv + SiLU: du -> dpre in place, then dx (into dxz's x half) and
         // the conv's weight and bias.
-        let xz = a.xz.as_view();
+        let xz = a.xz.view();
         let (conv_w, conv_b) = (w(&lo.conv_w), w(&lo.conv_b));
         kr.conv_bwd_pre(
             s,
-            &xz,
+            xz.stored(),
             2 * di,
             &conv_w,
             &conv_b,
@@ -278,7 +300,7 @@ pub(super) fn backward(
             s,
             &dpre,
             &conv_w,
-            Store::f32_and(ws.dxz.as_view_mut(), store_into(&mut ws.grad_h, m * 2 * di)),
+            Store::f32_and(ws.dxz.as_view_mut(), store_into(&mut ws.dxz_h, m * 2 * di)),
             2 * di,
             m,
             t,
@@ -300,7 +322,7 @@ pub(super) fn backward(
             kr.conv_wgrad(
                 s,
                 &dpre,
-                &xz,
+                xz.stored(),
                 2 * di,
                 &mut ws.colsum.as_view_mut(),
                 &mut dw,
@@ -314,14 +336,14 @@ pub(super) fn backward(
 
         // in_proj.
         let dxz = ws.dxz.as_view();
-        let dxz_h = stored(&ws.grad_h, m * 2 * di);
+        let dxz_h = stored(&ws.dxz_h, m * 2 * di);
         e.blas.gemm(
             "in_proj dW",
             2 * di,
             d,
             m,
             op_t(&dxz, 2 * di).with_bf16(again(&dxz_h)),
-            op(a.xn.elems(), d),
+            op(ws.xn.elems(), d),
             0.0,
             &mut grads.slice_mut(g(&lo.in_proj)),
             d,
@@ -365,7 +387,7 @@ pub(super) fn backward(
             Store::f32_and(
                 ws.dres.as_view_mut(),
                 if l > 0 {
-                    store_into(&mut ws.grad_h, m * d)
+                    store_into(&mut ws.dres_h, m * d)
                 } else {
                     None
                 },

@@ -12,8 +12,10 @@
 //!   - `tf32`: `cublasGemmEx` on f32 data with compute type
 //!     `CUBLAS_COMPUTE_32F_FAST_TF32` (tensor cores, inputs rounded to TF32,
 //!     f32 accumulation and output);
-//!   - `bf16`: `cublasGemmEx` with bf16 A and B (`CUDA_R_16BF`), f32 C and
-//!     compute type `CUBLAS_COMPUTE_32F` (f32 accumulation and output). An
+//!   - `bf16`: `cublasGemmEx` with bf16 A and B (`CUDA_R_16BF`), f32 C (or
+//!     bf16 C where the caller keeps the product in bf16 alone,
+//!     [`GemmOut::Bf16`]) and compute type `CUBLAS_COMPUTE_32F` (f32
+//!     accumulation). An
 //!     operand is cast to bf16 (round to nearest even, the `mamba_cast_bf16`
 //!     kernel) before the call unless the caller passes its bf16 copy
 //!     ([`Elems::F32AndBf16`]: the weights, cast once per pass, and the
@@ -173,6 +175,17 @@ impl<'b> From<&CudaView<'b, u16>> for Elems<'b> {
     }
 }
 
+/// Where [`Blas::gemm_into`] writes `C` (a view: a cheap handle on device
+/// memory borrowed mutably for `'b`).
+pub enum GemmOut<'b> {
+    /// f32 (every precision).
+    F32(CudaViewMut<'b, f32>),
+    /// bf16 only, cuBLAS rounding its f32 result once (a bf16 handle with
+    /// `beta = 0`; the same kernel and so the same bits every run, as for
+    /// any output type).
+    Bf16(CudaViewMut<'b, u16>),
+}
+
 /// One operand of [`Blas::gemm`]: a row-major matrix, its leading
 /// dimension, and whether it enters transposed.
 pub struct Operand<'b> {
@@ -306,12 +319,43 @@ impl Blas {
         c: &mut CudaViewMut<'_, f32>,
         ldc: usize,
     ) -> Result<()> {
+        self.gemm_into(what, m, n, k, a, b, beta, GemmOut::F32(c.slice_mut(..)), ldc)
+    }
+
+    /// [`Self::gemm`] with `C` f32 or, on a [`Precision::Bf16`] handle with
+    /// `beta = 0`, bf16 ([`GemmOut::Bf16`]: an activation kept in bf16 made
+    /// by a GEMM, without an f32 pass over memory in between).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_into(
+        &self,
+        what: &str,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Operand<'_>,
+        b: Operand<'_>,
+        beta: f32,
+        c: GemmOut<'_>,
+        ldc: usize,
+    ) -> Result<()> {
         let (a_rows, a_cols) = if a.trans { (k, m) } else { (m, k) };
         let (b_rows, b_cols) = if b.trans { (n, k) } else { (k, n) };
         let p = self.precision;
         check(what, "A", a.len_for(what, "A", p)?, a_rows, a_cols, a.ld)?;
         check(what, "B", b.len_for(what, "B", p)?, b_rows, b_cols, b.ld)?;
-        check(what, "C", c.len(), m, n, ldc)?;
+        let c_len = match &c {
+            GemmOut::F32(c) => c.len(),
+            GemmOut::Bf16(c) => {
+                if p != Precision::Bf16 || beta != 0.0 {
+                    return Err(TrainError::Config(format!(
+                        "GEMM {what}: a bf16 output needs a bf16 GEMM with beta = 0 (this is \
+                         a {p} GEMM with beta = {beta})"
+                    )));
+                }
+                c.len()
+            }
+        };
+        check(what, "C", c_len, m, n, ldc)?;
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -341,17 +385,20 @@ impl Blas {
             beta,
             ldc: int(ldc.max(1), "ldc")?,
         };
-        let ran = match self.precision {
+        let ran = match (self.precision, c) {
             // SAFETY (every arm): the three extents were checked against the
             // views each precision reads (len_for), so cuBLAS reads and
             // writes inside them; C is borrowed mutably and so does not
             // alias A or B.
-            Precision::F32 => {
+            (Precision::F32 | Precision::Tf32, GemmOut::Bf16(_)) => {
+                return Err(cuda_err(format!("GEMM {what}"), "a bf16 output (refused above)"))
+            }
+            (Precision::F32, GemmOut::F32(mut c)) => {
                 let (fa, fb) = (a.f32(what)?, b.f32(what)?);
                 // SAFETY: as above.
-                unsafe { self.handle.gemm(cfg, fb, fa, c) }
+                unsafe { self.handle.gemm(cfg, fb, fa, &mut c) }
             }
-            Precision::Tf32 => {
+            (Precision::Tf32, GemmOut::F32(mut c)) => {
                 let s = &self.stream;
                 let (pa, _ra) = b.f32(what)?.device_ptr(s);
                 let (pb, _rb) = a.f32(what)?.device_ptr(s);
@@ -363,11 +410,12 @@ impl Blas {
                         &cfg,
                         (pa, pb, pc),
                         sys::cudaDataType_t::CUDA_R_32F,
+                        sys::cudaDataType_t::CUDA_R_32F,
                         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
                     )
                 }
             }
-            Precision::Bf16 => {
+            (Precision::Bf16, c) => {
                 let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 let [sa, sb] = &mut *scratch;
                 let need_a = span(a_rows, a_cols, a.ld);
@@ -383,16 +431,27 @@ impl Blas {
                     Half::Given(v) => v.device_ptr(s),
                     Half::Scratch => sb_ptr(sa, s)?,
                 };
-                let (pc, _rc) = c.device_ptr_mut(s);
+                let (mut c32, mut c16);
+                let ((pc, _rc), c_type) = match c {
+                    GemmOut::F32(c) => {
+                        c32 = c;
+                        (c32.device_ptr_mut(s), sys::cudaDataType_t::CUDA_R_32F)
+                    }
+                    GemmOut::Bf16(c) => {
+                        c16 = c;
+                        (c16.device_ptr_mut(s), sys::cudaDataType_t::CUDA_R_16BF)
+                    }
+                };
                 // SAFETY: a given bf16 copy's extent was checked above, a
-                // scratch copy holds the operand's whole span; C is f32 with
-                // its checked extent.
+                // scratch copy holds the operand's whole span; C is of
+                // `c_type` with its checked extent.
                 unsafe {
                     gemm_ex(
                         *self.handle.handle(),
                         &cfg,
                         (pa, pb, pc),
                         sys::cudaDataType_t::CUDA_R_16BF,
+                        c_type,
                         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     )
                 }
@@ -493,10 +552,11 @@ fn span(rows: usize, cols: usize, ld: usize) -> usize {
 }
 
 /// `cublasGemmEx` of `cfg` (column-major, alpha and beta f32) over device
-/// pointers `(A, B, C)`: A and B of type `ab`, C f32.
+/// pointers `(A, B, C)`: A and B of type `ab`, C of type `c_type`.
 ///
 /// # Safety
-/// The pointers must hold the extents `cfg` implies, on the handle's stream.
+/// The pointers must hold the extents `cfg` implies in their types, on the
+/// handle's stream.
 unsafe fn gemm_ex(
     h: sys::cublasHandle_t,
     cfg: &GemmConfig<f32>,
@@ -506,6 +566,7 @@ unsafe fn gemm_ex(
         cudarc::driver::sys::CUdeviceptr,
     ),
     ab: sys::cudaDataType,
+    c_type: sys::cudaDataType,
     compute: sys::cublasComputeType_t,
 ) -> std::result::Result<(), cudarc::cublas::result::CublasError> {
     // SAFETY: the caller's contract.
@@ -526,7 +587,7 @@ unsafe fn gemm_ex(
             cfg.ldb,
             (&cfg.beta) as *const f32 as *const _,
             c as *mut _,
-            sys::cudaDataType_t::CUDA_R_32F,
+            c_type,
             cfg.ldc,
             compute,
             sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,

@@ -6,14 +6,16 @@
 //! Per block (rows `M = batch * seq_len`, `E = d_inner`, `R = dt_rank`,
 //! `ldbc = R + 2 d_state`):
 //! ```text
-//! xn  = RMSNorm(x_in)                    kernel   [M, d]
+//! xn  = RMSNorm(x_in)                    kernel   [M, d]    (one shared buffer)
 //! xz  = xn . W_in^T                      cuBLAS   [M, 2E]   (x | z)
 //! u   = SiLU(conv1d(x) + b)              kernel   [M, E]
 //! dbc = u . W_x^T                        cuBLAS   [M, ldbc] (dt_raw | B | C)
 //! dt  = softplus(dt_raw . W_dt^T + b_dt) cuBLAS + kernel [M, E]
-//! y, g = scan(u, dt, B, C, A, D), y SiLU(z)   kernels [M, E]
+//! y, g = scan(u, dt, B, C, A, D), y SiLU(z)   kernels [M, E]  (g: one shared buffer)
 //! x_out = x_in + g . W_out^T             copy + cuBLAS (beta = 1)
 //! ```
+//! `xn` and `g` are not kept per block: the backward makes them again with
+//! the same bits ([`super::workspace`]'s docs).
 
 use cudarc::driver::CudaSlice;
 use kernels::mamba::{ScanForward, ScanInputs, ScanShape, Store};
@@ -131,9 +133,12 @@ pub(super) fn forward(
             Scratch {
                 scan_seg: &mut ws.scan_seg,
                 dt_raw: &mut ws.ddtr,
+                xn: &mut ws.xn,
+                g: &mut ws.g,
             },
         )?;
         ws.acts.resident = Some(l);
+        ws.xn_of = Some(l);
     }
 
     let last = &ws.resid[cfg.n_layer];
@@ -158,6 +163,35 @@ pub(super) struct Scratch<'w> {
     /// `[rows, d_inner]` f32: dt_proj's output on its way into a `dt` kept
     /// in bf16 (the backward's `ddtr`, free whenever a forward runs).
     pub dt_raw: &'w mut CudaSlice<f32>,
+    /// The block's norm output ([`Workspace::xn`]).
+    pub xn: &'w mut ActBuf,
+    /// The block's gated output ([`Workspace::g`]).
+    pub g: &'w mut ActBuf,
+}
+
+/// The block's RMSNorm of `x_in` into `xn` (and its 1/rms into `rstd`):
+/// the forward's first step, and how the backward remakes `xn` (the same
+/// kernel on the same input, so the same bits).
+pub(super) fn block_norm(
+    e: &Engine,
+    lo: &LayerOffsets,
+    p: &CudaSlice<f32>,
+    (m, d): (usize, usize),
+    x_in: &CudaSlice<f32>,
+    xn: &mut ActBuf,
+    rstd: &mut CudaSlice<f32>,
+) -> Result<()> {
+    e.kernels.rmsnorm_fwd(
+        &e.stream,
+        &x_in.as_view(),
+        &p.slice(lo.norm.clone()),
+        xn.produce(),
+        &mut rstd.as_view_mut(),
+        m,
+        d,
+        RMS_EPS,
+    )?;
+    Ok(())
 }
 
 /// One block's forward pass from `x_in`: its activations into `a` (what
@@ -183,30 +217,21 @@ pub(super) fn block_forward(
     let (s, kr) = (&e.stream, &e.kernels);
     let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
 
-    kr.rmsnorm_fwd(
-        s,
-        &x_in.as_view(),
-        &w(&lo.norm),
-        a.xn.produce(),
-        &mut a.rstd.as_view_mut(),
-        m,
-        d,
-        RMS_EPS,
-    )?;
-    e.blas.gemm(
+    block_norm(e, lo, p, (m, d), x_in, scratch.xn, &mut a.rstd)?;
+    e.blas.gemm_into(
         "in_proj",
         m,
         2 * di,
         d,
-        op(a.xn.elems(), d),
+        op(scratch.xn.elems(), d),
         op_t(&w(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj)),
         0.0,
-        &mut a.xz.as_view_mut(),
+        a.xz.gemm_out(),
         2 * di,
     )?;
     kr.conv_fwd(
         s,
-        &a.xz.as_view(),
+        a.xz.view().stored(),
         2 * di,
         &w(&lo.conv_w),
         &w(&lo.conv_b),
@@ -255,7 +280,7 @@ pub(super) fn block_forward(
         w(&lo.a_log),
         w(&lo.d),
     );
-    let z = a.xz.slice(di..);
+    let z = a.xz.view_from(di);
     kr.scan_forward(
         s,
         shape,
@@ -268,11 +293,11 @@ pub(super) fn block_forward(
             d: &dpar,
         },
         ScanForward {
-            z: &z,
+            z: z.stored(),
             ldz: 2 * di,
             hin: &mut a.hin.as_view_mut(),
             y: a.y.produce(),
-            out: a.g.produce(),
+            out: scratch.g.produce(),
             scratch_seg: &mut scratch.scan_seg.as_view_mut(),
         },
     )?;
@@ -289,7 +314,7 @@ pub(super) fn block_forward(
         m,
         d,
         di,
-        op(a.g.elems(), di),
+        op(scratch.g.elems(), di),
         op_t(&w(&lo.out_proj), di).with_bf16(half(pb, &lo.out_proj)),
         1.0,
         &mut x_out.as_view_mut(),

@@ -15,7 +15,7 @@
 //! CPU's bit for bit.
 //!
 //! The tied LM head and the loss run over chunks of rows ([`head`],
-//! [`CudaModel::set_loss_chunk_rows`], 2048 by default), so one chunk's
+//! [`CudaModel::set_loss_chunk_rows`], 1024 by default), so one chunk's
 //! logits exist at a time; the chunk size is part of the configuration
 //! like the batch shape (a batch within one chunk is the unchunked head).
 //!
@@ -25,11 +25,13 @@
 //! and the same code; the embedding, the norms, the conv, the scan (its
 //! state `h` and every product in it), the gate, softmax/cross-entropy, the
 //! loss mean, every column sum and the gradient norm run in f32 in all
-//! three. Stored activations are f32, except in bf16: the two that only
-//! GEMMs read (the norm output and the gated output) are kept as their bf16
-//! GEMM operand, and the scan's `u`, `dt` and `y` in bf16 alone (each
-//! rounded once where it is made, read widened to f32;
-//! [`CudaModel::set_bf16_acts`]). What changes is the GEMMs (all of them:
+//! three. Stored activations are f32, except in bf16: in_proj's output and
+//! the scan's `u`, `dt` and `y` are kept in bf16 alone (each rounded once
+//! where it is made, read widened to f32; [`CudaModel::set_bf16_acts`]),
+//! and the norm output and the gated output, which only GEMMs read, are
+//! their bf16 GEMM operand. Those two are not kept per block in any
+//! precision: the backward makes them again with the forward's bits
+//! (`workspace`'s docs). What changes is the GEMMs (all of them:
 //! in_proj, x_proj, dt_proj, out_proj, the tied LM head, forward and
 //! backward) and, in bf16, those three roundings:
 //! - `f32`: cuBLAS SGEMM, f32 FMA (the reference; the bits of earlier
@@ -257,10 +259,10 @@ impl CudaModel {
         });
     }
 
-    /// bf16 runs: whether the scan's activations (`u`, `dt`, `y`) are kept
-    /// in bf16 alone, each rounded once where it is made (on, the
-    /// default: SPEC's stored activations in bf16, 2.25 GiB less at the
-    /// 130m shape), or in f32 (off: the earlier builds' bits). Unlike
+    /// bf16 runs: whether the block's activations (in_proj's output `xz`,
+    /// the scan's `u`, `dt`, `y`) are kept in bf16 alone, each rounded once
+    /// where it is made (on, the default: SPEC's stored activations in
+    /// bf16), or in f32 (off). Unlike
     /// [`Self::set_bf16_copies`] this changes values (one more bf16
     /// rounding of each), so the two settings give different bits, each
     /// deterministic; the checkpoint's precision is `bf16` either way. A

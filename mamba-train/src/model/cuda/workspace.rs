@@ -12,15 +12,26 @@
 //! casting per GEMM; what changes is the passes over memory and the bytes
 //! kept.
 //!
-//! bf16 runs also keep the scan's activations in bf16 alone (SPEC: bf16 is
-//! the type of stored activations): `u` (the conv output, also x_proj's
-//! operand), `dt` and `y`, each rounded once by the kernel that makes it
-//! and read back widened to f32, the scan's state and every sum staying
-//! f32. This changes the values the later ops see (one bf16 rounding each),
-//! so it is a precision choice, not a layout one:
-//! [`WorkspaceOptions::bf16_acts`] (on by default; off keeps them in f32,
-//! the earlier builds' bits). A `d_inner` that is odd keeps them in f32
-//! (the scan stages bf16 columns two channels a copy).
+//! bf16 runs also keep the block's other activations in bf16 alone (SPEC:
+//! bf16 is the type of stored activations): in_proj's output `xz` (cuBLAS
+//! writes it in bf16), `u` (the conv output, also x_proj's operand), `dt`
+//! and `y`, each rounded once where it is made and read back widened to
+//! f32, the scan's state and every sum staying f32. This changes the values
+//! the later ops see (one bf16 rounding each), so it is a precision choice,
+//! not a layout one: [`WorkspaceOptions::bf16_acts`] (on by default; off
+//! keeps them in f32, the bits of the builds before it). A `d_inner` that
+//! is odd keeps them in f32 (the scan stages bf16 columns two channels a
+//! copy).
+//!
+//! Two activations are not kept per block at all, because remaking them is
+//! a pass over memory that costs less than keeping them: the norm output
+//! `xn` (in_proj's input; the backward runs the block's RMSNorm again on
+//! the residual stream, which every block keeps) and the gated output `g`
+//! (out_proj's input; the gate's backward remakes it with the device
+//! function the scan's forward used, from the same kept `y` and `z`). Each
+//! lives in one buffer all blocks share ([`Workspace::xn`],
+//! [`Workspace::g`]), and the remade values are the same bits as the
+//! forward's, so neither changes a result.
 //!
 //! Sized for one `(batch, seq_len)`; [`super::CudaModel`] rebuilds it when a
 //! batch of another shape arrives (dropping the old one first, so the peak
@@ -33,7 +44,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
 use kernels::mamba::{MambaKernels, ScanShape, Store, Stored};
 
-use super::blas::Elems;
+use super::blas::{Elems, GemmOut};
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
 
@@ -69,9 +80,23 @@ impl ActBuf {
 
     /// A view of it, to lend kernels as [`Stored`] ([`ActView::stored`]).
     pub fn view(&self) -> ActView<'_> {
+        self.view_from(0)
+    }
+
+    /// A view of its elements from `start` on (a column block of a matrix:
+    /// z, the second half of in_proj's output).
+    pub fn view_from(&self, start: usize) -> ActView<'_> {
         match self {
-            ActBuf::F32(x) => ActView::F32(x.as_view()),
-            ActBuf::Bf16(h) => ActView::Bf16(h.as_view()),
+            ActBuf::F32(x) => ActView::F32(x.slice(start..)),
+            ActBuf::Bf16(h) => ActView::Bf16(h.slice(start..)),
+        }
+    }
+
+    /// Where a GEMM making it writes it (bf16 alone: cuBLAS rounds).
+    pub fn gemm_out(&mut self) -> GemmOut<'_> {
+        match self {
+            ActBuf::F32(x) => GemmOut::F32(x.as_view_mut()),
+            ActBuf::Bf16(h) => GemmOut::Bf16(h.as_view_mut()),
         }
     }
 }
@@ -97,10 +122,9 @@ impl ActView<'_> {
 pub(crate) struct LayerActs {
     /// 1/rms of each row of the block's input, `[rows]`.
     pub rstd: CudaSlice<f32>,
-    /// RMSNorm output, `[rows, d_model]` (in_proj's input).
-    pub xn: ActBuf,
-    /// in_proj output, `[rows, 2 d_inner]`: x then z.
-    pub xz: CudaSlice<f32>,
+    /// in_proj output, `[rows, 2 d_inner]`: x then z (bf16 alone with
+    /// `bf16_acts`).
+    pub xz: ActBuf,
     /// `SiLU(conv(x))`, `[rows, d_inner]` (the scan's and x_proj's input):
     /// bf16 alone with `bf16_acts`.
     pub u: ActBuf,
@@ -117,8 +141,6 @@ pub(crate) struct LayerActs {
     /// Scan output `C.h + D u`, `[rows, d_inner]` (bf16 alone with
     /// `bf16_acts`).
     pub y: ActBuf,
-    /// Gated output `y SiLU(z)`, `[rows, d_inner]` (out_proj's input).
-    pub g: ActBuf,
     /// The scan's chunk entry states ([`ScanShape::state_len`]).
     pub hin: CudaSlice<f32>,
 }
@@ -182,18 +204,28 @@ pub(crate) struct Workspace {
     /// the last one; each `[rows, d_model]`.
     pub resid: Vec<CudaSlice<f32>>,
     pub acts: BlockActs,
+    /// One block's RMSNorm output `[rows, d_model]` (in_proj's input; bf16
+    /// alone in bf16 runs), shared by every block (module docs).
+    pub xn: ActBuf,
+    /// The block whose norm output `xn` holds (`None`: none yet).
+    pub xn_of: Option<usize>,
+    /// One block's gated output `y SiLU(z)` `[rows, d_inner]` (out_proj's
+    /// input; bf16 alone in bf16 runs): the forward's scan writes it, the
+    /// gate's backward writes it again (module docs).
+    pub g: ActBuf,
     /// Final norm's 1/rms `[rows]` and output `[rows, d_model]`.
     pub rstd_f: CudaSlice<f32>,
     pub xf: CudaSlice<f32>,
     /// bf16 runs: `xf`'s bf16 copy (the head's GEMMs read it).
     pub xf_h: Option<CudaSlice<u16>>,
     /// bf16 runs: the bf16 copies of output gradients the two GEMMs of one
-    /// linear layer's backward share: `dres`'s and then `dxz`'s (`[rows,
-    /// max(2 d_inner, d_model)]`, see [`super::backward`]), `ddtr`'s
-    /// (`[rows, d_inner]`), `ddbc`'s (`[rows, dt_rank + 2 d_state]`), and
-    /// one loss chunk's logits gradient (`[loss_rows, vocab]`, the only copy
-    /// of it: the cross-entropy stores it there and leaves the logits).
-    pub grad_h: Option<CudaSlice<u16>>,
+    /// linear layer's backward share: `dres`'s (`[rows, d_model]`),
+    /// `dxz`'s (`[rows, 2 d_inner]`), `ddtr`'s (`[rows, d_inner]`),
+    /// `ddbc`'s (`[rows, dt_rank + 2 d_state]`), and one loss chunk's
+    /// logits gradient (`[loss_rows, vocab]`, the only copy of it: the
+    /// cross-entropy stores it there and leaves the logits).
+    pub dres_h: Option<CudaSlice<u16>>,
+    pub dxz_h: Option<CudaSlice<u16>>,
     pub ddtr_h: Option<CudaSlice<u16>>,
     pub ddbc_h: Option<CudaSlice<u16>>,
     pub dlogits_h: Option<CudaSlice<u16>>,
@@ -253,6 +285,15 @@ impl Alloc<'_> {
             })?;
         self.bytes += len * std::mem::size_of::<T>();
         Ok(s)
+    }
+
+    /// An activation of `len` elements: bf16 alone when `half`, else f32.
+    fn act(&mut self, half: bool, what: &str, len: usize) -> Result<ActBuf> {
+        Ok(if half {
+            ActBuf::Bf16(self.zeros(&format!("{what} (bf16)"), len)?)
+        } else {
+            ActBuf::F32(self.zeros(what, len)?)
+        })
     }
 
     /// [`Self::zeros`] when `wanted`, nothing otherwise.
@@ -321,36 +362,26 @@ impl Workspace {
                     format!("layer {l} {s}")
                 }
             };
-            let mut act = |half: bool, what: &str, len: usize| -> Result<ActBuf> {
-                Ok(if half {
-                    ActBuf::Bf16(a.zeros(&w(&format!("{what} (bf16)")), len)?)
-                } else {
-                    ActBuf::F32(a.zeros(&w(what), len)?)
-                })
-            };
-            let (xn, g) = (
-                act(bf16, "norm output", rows * d)?,
-                act(bf16, "gated output", rows * di)?,
-            );
-            let (u, dt, y) = (
-                act(half_acts, "conv output", rows * di)?,
-                act(half_acts, "dt", rows * di)?,
-                act(half_acts, "scan output", rows * di)?,
+            let (xz, u, dt, y) = (
+                a.act(half_acts, &w("in_proj output"), rows * 2 * di)?,
+                a.act(half_acts, &w("conv output"), rows * di)?,
+                a.act(half_acts, &w("dt"), rows * di)?,
+                a.act(half_acts, &w("scan output"), rows * di)?,
             );
             layers.push(LayerActs {
                 rstd: a.zeros(&w("rstd"), rows)?,
-                xn,
-                xz: a.zeros(&w("in_proj output"), rows * 2 * di)?,
+                xz,
                 u_h: a.zeros_if(bf16 && !half_acts, &w("conv output (bf16 copy)"), rows * di)?,
                 u,
                 dbc: a.zeros(&w("x_proj output"), rows * ldbc)?,
                 dbc_h: a.zeros_if(bf16, &w("x_proj output (bf16)"), rows * ldbc)?,
                 dt,
                 y,
-                g,
                 hin: a.zeros(&w("scan chunk states"), sl)?,
             });
         }
+        let xn = a.act(bf16, "norm output of one block", rows * d)?;
+        let g = a.act(bf16, "gated output of one block", rows * di)?;
         let colsum = MambaKernels::colsum_scratch_len(rows, d.max(di))
             .max(MambaKernels::conv_wgrad_scratch_len(rows, di, cfg.d_conv));
         let ws = Workspace {
@@ -363,10 +394,14 @@ impl Workspace {
                 shared: recompute,
                 resident: None,
             },
+            xn,
+            xn_of: None,
+            g,
             rstd_f: a.zeros("final rstd", rows)?,
             xf: a.zeros("final norm output", rows * d)?,
             xf_h: a.zeros_if(bf16, "final norm output (bf16)", rows * d)?,
-            grad_h: a.zeros_if(bf16, "output gradient (bf16)", rows * (2 * di).max(d))?,
+            dres_h: a.zeros_if(bf16, "residual gradient (bf16)", rows * d)?,
+            dxz_h: a.zeros_if(bf16, "in_proj output gradient (bf16)", rows * 2 * di)?,
             ddtr_h: a.zeros_if(bf16, "dt_proj output gradient (bf16)", rows * di)?,
             ddbc_h: a.zeros_if(bf16, "x_proj output gradient (bf16)", rows * ldbc)?,
             dlogits_h: a.zeros_if(bf16, "logits gradient (bf16)", loss_rows * v)?,
