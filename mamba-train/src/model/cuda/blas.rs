@@ -319,7 +319,17 @@ impl Blas {
         c: &mut CudaViewMut<'_, f32>,
         ldc: usize,
     ) -> Result<()> {
-        self.gemm_into(what, m, n, k, a, b, beta, GemmOut::F32(c.slice_mut(..)), ldc)
+        self.gemm_into(
+            what,
+            m,
+            n,
+            k,
+            a,
+            b,
+            beta,
+            GemmOut::F32(c.slice_mut(..)),
+            ldc,
+        )
     }
 
     /// [`Self::gemm`] with `C` f32 or, on a [`Precision::Bf16`] handle with
@@ -391,7 +401,10 @@ impl Blas {
             // writes inside them; C is borrowed mutably and so does not
             // alias A or B.
             (Precision::F32 | Precision::Tf32, GemmOut::Bf16(_)) => {
-                return Err(cuda_err(format!("GEMM {what}"), "a bf16 output (refused above)"))
+                return Err(cuda_err(
+                    format!("GEMM {what}"),
+                    "a bf16 output (refused above)",
+                ))
             }
             (Precision::F32, GemmOut::F32(mut c)) => {
                 let (fa, fb) = (a.f32(what)?, b.f32(what)?);
