@@ -93,9 +93,9 @@ fn the_scan_kernels_under_the_cpu_emulator_match_a_sequential_f64_scan() {
     let (ok, text) = build_and_run(&cxx, dir.path(), false);
     println!("{text}");
     assert!(ok && text.contains("all within tolerance"), "{text}");
-    // The bf16-kept u / dt comparison ran (even-D shapes) and agreed.
+    // The bf16-kept u / dt / z comparison ran (even-D shapes) and agreed.
     assert!(
-        text.contains("bf16 u/dt same bits") && !text.contains("DIFFER"),
+        text.contains("bf16 u/dt/z same bits") && !text.contains("DIFFER"),
         "{text}"
     );
     // Negative control: one wrong dt fed to the kernels must be caught.
