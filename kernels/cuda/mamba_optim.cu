@@ -1,4 +1,4 @@
-// AdamW and the global gradient norm on the device, bit-identical to the CPU
+// AdamW and the global gradient norm's chunk sums on the device, bit-identical to the CPU
 // optimizer in mamba-train/src/optim/{adamw.rs,clip.rs}.
 //
 // Bit-identity holds because both sides evaluate the same IEEE operations in
@@ -50,14 +50,18 @@ extern "C" __global__ void mamba_adamw(float* __restrict__ p, const float* __res
     }
 }
 
-// Stage 1 of the global norm: partial[c] = sum over chunk c (elements
+// The global norm's chunk sums: partial[c] = sum over chunk c (elements
 // [c*chunk, min(n, (c+1)*chunk))) of (double)g^2, serially in f64: the CPU's
-// `global_norm` chunk sums. One thread per chunk; grid ceil(nchunks / 128),
-// block 128. The sum stays serial in ascending i (the CPU's association);
-// only the loads are batched, kBatch elements (as float4 when the chunk
-// start is 16-byte aligned) in flight per thread ahead of the adds, since a
-// thread walking its chunk one dependent load at a time left the kernel at
-// ~0.4 TB/s (1.2 ms for a 130m gradient on an H200, ncu 2026-12-02).
+// `global_norm` chunk sums, which the host then adds in chunk order (the
+// device never sums them: the trainer downloads them, so a device stage 2
+// was a pass nobody read; removed 2026-12-03). One thread per chunk; grid
+// ceil(nchunks / 128), block 128. The sum stays serial in ascending i (the
+// CPU's association); only the loads run ahead of it: kBatch elements (as
+// float4 when the chunk start is 16-byte aligned) are in flight while the
+// previous kBatch are added, so a thread keeps 2 x 256 bytes of its chunk
+// moving. With one thread per 16 Ki-element chunk a 130m gradient is 7.9k
+// threads, 60 an SM: a single batch of 16 in flight left the kernel at
+// ~0.9 TB/s (0.76 ms, ncu 2026-12-02; one dependent load at a time, 1.2 ms).
 extern "C" __global__ void mamba_sumsq_chunks(const float* __restrict__ g, unsigned long long n,
                                               unsigned long long chunk,
                                               double* __restrict__ partial,
@@ -66,25 +70,36 @@ extern "C" __global__ void mamba_sumsq_chunks(const float* __restrict__ g, unsig
     if (c >= nchunks) return;
     const unsigned long long lo = c * chunk;
     const unsigned long long hi = lo + chunk < n ? lo + chunk : n;
-    constexpr int kBatch = 16;
+    constexpr int kBatch = 64, kQuads = kBatch / 4;
     double s = 0.0;
     unsigned long long i = lo;
-    if ((((unsigned long long)(g + lo)) & 15ull) == 0) {
-        for (; i + kBatch <= hi; i += kBatch) {
-            float v[kBatch];
+    if ((((unsigned long long)(g + lo)) & 15ull) == 0 && i + kBatch <= hi) {
+        float4 cur[kQuads];
 #pragma unroll
-            for (int q = 0; q < kBatch / 4; ++q) {
-                const float4 f = *reinterpret_cast<const float4*>(g + i + 4 * q);
-                v[4 * q] = f.x;
-                v[4 * q + 1] = f.y;
-                v[4 * q + 2] = f.z;
-                v[4 * q + 3] = f.w;
+        for (int q = 0; q < kQuads; ++q) cur[q] = *reinterpret_cast<const float4*>(g + i + 4 * q);
+        for (;;) {
+            const unsigned long long next = i + kBatch;
+            const bool more = next + kBatch <= hi;
+            float4 ahead[kQuads];
+            if (more) {
+#pragma unroll
+                for (int q = 0; q < kQuads; ++q) {
+                    ahead[q] = *reinterpret_cast<const float4*>(g + next + 4 * q);
+                }
             }
 #pragma unroll
-            for (int q = 0; q < kBatch; ++q) {
-                const double x = (double)v[q];
-                s = __dadd_rn(s, __dmul_rn(x, x));
+            for (int q = 0; q < kQuads; ++q) {
+                const float v[4] = {cur[q].x, cur[q].y, cur[q].z, cur[q].w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const double x = (double)v[e];
+                    s = __dadd_rn(s, __dmul_rn(x, x));
+                }
             }
+            i = next;
+            if (!more) break;
+#pragma unroll
+            for (int q = 0; q < kQuads; ++q) cur[q] = ahead[q];
         }
     }
     for (; i < hi; ++i) {
@@ -92,26 +107,4 @@ extern "C" __global__ void mamba_sumsq_chunks(const float* __restrict__ g, unsig
         s = __dadd_rn(s, __dmul_rn(x, x));
     }
     partial[c] = s;
-}
-
-// Stage 2: out[0] = partial[0] + partial[1] + ... in ascending order (f64),
-// by a single thread, as the CPU adds its chunk sums; the loads batched
-// kBatch ahead of the serial adds (one dependent load at a time took
-// 0.5 ms for 7.9k partials). grid 1, block 1.
-extern "C" __global__ void mamba_sum_f64_serial(const double* __restrict__ partial,
-                                                unsigned long long count,
-                                                double* __restrict__ out) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    constexpr int kBatch = 32;
-    double total = 0.0;
-    for (unsigned long long i0 = 0; i0 < count; i0 += kBatch) {
-        double v[kBatch];
-#pragma unroll
-        for (int q = 0; q < kBatch; ++q) v[q] = i0 + q < count ? partial[i0 + q] : 0.0;
-#pragma unroll
-        for (int q = 0; q < kBatch; ++q) {
-            if (i0 + q < count) total = __dadd_rn(total, v[q]);
-        }
-    }
-    out[0] = total;
 }

@@ -110,3 +110,73 @@ fn sharded_optimizer_steps_on_the_gpu_are_the_cpu_bits() {
     let g_dev = model.upload(&vec![0.0; n]).unwrap();
     assert!(model.norm_partials(&g_dev, 3..n).is_err());
 }
+
+/// The chunk-sum kernel alone against the CPU's `chunk_sums`, bit for bit,
+/// at lengths around its 64-element load batches and the 16 Ki-element
+/// chunk (a short last chunk, a chunk of one batch plus a tail, two full
+/// batches exactly, none), and from a start that is not 16-byte aligned
+/// (the kernel's scalar path). The values span 2^-20 .. 2^20 so that the
+/// f64 sums round, and an order other than ascending would show.
+#[test]
+fn device_chunk_sums_are_the_cpus_bits_at_every_length_and_alignment() {
+    use cuda_common::{gpu_required, no_gpu_reason};
+    use kernels::mamba::{MambaKernels, NORM_CHUNK};
+    use mamba_train::optim::chunk_sums;
+    if let Some(reason) = no_gpu_reason() {
+        assert!(!gpu_required(), "MAMBA_REQUIRE_GPU=1 but {reason}");
+        eprintln!("skipping: {reason}");
+        return;
+    }
+    let ctx = kernels::open_context(0).expect("open device 0");
+    let k = MambaKernels::load(&ctx).expect("load the Mamba kernels");
+    let s = ctx.default_stream();
+    let mut r = Rng::new(77);
+    let total = 3 * NORM_CHUNK + 200;
+    let host: Vec<f32> = (0..total)
+        .map(|_| (r.normal() * 2f64.powi((r.below(41) as i32) - 20)) as f32)
+        .collect();
+    let dev = s.clone_htod(&host).expect("upload");
+    let lens = [
+        0,
+        1,
+        63,
+        64,
+        65,
+        128,
+        200,
+        NORM_CHUNK - 1,
+        NORM_CHUNK,
+        NORM_CHUNK + 64 + 5,
+        2 * NORM_CHUNK + 130,
+        3 * NORM_CHUNK + 199,
+    ];
+    for start in [0usize, 1] {
+        for &n in &lens {
+            let want = chunk_sums(&host[start..start + n]);
+            let chunks = MambaKernels::grad_sumsq_chunks_len(n);
+            assert_eq!(chunks, want.len(), "n = {n}: chunk count");
+            let mut part = s.alloc_zeros::<f64>(chunks.max(1)).expect("alloc");
+            k.grad_sumsq_chunks(
+                &s,
+                &dev.slice(start..start + n),
+                n,
+                &mut part.slice_mut(0..chunks),
+            )
+            .expect("chunk sums");
+            let got = s.clone_dtoh(&part.slice(0..chunks)).expect("download");
+            let b = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(b(&got), b(&want), "start {start}, n = {n}");
+        }
+    }
+    // Too short an output is refused, naming it.
+    let mut part = s.alloc_zeros::<f64>(1).expect("alloc");
+    let err = k
+        .grad_sumsq_chunks(
+            &s,
+            &dev.slice(0..2 * NORM_CHUNK),
+            2 * NORM_CHUNK,
+            &mut part.slice_mut(..),
+        )
+        .expect_err("one slot for two chunks");
+    assert!(err.to_string().contains("partial"), "{err}");
+}

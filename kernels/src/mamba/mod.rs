@@ -73,7 +73,7 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 24] = [
+const SYMBOLS: [(usize, &str); 23] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -97,7 +97,6 @@ const SYMBOLS: [(usize, &str); 24] = [
     (1, "mamba_scan_seg_link"),
     (2, "mamba_adamw"),
     (2, "mamba_sumsq_chunks"),
-    (2, "mamba_sum_f64_serial"),
 ];
 
 #[derive(Debug, Clone)]
@@ -125,7 +124,6 @@ struct Functions {
     scan_seg_link: CudaFunction,
     adamw: CudaFunction,
     sumsq_chunks: CudaFunction,
-    sum_f64_serial: CudaFunction,
 }
 
 impl MambaKernels {
@@ -183,7 +181,6 @@ impl MambaKernels {
             scan_seg_link: next()?,
             adamw: next()?,
             sumsq_chunks: next()?,
-            sum_f64_serial: next()?,
         };
         // The scan kernels take their staging buffers as dynamic shared
         // memory, above the 48 KiB a launch gets without opting in.

@@ -1,5 +1,5 @@
 //! Launchers of `kernels/cuda/mamba_optim.cu`: AdamW and the global gradient
-//! norm, bit-identical to `mamba_train::optim` (the CPU optimizer) given the
+//! norm's chunk sums, bit-identical to `mamba_train::optim` (the CPU optimizer) given the
 //! same per-step constants.
 
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
@@ -141,59 +141,47 @@ impl MambaKernels {
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
-    /// Partial buffer length of [`Self::grad_sumsq`].
-    pub fn grad_sumsq_scratch_len(n: usize) -> usize {
-        n.div_ceil(NORM_CHUNK).max(1)
+    /// Length of [`Self::grad_sumsq_chunks`]' output for `n` elements.
+    pub fn grad_sumsq_chunks_len(n: usize) -> usize {
+        n.div_ceil(NORM_CHUNK)
     }
 
-    /// `out[0] = sum of g[i]^2` over `i < n` in f64, with the CPU's
-    /// association: chunks of [`NORM_CHUNK`] summed serially, then the chunk
-    /// sums serially in order. `sqrt(out[0])` is then the CPU's
-    /// `global_norm` bit for bit.
-    pub fn grad_sumsq(
+    /// `partial[c] = sum of g[i]^2` over chunk `c` (elements `c *
+    /// NORM_CHUNK .. min(n, (c + 1) * NORM_CHUNK)`), in f64 and serially in
+    /// ascending `i`: the CPU's chunk sums bit for bit. The CPU's
+    /// `global_norm` adds them in chunk order and takes the root, which is
+    /// where the chunk sums go (the host), so the device has no second stage.
+    pub fn grad_sumsq_chunks(
         &self,
         stream: &CudaStream,
         g: &CudaView<f32>,
         n: usize,
-        scratch: &mut CudaViewMut<f64>,
-        out: &mut CudaViewMut<f64>,
+        partial: &mut CudaViewMut<f64>,
     ) -> Result<(), KernelError> {
         const K: &str = "mamba_sumsq_chunks";
         self.check_stream(K, stream)?;
         check::len(K, "g", g.len(), n)?;
-        let chunks = n.div_ceil(NORM_CHUNK);
-        check::len(K, "scratch", scratch.len(), chunks)?;
-        check::len(K, "out", out.len(), 1)?;
-        if chunks > 0 {
-            let launch = Launch {
-                kernel: K,
-                func: &self.f.sumsq_chunks,
-                grid: Grid::Flat { n: chunks },
-                block: 128,
-            };
-            let mut args = [
-                Arg::In(g),
-                Arg::U64(n as u64),
-                Arg::U64(NORM_CHUNK as u64),
-                Arg::Out(&mut *scratch),
-                Arg::U64(chunks as u64),
-            ];
-            // SAFETY: matches mamba_sumsq_chunks(const float* g, unsigned long
-            // long n, unsigned long long chunk, double* partial, unsigned long
-            // long nchunks); reads g[< n], writes partial[< chunks].
-            unsafe { self.launch(stream, launch, &mut args) }?;
+        let chunks = Self::grad_sumsq_chunks_len(n);
+        check::len(K, "partial", partial.len(), chunks)?;
+        if chunks == 0 {
+            return Ok(());
         }
-        let part = scratch.as_view();
         let launch = Launch {
-            kernel: "mamba_sum_f64_serial",
-            func: &self.f.sum_f64_serial,
-            grid: Grid::Dims(1, 1, 1),
-            block: 1,
+            kernel: K,
+            func: &self.f.sumsq_chunks,
+            grid: Grid::Flat { n: chunks },
+            block: 128,
         };
-        let mut args = [Arg::In(&part), Arg::U64(chunks as u64), Arg::Out(out)];
-        // SAFETY: matches mamba_sum_f64_serial(const double* partial,
-        // unsigned long long count, double* out); count = chunks <=
-        // scratch.len(), out has one element.
+        let mut args = [
+            Arg::In(g),
+            Arg::U64(n as u64),
+            Arg::U64(NORM_CHUNK as u64),
+            Arg::Out(partial),
+            Arg::U64(chunks as u64),
+        ];
+        // SAFETY: matches mamba_sumsq_chunks(const float* g, unsigned long
+        // long n, unsigned long long chunk, double* partial, unsigned long
+        // long nchunks); reads g[< n], writes partial[< chunks].
         unsafe { self.launch(stream, launch, &mut args) }
     }
 }

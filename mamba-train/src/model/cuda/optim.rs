@@ -29,7 +29,6 @@ use crate::optim::ArenaMath;
 /// Device scratch of the optimizer's kernels.
 pub(crate) struct OptimScratch {
     norm_part: CudaSlice<f64>,
-    norm_out: CudaSlice<f64>,
     /// The decay ranges as uploaded, to detect a change.
     ranges: Vec<Range<usize>>,
     starts: CudaSlice<u64>,
@@ -64,11 +63,8 @@ impl CudaModel {
             let (starts, ends) = upload(ranges.unwrap_or(&[]))?;
             self.optim = Some(OptimScratch {
                 norm_part: s
-                    .alloc_zeros::<f64>(MambaKernels::grad_sumsq_scratch_len(n))
+                    .alloc_zeros::<f64>(MambaKernels::grad_sumsq_chunks_len(n).max(1))
                     .map_err(|e| cuda("allocating the norm partials", e))?,
-                norm_out: s
-                    .alloc_zeros::<f64>(1)
-                    .map_err(|e| cuda("allocating the norm", e))?,
                 ranges: ranges.unwrap_or(&[]).to_vec(),
                 starts,
                 ends,
@@ -116,13 +112,7 @@ impl ArenaMath for CudaModel {
         let (stream, kernels) = (self.engine.stream.clone(), self.engine.kernels.clone());
         let sc = self.optim_scratch(None, n)?;
         let mut part = sc.norm_part.slice_mut(0..chunks);
-        kernels.grad_sumsq(
-            &stream,
-            &grads.slice(shard.clone()),
-            shard.len(),
-            &mut part,
-            &mut sc.norm_out.as_view_mut(),
-        )?;
+        kernels.grad_sumsq_chunks(&stream, &grads.slice(shard.clone()), shard.len(), &mut part)?;
         stream
             .clone_dtoh(&sc.norm_part.slice(0..chunks))
             .map_err(|e| cuda("reading the gradient norm's chunk sums", e))
