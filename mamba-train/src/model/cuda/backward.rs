@@ -11,8 +11,9 @@
 //! `g` by the gate's backward, both the forward's bits. In bf16 runs
 //! each output gradient has one bf16 copy, which the two GEMMs of its linear
 //! layer share: stored by the kernel that makes the gradient (the norm's
-//! backward for `dres`, the gate and conv backward for `dxz`, the scan for
-//! `ddtr`), cast afterwards only for cuBLAS's `ddbc`.
+//! backward for `dres`, the scan for `ddtr`), cast afterwards only for
+//! cuBLAS's `ddbc`; `dxz`, which only in_proj's GEMMs read, is stored in
+//! bf16 alone by the gate and conv backward.
 //!
 //! Per block, from `dres = dL/dx_out` (which also flows straight through to
 //! `x_in`):
@@ -160,10 +161,7 @@ pub(super) fn backward(
             z.stored(),
             2 * di,
             &mut ws.dy.as_view_mut(),
-            Store::f32_and(
-                ws.dxz.slice_mut(di..),
-                ws.dxz_h.as_mut().map(|h| h.slice_mut(di..m * 2 * di)),
-            ),
+            ws.dxz.produce_from(di),
             ws.g.produce(),
             m,
             di,
@@ -296,17 +294,7 @@ pub(super) fn backward(
             k,
         )?;
         let dpre = ws.du.as_view();
-        kr.conv_bwd_dx(
-            s,
-            &dpre,
-            &conv_w,
-            Store::f32_and(ws.dxz.as_view_mut(), store_into(&mut ws.dxz_h, m * 2 * di)),
-            2 * di,
-            m,
-            t,
-            di,
-            k,
-        )?;
+        kr.conv_bwd_dx(s, &dpre, &conv_w, ws.dxz.produce(), 2 * di, m, t, di, k)?;
         {
             // conv1d.weight and conv1d.bias are separate arena tensors, the
             // weight first (ParamLayout's order): two disjoint views.
@@ -335,14 +323,12 @@ pub(super) fn backward(
         }
 
         // in_proj.
-        let dxz = ws.dxz.as_view();
-        let dxz_h = stored(&ws.dxz_h, m * 2 * di);
         e.blas.gemm(
             "in_proj dW",
             2 * di,
             d,
             m,
-            op_t(&dxz, 2 * di).with_bf16(again(&dxz_h)),
+            op_t(ws.dxz.elems(), 2 * di),
             op(ws.xn.elems(), d),
             0.0,
             &mut grads.slice_mut(g(&lo.in_proj)),
@@ -353,7 +339,7 @@ pub(super) fn backward(
             m,
             d,
             2 * di,
-            op(&dxz, 2 * di).with_bf16(dxz_h),
+            op(ws.dxz.elems(), 2 * di),
             op(&w(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj)),
             0.0,
             &mut ws.dxn.as_view_mut(),

@@ -78,6 +78,15 @@ impl ActBuf {
         self.produce_with(None)
     }
 
+    /// [`Self::produce`] of its elements from `start` on (a column block
+    /// of a matrix: dz, the second half of in_proj's output gradient).
+    pub fn produce_from(&mut self, start: usize) -> Store<'_> {
+        match self {
+            ActBuf::F32(x) => Store::F32(x.slice_mut(start..)),
+            ActBuf::Bf16(h) => Store::Bf16(h.slice_mut(start..)),
+        }
+    }
+
     /// A view of it, to lend kernels as [`Stored`] ([`ActView::stored`]).
     pub fn view(&self) -> ActView<'_> {
         self.view_from(0)
@@ -220,12 +229,11 @@ pub(crate) struct Workspace {
     pub xf_h: Option<CudaSlice<u16>>,
     /// bf16 runs: the bf16 copies of output gradients the two GEMMs of one
     /// linear layer's backward share: `dres`'s (`[rows, d_model]`),
-    /// `dxz`'s (`[rows, 2 d_inner]`), `ddtr`'s (`[rows, d_inner]`),
+    /// `ddtr`'s (`[rows, d_inner]`),
     /// `ddbc`'s (`[rows, dt_rank + 2 d_state]`), and one loss chunk's
     /// logits gradient (`[loss_rows, vocab]`, the only copy of it: the
     /// cross-entropy stores it there and leaves the logits).
     pub dres_h: Option<CudaSlice<u16>>,
-    pub dxz_h: Option<CudaSlice<u16>>,
     pub ddtr_h: Option<CudaSlice<u16>>,
     pub ddbc_h: Option<CudaSlice<u16>>,
     pub dlogits_h: Option<CudaSlice<u16>>,
@@ -252,7 +260,11 @@ pub(crate) struct Workspace {
     pub dxn: CudaSlice<f32>,
     pub dout: CudaSlice<f32>,
     pub dy: CudaSlice<f32>,
-    pub dxz: CudaSlice<f32>,
+    /// in_proj's output gradient `[rows, 2 d_inner]` (dx from the conv's
+    /// backward, dz from the gate's): only in_proj's two backward GEMMs read
+    /// it, so bf16 runs keep it in bf16 alone, as the GEMMs read it (the
+    /// kernels store the rounding they would have stored as its copy).
+    pub dxz: ActBuf,
     pub ddtr: CudaSlice<f32>,
     pub du: CudaSlice<f32>,
     pub ddbc: CudaSlice<f32>,
@@ -401,7 +413,6 @@ impl Workspace {
             xf: a.zeros("final norm output", rows * d)?,
             xf_h: a.zeros_if(bf16, "final norm output (bf16)", rows * d)?,
             dres_h: a.zeros_if(bf16, "residual gradient (bf16)", rows * d)?,
-            dxz_h: a.zeros_if(bf16, "in_proj output gradient (bf16)", rows * 2 * di)?,
             ddtr_h: a.zeros_if(bf16, "dt_proj output gradient (bf16)", rows * di)?,
             ddbc_h: a.zeros_if(bf16, "x_proj output gradient (bf16)", rows * ldbc)?,
             dlogits_h: a.zeros_if(bf16, "logits gradient (bf16)", loss_rows * v)?,
@@ -417,7 +428,7 @@ impl Workspace {
             dxn: a.zeros("norm output gradient", rows * d)?,
             dout: a.zeros("gated output gradient", rows * di)?,
             dy: a.zeros("scan output gradient", rows * di)?,
-            dxz: a.zeros("in_proj output gradient", rows * 2 * di)?,
+            dxz: a.act(bf16, "in_proj output gradient", rows * 2 * di)?,
             ddtr: a.zeros("dt_proj output gradient", rows * di)?,
             du: a.zeros("conv output gradient", rows * di)?,
             ddbc: a.zeros("x_proj output gradient", rows * ldbc)?,
