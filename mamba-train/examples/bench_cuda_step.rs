@@ -4,6 +4,7 @@
 //! cargo run --release -p mamba-train --example bench_cuda_step -- \
 //!     [--sizes small,130m,long] [--steps 10] [--warmup 3] [--json FILE] \
 //!     [--precision f32|tf32|bf16] [--recompute] [--f32-acts] [--gemm-detail]
+//!     [--lt-candidates]
 //! ```
 //!
 //! `--precision` (default f32) builds the model in that precision
@@ -85,6 +86,11 @@ struct Args {
     /// TFLOP/s, calls a step; in bf16 with and without the operand casts).
     #[arg(long)]
     gemm_detail: bool,
+    /// With `--gemm-detail` (tf32 or bf16): also time each shape's
+    /// cuBLASLt heuristic candidates (up to 16), to compare with the
+    /// `cublasGemmEx` default the model runs.
+    #[arg(long)]
+    lt_candidates: bool,
     /// Recompute each block's activations in the backward pass
     /// (`CudaModel::set_recompute`, the CLI's `--recompute`).
     #[arg(long)]
@@ -97,6 +103,10 @@ struct Args {
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+mod support {
+    pub mod lt_candidates;
+}
 
 fn cuda_err(what: &str, e: impl std::fmt::Display) -> TrainError {
     TrainError::Cuda {
@@ -235,6 +245,7 @@ fn gemm_detail(
     blas: &Blas,
     shapes: &[Shape],
     reps: usize,
+    lt: bool,
 ) -> Res<()> {
     let mut distinct: Vec<(Shape, usize)> = Vec::new();
     for g in shapes {
@@ -322,11 +333,97 @@ fn gemm_detail(
             fl / (with_casts * 1e-3) / 1e12,
             fl / (bare * 1e-3) / 1e12,
         );
+        if lt && blas.precision() != Precision::F32 {
+            let ab = AB {
+                a: &a,
+                b: &b,
+                ha: ha.as_ref(),
+                hb: hb.as_ref(),
+            };
+            print_lt_candidates(stream, &g, ab, &mut c, reps)?;
+        }
     }
     println!(
         "    sum over the step: {:.2} ms with casts, {:.2} ms without",
         total.0, total.1
     );
+    Ok(())
+}
+
+/// The A and B of one shape: f32 values and, in bf16, their copies.
+struct AB<'a> {
+    a: &'a CudaSlice<f32>,
+    b: &'a CudaSlice<f32>,
+    ha: Option<&'a CudaSlice<u16>>,
+    hb: Option<&'a CudaSlice<u16>>,
+}
+
+/// The cuBLASLt candidates of shape `g` (bf16 copies of A and B in bf16,
+/// else the f32 values run as TF32), each timed as the median of `reps`
+/// calls, in the heuristic's order.
+fn print_lt_candidates(
+    stream: &std::sync::Arc<CudaStream>,
+    g: &Shape,
+    ab: AB<'_>,
+    c: &mut CudaSlice<f32>,
+    reps: usize,
+) -> Res<()> {
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    use support::lt_candidates::{candidates, Problem};
+    const WS: usize = mamba_train::model::cuda::blas::WORKSPACE_BYTES;
+    let mut ws = stream
+        .alloc_zeros::<u8>(WS)
+        .map_err(|e| cuda_err("allocating", e))?;
+    let p = Problem {
+        m: g.m,
+        n: g.n,
+        k: g.k,
+        ta: g.ta,
+        tb: g.tb,
+        lda: if g.ta { g.m } else { g.k },
+        ldb: if g.tb { g.k } else { g.n },
+        ldc: g.n,
+        bf16: ab.ha.is_some(),
+    };
+    let (pa, _ra) = match ab.ha {
+        Some(h) => h.device_ptr(stream),
+        None => ab.a.device_ptr(stream),
+    };
+    let (pb, _rb) = match ab.hb {
+        Some(h) => h.device_ptr(stream),
+        None => ab.b.device_ptr(stream),
+    };
+    let (pc, _rc) = c.device_ptr_mut(stream);
+    let (pw, _rw) = ws.device_ptr_mut(stream);
+    let mut time = |run: &mut support::lt_candidates::Call<'_>| -> Result<f64, String> {
+        let mut t = Vec::new();
+        for i in 0..reps + 1 {
+            let ms = timed(stream, || run().map_err(|e| e.into())).map_err(|e| e.to_string())?;
+            if i > 0 {
+                t.push(ms);
+            }
+        }
+        Ok(median(t))
+    };
+    // SAFETY: the pointers hold the shape's extents in their types (the
+    // scratch buffers gemm_detail sized for it), the workspace WS bytes.
+    let found = unsafe { candidates(stream, &p, (pa, pb, pc), (pw, WS), 16, &mut time) }?;
+    let fl = 2.0 * (g.m * g.n * g.k) as f64;
+    for (i, cand) in found.iter().enumerate() {
+        println!(
+            "      lt #{i:<2} algo {:>3} tile {:>3} stages {:>3} split-k {:>2} reduction {} \
+             waves {:6.2} workspace {:>9} B: {:8.4} ms ({:6.1} TFLOP/s)",
+            cand.algo_id,
+            cand.tile,
+            cand.stages,
+            cand.split_k,
+            cand.reduction,
+            cand.waves,
+            cand.workspace,
+            cand.ms,
+            fl / (cand.ms * 1e-3) / 1e12,
+        );
+    }
     Ok(())
 }
 
@@ -491,7 +588,7 @@ fn main() -> Res<()> {
         };
         ceil.gemm_flops_per_s = ceil.square_rate.max(flops / (gemm_ms * 1e-3));
         if args.gemm_detail {
-            gemm_detail(&stream, &blas, &shapes, args.steps.max(3))?;
+            gemm_detail(&stream, &blas, &shapes, args.steps.max(3), args.lt_candidates)?;
         }
         // Freed pool memory goes back at a synchronization; measure from here.
         stream
