@@ -588,7 +588,13 @@ fn main() -> Res<()> {
         };
         ceil.gemm_flops_per_s = ceil.square_rate.max(flops / (gemm_ms * 1e-3));
         if args.gemm_detail {
-            gemm_detail(&stream, &blas, &shapes, args.steps.max(3), args.lt_candidates)?;
+            gemm_detail(
+                &stream,
+                &blas,
+                &shapes,
+                args.steps.max(3),
+                args.lt_candidates,
+            )?;
         }
         // Freed pool memory goes back at a synchronization; measure from here.
         stream

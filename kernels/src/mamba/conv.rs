@@ -220,10 +220,14 @@ impl MambaKernels {
         rows.div_ceil(COL_SLAB) * (d_inner * k + d_inner)
     }
 
-    /// The conv's weight and bias gradients (`x` f32 or kept in bf16):
-    /// `dw[c, k] = sum_m dpre[m, c] x[m - k_max + k, c]` and `db[c] = sum_m dpre[m, c]`, each a fixed
-    /// two-stage sum (slabs of [`COL_SLAB`] rows, then slabs ascending).
-    /// `scratch` holds [`Self::conv_wgrad_scratch_len`] elements.
+    /// The conv's weight and bias gradients (`x` f32 or kept in bf16) into
+    /// `dw_db`, the weight's `d_inner * k` then the bias's `d_inner` (the
+    /// order of conv1d.weight and conv1d.bias in the parameter arena):
+    /// `dw[c, k] = sum_m dpre[m, c] x[m - k_max + k, c]` and `db[c] = sum_m
+    /// dpre[m, c]`, each a fixed two-stage sum (slabs of [`COL_SLAB`] rows,
+    /// then slabs ascending; the second stage is one launch for both, as
+    /// the slab partials hold them in the same order). `scratch` holds
+    /// [`Self::conv_wgrad_scratch_len`] elements.
     #[allow(clippy::too_many_arguments)]
     pub fn conv_wgrad(
         &self,
@@ -232,8 +236,7 @@ impl MambaKernels {
         x: Stored<'_>,
         ldx: usize,
         scratch: &mut CudaViewMut<f32>,
-        dw: &mut CudaViewMut<f32>,
-        db: &mut CudaViewMut<f32>,
+        dw_db: &mut CudaViewMut<f32>,
         rows: usize,
         seq_len: usize,
         d_inner: usize,
@@ -251,8 +254,7 @@ impl MambaKernels {
             scratch.len(),
             Self::conv_wgrad_scratch_len(rows, d_inner, k),
         )?;
-        check::len(K, "dw", dw.len(), d_inner * k)?;
-        check::len(K, "db", db.len(), d_inner)?;
+        check::len(K, "dw_db", dw_db.len(), stride)?;
         if d_inner == 0 {
             return Ok(());
         }
@@ -287,8 +289,7 @@ impl MambaKernels {
         // writes part[< slabs * stride], extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }?;
         let part = scratch.as_view();
-        self.reduce_partials(stream, &part, slabs, stride, 0, d_inner * k, None, dw)?;
-        self.reduce_partials(stream, &part, slabs, stride, d_inner * k, d_inner, None, db)
+        self.reduce_partials(stream, &part, slabs, stride, 0, stride, None, dw_db)
     }
 }
 

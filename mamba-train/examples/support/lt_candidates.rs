@@ -136,8 +136,14 @@ pub unsafe fn candidates(
             lt::cublasLtMatmulDescCreate(&mut o.desc, compute, lt::cudaDataType_t::CUDA_R_32F),
         )?;
         for (attr, v) in [
-            (lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, ta),
-            (lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, tb),
+            (
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                ta,
+            ),
+            (
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                tb,
+            ),
         ] {
             ok(
                 "cublasLtMatmulDescSetAttribute",

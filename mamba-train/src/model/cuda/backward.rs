@@ -296,25 +296,23 @@ pub(super) fn backward(
         let dpre = ws.du.as_view();
         kr.conv_bwd_dx(s, &dpre, &conv_w, ws.dxz.produce(), 2 * di, m, t, di, k)?;
         {
-            // conv1d.weight and conv1d.bias are separate arena tensors, the
-            // weight first (ParamLayout's order): two disjoint views.
+            // conv1d.weight and conv1d.bias are adjacent arena tensors, the
+            // weight first (ParamLayout's order): the kernel writes both as
+            // one span.
             let (wr, br) = (g(&lo.conv_w), g(&lo.conv_b));
-            if wr.end > br.start {
+            if wr.end != br.start {
                 return Err(TrainError::Config(format!(
-                    "layer {l}: conv1d.weight {wr:?} must precede conv1d.bias {br:?} in the arena"
+                    "layer {l}: conv1d.weight {wr:?} must be followed by conv1d.bias {br:?} in \
+                     the arena"
                 )));
             }
-            let (mut below, mut above) = grads.split_at_mut(br.start);
-            let mut dw = below.slice_mut(wr);
-            let mut db = above.slice_mut(0..br.len());
             kr.conv_wgrad(
                 s,
                 &dpre,
                 xz.stored(),
                 2 * di,
                 &mut ws.colsum.as_view_mut(),
-                &mut dw,
-                &mut db,
+                &mut grads.slice_mut(wr.start..br.end),
                 m,
                 t,
                 di,
