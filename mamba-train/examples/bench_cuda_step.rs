@@ -703,6 +703,12 @@ fn main() -> Res<()> {
             median(wall_ms),
         );
         let tokps = rows as f64 / (sm * 1e-3);
+        if args.gemm_detail {
+            println!("  the model's GEMM algorithms (each chosen once, at its first call):");
+            for line in model.gemm_algorithms() {
+                println!("    {line}");
+            }
+        }
         let exact =
             model.workspace_bytes() + 4 * 4 * pn + mamba_train::model::cuda::blas::WORKSPACE_BYTES;
         println!(

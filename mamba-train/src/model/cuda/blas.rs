@@ -9,10 +9,10 @@
 //!   to prove it took. The precision is chosen per call instead, and is the
 //!   handle owner's for its whole life:
 //!   - `f32`: `cublasSgemm`, plain f32 FMA arithmetic (the reference);
-//!   - `tf32`: `cublasGemmEx` on f32 data with compute type
+//!   - `tf32`: cuBLASLt (below) on f32 data with compute type
 //!     `CUBLAS_COMPUTE_32F_FAST_TF32` (tensor cores, inputs rounded to TF32,
 //!     f32 accumulation and output);
-//!   - `bf16`: `cublasGemmEx` with bf16 A and B (`CUDA_R_16BF`), f32 C (or
+//!   - `bf16`: cuBLASLt with bf16 A and B (`CUDA_R_16BF`), f32 C (or
 //!     bf16 C where the caller keeps the product in bf16 alone,
 //!     [`GemmOut::Bf16`]) and compute type `CUBLAS_COMPUTE_32F` (f32
 //!     accumulation). An
@@ -22,13 +22,18 @@
 //!     activations the model casts once for every GEMM that reads them) or
 //!     holds the operand in bf16 only ([`Elems::Bf16`]).
 //!
-//!   The `cublasGemmEx` calls pass `CUBLAS_GEMM_DEFAULT`: cuBLAS's own
-//!   heuristic, whose choice is a function of the shape, types, GPU model,
-//!   library version and the fixed workspace only (cublasLt, with an
-//!   algorithm recorded per shape, is not used), so the same call picks the
-//!   same kernel every run;
-//! - atomics `CUBLAS_ATOMICS_NOT_ALLOWED`: no routine may pick an
-//!   atomics-based (order-varying) reduction, so no split-K with atomics;
+//!   The tf32 and bf16 GEMMs run through cuBLASLt ([`super::blas_lt`]):
+//!   one algorithm per problem (shape, transposes, leading dimensions,
+//!   types, the operands' alignment class), cuBLASLt's heuristic's first
+//!   candidate for it with the fixed workspace, chosen at the problem's
+//!   first call, recorded ([`Blas::algorithms`]) and never chosen again, so
+//!   the same call runs the same kernel every run. A problem cuBLASLt has no
+//!   algorithm for runs `cublasGemmEx` with `CUBLAS_GEMM_DEFAULT` (cuBLAS's
+//!   own heuristic, again a function of the problem only);
+//! - atomics `CUBLAS_ATOMICS_NOT_ALLOWED` on the cuBLAS handle: no routine
+//!   may pick an atomics-based (order-varying) reduction, so no split-K
+//!   with atomics (cuBLASLt's split-K algorithms reduce in a workspace, in
+//!   a fixed order, their reduction scheme part of the recorded algorithm);
 //! - a workspace of fixed size ([`WORKSPACE_BYTES`]) owned by the handle's
 //!   owner, so the algorithm heuristics see the same workspace every run (and
 //!   cuBLAS never allocates its own per stream);
@@ -52,6 +57,7 @@ use cudarc::cublas::{sys, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use kernels::mamba::MambaKernels;
 
+use super::blas_lt::{LtGemms, Problem};
 use crate::config::Precision;
 use crate::error::{Result, TrainError};
 
@@ -136,7 +142,10 @@ pub struct Blas {
     /// bf16 copies of the A and B operands a bf16 GEMM casts itself
     /// (grow-only; one stream orders every use, so one pair serves all).
     scratch: Mutex<[Option<CudaSlice<u16>>; 2]>,
-    _workspace: CudaSlice<u8>,
+    /// The tf32 and bf16 GEMMs' cuBLASLt plans (absent in f32), which
+    /// share the workspace with the handle (one stream orders every use).
+    lt: Option<LtGemms>,
+    workspace: CudaSlice<u8>,
 }
 
 impl std::fmt::Debug for Blas {
@@ -292,8 +301,19 @@ impl Blas {
             stream: stream.clone(),
             kernels: kernels.filter(|_| precision == Precision::Bf16),
             scratch: Mutex::new([None, None]),
-            _workspace: workspace,
+            lt: match precision {
+                Precision::F32 => None,
+                _ => Some(LtGemms::new().map_err(|e| cuda_err("creating a cuBLASLt handle", e))?),
+            },
+            workspace,
         })
+    }
+
+    /// Every tf32 / bf16 GEMM problem this handle has run and the cuBLASLt
+    /// algorithm it was given at its first call (one line each, first-call
+    /// order; empty in f32, which runs `cublasSgemm`).
+    pub fn algorithms(&self) -> Vec<String> {
+        self.lt.as_ref().map(LtGemms::chosen).unwrap_or_default()
     }
 
     /// The precision of every GEMM of this handle.
@@ -409,7 +429,7 @@ impl Blas {
             (Precision::F32, GemmOut::F32(mut c)) => {
                 let (fa, fb) = (a.f32(what)?, b.f32(what)?);
                 // SAFETY: as above.
-                unsafe { self.handle.gemm(cfg, fb, fa, &mut c) }
+                unsafe { self.handle.gemm(cfg, fb, fa, &mut c) }.map_err(|e| format!("{e:?}"))
             }
             (Precision::Tf32, GemmOut::F32(mut c)) => {
                 let s = &self.stream;
@@ -417,16 +437,7 @@ impl Blas {
                 let (pb, _rb) = a.f32(what)?.device_ptr(s);
                 let (pc, _rc) = c.device_ptr_mut(s);
                 // SAFETY: as for f32: f32 A, B and C with the checked extents.
-                unsafe {
-                    gemm_ex(
-                        *self.handle.handle(),
-                        &cfg,
-                        (pa, pb, pc),
-                        sys::cudaDataType_t::CUDA_R_32F,
-                        sys::cudaDataType_t::CUDA_R_32F,
-                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-                    )
-                }
+                unsafe { self.lt_or_ex(&cfg, (pa, pb, pc), false, false) }
             }
             (Precision::Bf16, c) => {
                 let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
@@ -445,37 +456,100 @@ impl Blas {
                     Half::Scratch => sb_ptr(sa, s)?,
                 };
                 let (mut c32, mut c16);
-                let ((pc, _rc), c_type) = match c {
+                let ((pc, _rc), c_bf16) = match c {
                     GemmOut::F32(c) => {
                         c32 = c;
-                        (c32.device_ptr_mut(s), sys::cudaDataType_t::CUDA_R_32F)
+                        (c32.device_ptr_mut(s), false)
                     }
                     GemmOut::Bf16(c) => {
                         c16 = c;
-                        (c16.device_ptr_mut(s), sys::cudaDataType_t::CUDA_R_16BF)
+                        (c16.device_ptr_mut(s), true)
                     }
                 };
                 // SAFETY: a given bf16 copy's extent was checked above, a
-                // scratch copy holds the operand's whole span; C is of
-                // `c_type` with its checked extent.
-                unsafe {
-                    gemm_ex(
-                        *self.handle.handle(),
-                        &cfg,
-                        (pa, pb, pc),
-                        sys::cudaDataType_t::CUDA_R_16BF,
-                        c_type,
-                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    )
-                }
+                // scratch copy holds the operand's whole span; C is bf16
+                // when `c_bf16`, else f32, with its checked extent.
+                unsafe { self.lt_or_ex(&cfg, (pa, pb, pc), true, c_bf16) }
             }
         };
         ran.map_err(|e| {
             cuda_err(
                 format!("running the {} GEMM {what} ({m}x{n}x{k})", self.precision),
-                format!("{e:?}"),
+                e,
             )
         })
+    }
+
+    /// The column-major tf32 (`ab_bf16` false) or bf16 GEMM `cfg` through
+    /// its recorded cuBLASLt algorithm ([`super::blas_lt`]), or through
+    /// `cublasGemmEx` where cuBLASLt has none for the problem.
+    ///
+    /// # Safety
+    /// As [`gemm_ex`]: the pointers hold the extents `cfg` implies in their
+    /// types (A and B bf16 when `ab_bf16`, else f32; C bf16 when `c_bf16`,
+    /// else f32), on the handle's stream.
+    unsafe fn lt_or_ex(
+        &self,
+        cfg: &GemmConfig<f32>,
+        ptrs: (
+            cudarc::driver::sys::CUdeviceptr,
+            cudarc::driver::sys::CUdeviceptr,
+            cudarc::driver::sys::CUdeviceptr,
+        ),
+        ab_bf16: bool,
+        c_bf16: bool,
+    ) -> std::result::Result<(), String> {
+        if let Some(lt) = &self.lt {
+            let problem = Problem {
+                m: cfg.m,
+                n: cfg.n,
+                k: cfg.k,
+                trans_a: cfg.transa == sys::cublasOperation_t::CUBLAS_OP_T,
+                trans_b: cfg.transb == sys::cublasOperation_t::CUBLAS_OP_T,
+                lda: cfg.lda,
+                ldb: cfg.ldb,
+                ldc: cfg.ldc,
+                ab_bf16,
+                c_bf16,
+            };
+            let s = &self.stream;
+            let (ws, _rw) = self.workspace.device_ptr(s);
+            // SAFETY: the caller's contract for the operands; the workspace
+            // is this handle's, used only by its calls on this one stream.
+            let ran = unsafe {
+                lt.matmul(
+                    &problem,
+                    ptrs,
+                    cfg.beta,
+                    (ws, WORKSPACE_BYTES),
+                    s.cu_stream(),
+                )
+            }?;
+            if ran {
+                return Ok(());
+            }
+        }
+        let (ab, c_type, compute) = if ab_bf16 {
+            let c = if c_bf16 {
+                sys::cudaDataType_t::CUDA_R_16BF
+            } else {
+                sys::cudaDataType_t::CUDA_R_32F
+            };
+            (
+                sys::cudaDataType_t::CUDA_R_16BF,
+                c,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            )
+        } else {
+            (
+                sys::cudaDataType_t::CUDA_R_32F,
+                sys::cudaDataType_t::CUDA_R_32F,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            )
+        };
+        // SAFETY: the caller's contract.
+        unsafe { gemm_ex(*self.handle.handle(), cfg, ptrs, ab, c_type, compute) }
+            .map_err(|e| format!("{e:?}"))
     }
 
     /// The bf16 form of operand `op` (`name` of GEMM `what`, `need`

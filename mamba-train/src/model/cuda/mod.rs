@@ -5,7 +5,8 @@
 //! arena, Hugging Face names and shapes).
 //!
 //! Determinism: one stream, no atomics, every reduction in a fixed order that
-//! depends only on the shapes, cuBLAS pinned ([`blas`]). The same parameters
+//! depends only on the shapes, cuBLAS pinned ([`blas`]; the tf32 and bf16
+//! GEMMs through cuBLASLt with one algorithm per problem, chosen once). The same parameters
 //! and batch give the same loss and gradient bits on every run of the same
 //! build on the same GPU model, in each precision. Results agree with
 //! [`super::cpu::CpuModel`] within the precision's tolerance (f32: f32
@@ -75,6 +76,7 @@
 mod backend;
 mod backward;
 pub mod blas;
+mod blas_lt;
 mod decode;
 mod forward;
 pub mod head;
@@ -278,6 +280,12 @@ impl CudaModel {
     /// The precision of the model's GEMMs.
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// The record of the GEMM algorithms chosen so far ([`Blas::algorithms`]:
+    /// one line per tf32 / bf16 problem, chosen once at its first call).
+    pub fn gemm_algorithms(&self) -> Vec<String> {
+        self.engine.blas.algorithms()
     }
 
     /// The model's shape.
