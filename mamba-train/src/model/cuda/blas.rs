@@ -22,7 +22,7 @@
 //!     activations the model casts once for every GEMM that reads them) or
 //!     holds the operand in bf16 only ([`Elems::Bf16`]).
 //!
-//!   The tf32 and bf16 GEMMs run through cuBLASLt ([`super::blas_lt`]):
+//!   The tf32 and bf16 GEMMs run through cuBLASLt (`blas_lt.rs`):
 //!   one algorithm per problem (shape, transposes, leading dimensions,
 //!   types, the operands' alignment class), cuBLASLt's heuristic's first
 //!   candidate for it with the fixed workspace, chosen at the problem's
@@ -481,7 +481,7 @@ impl Blas {
     }
 
     /// The column-major tf32 (`ab_bf16` false) or bf16 GEMM `cfg` through
-    /// its recorded cuBLASLt algorithm ([`super::blas_lt`]), or through
+    /// its recorded cuBLASLt algorithm (`blas_lt.rs`), or through
     /// `cublasGemmEx` where cuBLASLt has none for the problem.
     ///
     /// # Safety
