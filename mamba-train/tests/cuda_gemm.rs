@@ -10,8 +10,8 @@
 
 mod cuda_common;
 
-use cuda_common::{gpu_required, no_gpu_reason};
-use kernels::mamba::{bf16_to_f32, f32_to_bf16_rne, MambaKernels};
+use cuda_common::kernels_on_device0;
+use kernels::mamba::{bf16_to_f32, f32_to_bf16_rne};
 use mamba_train::config::Precision;
 use mamba_train::model::cuda::blas::{Blas, Elems, GemmOut, Operand};
 use mamba_train::seed::Rng;
@@ -58,14 +58,10 @@ fn rel_err(got: &[f64], want: &[f64]) -> f64 {
 
 #[test]
 fn tf32_and_bf16_gemms_run_one_recorded_algorithm_per_problem() {
-    if let Some(reason) = no_gpu_reason() {
-        assert!(!gpu_required(), "MAMBA_REQUIRE_GPU=1 but {reason}");
-        eprintln!("skipping: {reason}");
+    let Some((ctx, kernels)) = kernels_on_device0() else {
         return;
-    }
-    let ctx = kernels::open_context(0).expect("open device 0");
+    };
     let s = ctx.default_stream();
-    let kernels = MambaKernels::load(&ctx).expect("load the Mamba kernels");
     let cases = [
         Case {
             m: 33,

@@ -119,16 +119,12 @@ fn sharded_optimizer_steps_on_the_gpu_are_the_cpu_bits() {
 /// f64 sums round, and an order other than ascending would show.
 #[test]
 fn device_chunk_sums_are_the_cpus_bits_at_every_length_and_alignment() {
-    use cuda_common::{gpu_required, no_gpu_reason};
+    use cuda_common::kernels_on_device0;
     use kernels::mamba::{MambaKernels, NORM_CHUNK};
     use mamba_train::optim::chunk_sums;
-    if let Some(reason) = no_gpu_reason() {
-        assert!(!gpu_required(), "MAMBA_REQUIRE_GPU=1 but {reason}");
-        eprintln!("skipping: {reason}");
+    let Some((ctx, k)) = kernels_on_device0() else {
         return;
-    }
-    let ctx = kernels::open_context(0).expect("open device 0");
-    let k = MambaKernels::load(&ctx).expect("load the Mamba kernels");
+    };
     let s = ctx.default_stream();
     let mut r = Rng::new(77);
     let total = 3 * NORM_CHUNK + 200;

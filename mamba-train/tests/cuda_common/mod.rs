@@ -33,6 +33,23 @@ pub fn no_gpu_reason() -> Option<String> {
     None
 }
 
+/// Device 0's context and the Mamba kernels loaded into it, for tests of
+/// single kernels; `None` (printing `skipping: <reason>`) without a GPU,
+/// a failure instead under `MAMBA_REQUIRE_GPU=1`.
+pub fn kernels_on_device0() -> Option<(
+    std::sync::Arc<cudarc::driver::CudaContext>,
+    kernels::mamba::MambaKernels,
+)> {
+    if let Some(reason) = no_gpu_reason() {
+        assert!(!gpu_required(), "MAMBA_REQUIRE_GPU=1 but {reason}");
+        eprintln!("skipping: {reason}");
+        return None;
+    }
+    let ctx = kernels::open_context(0).expect("open device 0");
+    let k = kernels::mamba::MambaKernels::load(&ctx).expect("load the Mamba kernels");
+    Some((ctx, k))
+}
+
 /// A tiny selective-copy model on the GPU for CLI tests: 2 blocks of width
 /// 32, 8 rows of 32 tokens with 8 answers each, vocabulary 10.
 pub const CUDA_TINY: &[&str] = &[
