@@ -478,18 +478,23 @@ extern "C" __global__ void mamba_reduce_partials(const float* __restrict__ part,
 // ------------------------------------------------------------ cross-entropy
 
 // One block per row of logits [M, V]. For target t != -100:
-//   row_loss[m] = logsumexp(l) - l[t]; l <- (softmax(l) - onehot(t)) * inv_count
+//   row_loss[m] = logsumexp(l) - l[t]; l <- (softmax(l) - onehot(t)) * scale[0]
 // (when write_grad); for target -100: row_loss = 0 and the row becomes 0.
 // With grad_h not null the gradient goes to grad_h ([M, V] bf16, the bits
 // mamba_cast_bf16 would give it) instead of over the logits, which stay.
 // The max and the sum of exponentials are merged online per thread (strided,
 // in order) and then in a fixed tree of (max, sum) pairs.
+// `scale` is the loss scale pair (kernels::mamba::LossScale: 1 / counted,
+// counted) in device memory, not a launch argument, so that a captured
+// CUDA graph of the step reads each batch's count.
 // grid M, block 256.
 extern "C" __global__ void mamba_ce_fwd_bwd(float* __restrict__ logits,
                                             const int* __restrict__ targets,
                                             float* __restrict__ row_loss,
-                                            unsigned short* __restrict__ grad_h, float inv_count,
-                                            int V, int write_grad) {
+                                            unsigned short* __restrict__ grad_h,
+                                            const float* __restrict__ scale, int V,
+                                            int write_grad) {
+    const float inv_count = scale[0];
     __shared__ float smax[kReduceThreads];
     __shared__ float ssum[kReduceThreads];
     const long long m = blockIdx.x;
@@ -545,10 +550,13 @@ extern "C" __global__ void mamba_ce_fwd_bwd(float* __restrict__ logits,
     }
 }
 
-// out[0] = (sum of row_loss[0..M)) / count: lane-strided serial sums, then
-// the fixed block tree. grid 1, block 256.
+// out[0] = (sum of row_loss[0..M)) / count, count = scale[1] (the loss
+// scale pair in device memory, as mamba_ce_fwd_bwd's): lane-strided serial
+// sums, then the fixed block tree. grid 1, block 256.
 extern "C" __global__ void mamba_loss_mean(const float* __restrict__ row_loss, long long M,
-                                           float count, float* __restrict__ out) {
+                                           const float* __restrict__ scale,
+                                           float* __restrict__ out) {
+    const float count = scale[1];
     __shared__ float sh[kReduceThreads];
     float s = 0.0f;
     for (long long m = threadIdx.x; m < M; m += kReduceThreads) s = s + row_loss[m];

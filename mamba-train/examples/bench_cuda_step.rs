@@ -4,8 +4,13 @@
 //! cargo run --release -p mamba-train --example bench_cuda_step -- \
 //!     [--sizes small,130m,long] [--steps 10] [--warmup 3] [--json FILE] \
 //!     [--precision f32|tf32|bf16] [--recompute] [--f32-acts] [--gemm-detail]
-//!     [--lt-candidates]
+//!     [--lt-candidates] [--no-cuda-graph]
 //! ```
+//!
+//! The training pass replays as a CUDA graph (`CudaModel::set_cuda_graph`),
+//! as the CLI's does; `--no-cuda-graph` (the CLI's flag) runs it eagerly.
+//! Both run on a stream of the benchmark's own, so the two differ only in
+//! the graph.
 //!
 //! `--precision` (default f32) builds the model in that precision
 //! (`mamba_train::config::Precision`) and runs the GEMM-only timing and the
@@ -100,6 +105,10 @@ struct Args {
     /// to compare the two in one run.
     #[arg(long)]
     f32_acts: bool,
+    /// Run the training pass eagerly instead of replaying it as a CUDA
+    /// graph (`CudaModel::set_cuda_graph`).
+    #[arg(long)]
+    no_cuda_graph: bool,
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -502,6 +511,8 @@ struct StepRecord {
     precision: String,
     recompute: bool,
     f32_acts: bool,
+    graph: bool,
+    graph_replays: u64,
     d_model: usize,
     n_layer: usize,
     vocab: usize,
@@ -528,7 +539,12 @@ struct StepRecord {
 fn main() -> Res<()> {
     let args = Args::parse();
     let ctx = kernels::open_context(args.device)?;
-    let stream = ctx.default_stream();
+    // A stream of its own (not the legacy default stream): a graph can
+    // capture only such a stream, and eager runs use one too, so the graph
+    // changes nothing else.
+    let stream = ctx
+        .new_stream()
+        .map_err(|e| cuda_err("creating the benchmark's stream", e))?;
     let name = ctx.name().unwrap_or_else(|_| "?".into());
     let blas = Blas::with_precision(
         &stream,
@@ -605,6 +621,9 @@ fn main() -> Res<()> {
         let mut model = CudaModel::with_stream_in(cfg.clone(), args.precision, stream.clone())?;
         model.set_recompute(args.recompute);
         model.set_bf16_acts(!args.f32_acts);
+        // SAFETY: the model, its arenas and the optimizer work on `stream`
+        // alone; the GEMM-only timings above finished at the synchronize.
+        unsafe { model.set_cuda_graph(!args.no_cuda_graph)? };
         let mut params = model.init_params(1)?;
         let mut grads = model.zeros_arena()?;
         let sched = Schedule {
@@ -712,12 +731,13 @@ fn main() -> Res<()> {
         let exact =
             model.workspace_bytes() + 4 * 4 * pn + mamba_train::model::cuda::blas::WORKSPACE_BYTES;
         println!(
-            "{sz:>5}{}{}: d {} x {} layers, vocab {}, batch {nb} x {t}: step {sm:.2} ms (wall {:.2}), {:.0} tokens/s; \
+            "{sz:>5}{}{}{}: d {} x {} layers, vocab {}, batch {nb} x {t}: step {sm:.2} ms (wall {:.2}), {:.0} tokens/s; \
              forward {fm:.2} ms, optimizer {om:.2} ms, GEMMs alone {gemm_ms:.2} ms ({:.1} TFLOP/s); \
              floor {floor:.2} ms (GEMM {floor_gemm:.2}, bytes {floor_bytes:.2}) -> step/floor {:.2}; \
              memory high-water {:.2} GiB (model-owned {:.2} GiB); loss {last_loss:.4}",
             if args.recompute { " (recompute)" } else { "" },
             if args.f32_acts { " (f32 activations)" } else { "" },
+            if args.no_cuda_graph { String::new() } else { format!(" (graph, {} replays)", model.graph_stats().replays) },
             cfg.d_model,
             cfg.n_layer,
             cfg.vocab_size,
@@ -733,6 +753,8 @@ fn main() -> Res<()> {
             precision: args.precision.name().to_string(),
             recompute: args.recompute,
             f32_acts: args.f32_acts,
+            graph: !args.no_cuda_graph,
+            graph_replays: model.graph_stats().replays,
             d_model: cfg.d_model,
             n_layer: cfg.n_layer,
             vocab: cfg.vocab_size,

@@ -47,7 +47,7 @@ pub use cast::{bf16_to_f32, f32_to_bf16_rne};
 pub use conv::MAX_CONV_WIDTH;
 pub use decode::{DecodeKernels, ScanStepInputs};
 pub use optim::{check_decay_ranges, AdamWStep, NORM_CHUNK};
-pub use reductions::{ColSum, LogitGrad};
+pub use reductions::{ColSum, LogitGrad, LossScale};
 pub use scan::{
     ScanBackward, ScanForward, ScanInputs, ScanShape, MAX_D_STATE, SCAN_CHUNK, SEGMENT_CHUNKS,
 };

@@ -61,7 +61,9 @@ impl MambaKernels {
 
     /// `demb[v, :] += sum of dh[p, :]` over the positions `p` of each
     /// distinct token `v` of `csr`, in ascending `p` (one owner per row: no
-    /// atomics). `dh` is `[csr.positions(), d]`, `demb` `[vocab, d]`.
+    /// atomics). `dh` is `[csr.positions(), d]`, `demb` `[vocab, d]`. The
+    /// launch covers the CSR's padded rows ([`DeviceTokenCsr::rows`]): an
+    /// empty row rewrites its token's values unchanged.
     pub fn embed_bwd(
         &self,
         stream: &CudaStream,
@@ -74,14 +76,14 @@ impl MambaKernels {
         self.check_stream(K, stream)?;
         check::len(K, "dh", dh.len(), check::mul(K, "dh", csr.positions, d)?)?;
         check::len(K, "demb", demb.len(), check::mul(K, "demb", csr.vocab, d)?)?;
-        if csr.distinct == 0 || d == 0 {
+        if csr.rows == 0 || d == 0 {
             return Ok(());
         }
         let launch = Launch {
             kernel: K,
             func: &self.f.embed_bwd,
             grid: Grid::RowsByCols {
-                rows: csr.distinct,
+                rows: csr.rows,
                 cols: d,
             },
             block: THREADS,

@@ -48,6 +48,27 @@ pub enum ColSum<'a> {
     },
 }
 
+/// The loss's scale for a batch of `counted` targets, as
+/// [`MambaKernels::cross_entropy`] and [`MambaKernels::loss_mean`] read it
+/// from device memory: `[1 / counted, counted]` in f32 (`[0, 0]` when
+/// nothing is counted). One function makes both values, so an eager pass
+/// and a replayed graph see the same bits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossScale(pub [f32; 2]);
+
+impl LossScale {
+    /// Floats of a scale buffer on the device.
+    pub const LEN: usize = 2;
+
+    /// The scale of `counted` counted targets.
+    pub fn of(counted: usize) -> Self {
+        if counted == 0 {
+            return LossScale([0.0, 0.0]);
+        }
+        LossScale([1.0f32 / counted as f32, counted as f32])
+    }
+}
+
 /// What [`MambaKernels::cross_entropy`] does with the gradient of the
 /// logits.
 pub enum LogitGrad<'b> {
@@ -209,7 +230,10 @@ impl MambaKernels {
     /// logit[target]` (0 for ignored rows), and the gradient `(softmax -
     /// onehot) / counted` (0 for ignored rows) as `grad` says: none, over
     /// the logits in place, or rounded to bf16 into its own buffer (the
-    /// bits a cast of the in-place values would give).
+    /// bits a cast of the in-place values would give). `1 / counted` is
+    /// read from `scale` on the device (a [`LossScale`], uploaded by the
+    /// caller), so that a captured CUDA graph of the pass reads each
+    /// batch's count rather than the one it was captured with.
     /// A target outside `[0, vocab)` other than `-100` must be refused by the
     /// caller before upload (the kernel would read outside the row).
     #[allow(clippy::too_many_arguments)]
@@ -219,13 +243,14 @@ impl MambaKernels {
         logits: &mut CudaViewMut<f32>,
         targets: &CudaView<i32>,
         row_loss: &mut CudaViewMut<f32>,
-        counted: usize,
+        scale: &CudaView<f32>,
         rows: usize,
         vocab: usize,
         mut grad: LogitGrad<'_>,
     ) -> Result<(), KernelError> {
         const K: &str = "mamba_ce_fwd_bwd";
         self.check_stream(K, stream)?;
+        check::len(K, "scale", scale.len(), LossScale::LEN)?;
         check::len(
             K,
             "logits",
@@ -248,11 +273,6 @@ impl MambaKernels {
         if vocab == 0 {
             return Err(KernelError::invalid(K, "vocab is 0"));
         }
-        let inv = if counted > 0 {
-            1.0f32 / counted as f32
-        } else {
-            0.0
-        };
         let launch = Launch {
             kernel: K,
             func: &self.f.ce_fwd_bwd,
@@ -269,30 +289,33 @@ impl MambaKernels {
             Arg::In(targets),
             Arg::Out(row_loss),
             grad_h,
-            Arg::F32(inv),
+            Arg::In(scale),
             Arg::Int("vocab", vocab),
             Arg::I32(write_grad as i32),
         ];
         // SAFETY: matches mamba_ce_fwd_bwd(float* logits, const int*
-        // targets, float* row_loss, unsigned short* grad_h, float inv_count,
-        // int V, int write_grad) (grad_h null or checked); extents checked
+        // targets, float* row_loss, unsigned short* grad_h, const float*
+        // scale, int V, int write_grad) (grad_h null or checked); extents checked
         // above, target values validated by the caller.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
     /// `out[0] = (sum of row_loss[..rows]) / counted` (0 when `counted` is
-    /// 0), in a fixed order (lane-strided serial sums, then a fixed tree).
+    /// 0), in a fixed order (lane-strided serial sums, then a fixed tree);
+    /// `counted` is read from `scale` on the device, as in
+    /// [`Self::cross_entropy`].
     pub fn loss_mean(
         &self,
         stream: &CudaStream,
         row_loss: &CudaView<f32>,
         rows: usize,
-        counted: usize,
+        scale: &CudaView<f32>,
         out: &mut CudaViewMut<f32>,
     ) -> Result<(), KernelError> {
         const K: &str = "mamba_loss_mean";
         self.check_stream(K, stream)?;
         check::len(K, "row_loss", row_loss.len(), rows)?;
+        check::len(K, "scale", scale.len(), LossScale::LEN)?;
         check::len(K, "out", out.len(), 1)?;
         let launch = Launch {
             kernel: K,
@@ -303,11 +326,11 @@ impl MambaKernels {
         let mut args = [
             Arg::In(row_loss),
             Arg::Long("rows", rows),
-            Arg::F32(counted as f32),
+            Arg::In(scale),
             Arg::Out(out),
         ];
         // SAFETY: matches mamba_loss_mean(const float* row_loss, long long M,
-        // float count, float* out); extents checked above.
+        // const float* scale, float* out); extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 }

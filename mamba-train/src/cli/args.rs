@@ -300,6 +300,12 @@ pub struct TrainArgs {
     /// as without it, so a run resumes with or without it.
     #[arg(long)]
     pub recompute: bool,
+    /// With --device cuda: run every micro-batch's forward and backward
+    /// pass eagerly, launch by launch, instead of replaying the CUDA graph
+    /// captured from the second pass on (the default). The same bits
+    /// either way; for comparison and diagnosis.
+    #[arg(long)]
+    pub no_cuda_graph: bool,
     /// With --device cuda and the fixed-order contract: reduce gradients
     /// inside the node without NCCL's transfers: every rank maps the
     /// others' gradient arenas (CUDA memory-pool IPC) and folds its shard
@@ -568,6 +574,17 @@ mod tests {
         let a = parse(&["--device", "cuda", "--recompute"]).unwrap();
         assert!(a.recompute && crate::cli::run::check_cuda_only_flags(&a).is_ok());
         assert!(!parse(&[]).unwrap().recompute);
+        // --no-cuda-graph likewise.
+        let e = crate::cli::run::check_cuda_only_flags(&parse(&["--no-cuda-graph"]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--no-cuda-graph") && e.contains("--device cuda"),
+            "{e}"
+        );
+        let a = parse(&["--device", "cuda", "--no-cuda-graph"]).unwrap();
+        assert!(a.no_cuda_graph && crate::cli::run::check_cuda_only_flags(&a).is_ok());
+        assert!(!parse(&[]).unwrap().no_cuda_graph);
         // --peer-fold: CUDA only, and not with the sharded optimizer.
         let flags = |v: &[&str]| {
             crate::cli::run::check_cuda_only_flags(&parse(v).unwrap()).map_err(|e| e.to_string())

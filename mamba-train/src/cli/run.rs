@@ -159,7 +159,7 @@ pub fn train(args: &TrainArgs, out: &mut dyn Write) -> Result<TrainOutcome> {
     }
 }
 
-/// `--precision` other than f32, `--recompute` and `--peer-fold` need
+/// `--precision` other than f32, `--recompute`, `--no-cuda-graph` and `--peer-fold` need
 /// `--device cuda` (the CPU model trains in f32 and keeps its activations;
 /// CPU worlds reduce over the host transport), and `--peer-fold` excludes
 /// `--shard-optimizer`: refused by name otherwise.
@@ -173,6 +173,11 @@ pub fn check_cuda_only_flags(args: &TrainArgs) -> Result<()> {
             "--recompute needs --device cuda: the CPU model keeps its activations (its \
              backward already recomputes the scan states); add --device cuda or drop \
              --recompute"
+                .into(),
+        )),
+        _ if args.device == Device::Cpu && args.no_cuda_graph => Err(TrainError::Config(
+            "--no-cuda-graph needs --device cuda: the CPU model has no CUDA graph to turn off; \
+             add --device cuda or drop --no-cuda-graph"
                 .into(),
         )),
         _ if args.device == Device::Cpu && args.peer_fold => Err(TrainError::Config(
@@ -344,6 +349,12 @@ fn train_cuda_rank(
     }
     let mut model = CudaModel::with_stream_in(run.model.clone(), precision, comm.stream().clone())?;
     model.set_recompute(args.recompute);
+    // SAFETY: the model, the reducer (NCCL and the peer fold) and the
+    // optimizer all work on the communicator's one stream, and this rank's
+    // other threads (the abort watch, the progress bar) touch no device
+    // buffer, so nothing relies on cudarc's cross-stream event tracking
+    // that set_cuda_graph turns off.
+    unsafe { model.set_cuda_graph(!args.no_cuda_graph)? };
     let trainer = start_trainer(model, &run, data, ck, init)?;
     let stream = comm.stream().clone();
     let reducer = dp::cuda::reducer(comm, &run)?;

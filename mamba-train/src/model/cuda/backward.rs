@@ -30,7 +30,7 @@
 //! ```
 
 use cudarc::driver::CudaSlice;
-use kernels::mamba::{ColSum, DeviceTokenCsr, ScanBackward, ScanInputs, Store};
+use kernels::mamba::{ColSum, ScanBackward, ScanInputs, Store};
 
 use super::forward::{
     again, block_forward, block_norm, cast_copy, half, op, op_t, store_into, stored, Scratch,
@@ -54,7 +54,6 @@ pub(super) fn backward(
     p: &CudaSlice<f32>,
     pb: Option<&CudaSlice<u16>>,
     ws: &mut Workspace,
-    csr: &DeviceTokenCsr,
     grads: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let (t, m) = (ws.seq_len, ws.batch * ws.seq_len);
@@ -385,7 +384,7 @@ pub(super) fn backward(
     // Embedding: dE += scatter of dres by token (LM head's share is there).
     kr.embed_bwd(
         s,
-        csr,
+        &ws.csr,
         &ws.dres.as_view(),
         &mut grads.slice_mut(lay.embedding.clone()),
         d,

@@ -53,7 +53,8 @@ pub(super) enum HeadOutput<'a> {
 }
 
 /// Enqueue the head and the loss over `ws.xf` (the final norm's output):
-/// the batch's mean loss into `ws.loss` over the `counted` targets, and
+/// the batch's mean loss into `ws.loss` over the counted targets (their
+/// count read from `ws.loss_scale`, uploaded with the batch), and
 /// with [`HeadOutput::LossAndGrad`] the gradients above.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn head_loss(
@@ -63,7 +64,6 @@ pub(super) fn head_loss(
     p: &CudaSlice<f32>,
     pb: Option<&CudaSlice<u16>>,
     ws: &mut Workspace,
-    counted: usize,
     mut out: HeadOutput<'_>,
 ) -> Result<()> {
     let rows = ws.batch * ws.seq_len;
@@ -99,7 +99,7 @@ pub(super) fn head_loss(
             &mut logits,
             &ws.targets.slice(r.clone()),
             &mut ws.row_loss.slice_mut(r.clone()),
-            counted,
+            &ws.loss_scale.as_view(),
             n,
             v,
             grad,
@@ -145,7 +145,7 @@ pub(super) fn head_loss(
         &e.stream,
         &ws.row_loss.as_view(),
         rows,
-        counted,
+        &ws.loss_scale.as_view(),
         &mut ws.loss.as_view_mut(),
     )?;
     Ok(())

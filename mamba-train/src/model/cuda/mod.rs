@@ -52,6 +52,12 @@
 //! [`CudaModel::set_recompute`] (`--recompute`) keeps one block's and
 //! recomputes the others' during the backward, with the same bits.
 //!
+//! Launches: [`CudaModel::set_cuda_graph`] replays the pass
+//! ([`CudaModel::forward_backward`]) as a CUDA graph captured from the
+//! eager pass (the CLI's default; `--no-cuda-graph` runs it eagerly), with
+//! the same bits: everything that varies with the batch is uploaded into
+//! buffers of fixed address and size (`graph`'s docs).
+//!
 //! Each precision is deterministic in the sense above (same bits run to
 //! run; the reducer then makes every P at fixed L the same bits), and the
 //! bits differ between precisions: a run's precision is part of its
@@ -79,6 +85,7 @@ pub mod blas;
 mod blas_lt;
 mod decode;
 mod forward;
+mod graph;
 pub mod head;
 mod optim;
 mod workspace;
@@ -86,7 +93,7 @@ mod workspace;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use kernels::mamba::{MambaKernels, TokenCsr, MAX_CONV_WIDTH, MAX_D_STATE};
+use kernels::mamba::{LossScale, MambaKernels, TokenCsr, MAX_CONV_WIDTH, MAX_D_STATE};
 
 use crate::config::ModelConfig;
 pub use crate::config::Precision;
@@ -95,6 +102,7 @@ use crate::model::Batch;
 use crate::params::ParamLayout;
 use blas::Blas;
 pub use decode::CudaDecoder;
+pub use graph::GraphStats;
 use workspace::{Workspace, WorkspaceOptions};
 
 /// What every pass needs: the stream all work is ordered on, the kernels
@@ -130,6 +138,10 @@ pub struct CudaModel {
     /// built with ([`Self::set_loss_chunk_rows`], [`Self::set_recompute`],
     /// [`Self::set_bf16_copies`]).
     options: WorkspaceOptions,
+    /// Whether `forward_backward` replays a captured graph
+    /// ([`Self::set_cuda_graph`]), and what it did so far.
+    graph_on: bool,
+    graph_stats: GraphStats,
 }
 
 impl CudaModel {
@@ -197,6 +209,8 @@ impl CudaModel {
                 bf16_copies: true,
                 bf16_acts: true,
             },
+            graph_on: false,
+            graph_stats: GraphStats::default(),
         })
     }
 
@@ -275,6 +289,56 @@ impl CudaModel {
             bf16_acts: on,
             ..self.options
         });
+    }
+
+    /// Whether [`Self::forward_backward`] runs as a CUDA graph: the first
+    /// pass with a given pair of arenas (and batch shape) runs eagerly, the
+    /// second is captured, every later one replays the capture (the same
+    /// launches on the same addresses, so the same bits as the eager pass;
+    /// `graph`'s docs). Off by default. Only a model on a stream of its own
+    /// can capture ([`Self::with_stream_in`]; the legacy default stream of
+    /// [`Self::new`] cannot be captured: an error).
+    ///
+    /// Turning it on turns off cudarc's event tracking in the model's
+    /// context (a capture cannot wait on events recorded outside it), for
+    /// every buffer of that context, the model's arenas included, from now
+    /// on: cudarc then no longer orders uses of one buffer on different
+    /// streams.
+    ///
+    /// # Safety
+    /// From this call on, the caller must order by hand (events or stream
+    /// synchronization) every use of a buffer of the model's context on a
+    /// stream other than [`Self::stream`], and no other thread may rely on
+    /// the context's event tracking. A trainer whose model, reducer and
+    /// optimizer all work on the model's one stream (the communicator's
+    /// stream of `dp::cuda`) meets this trivially.
+    pub unsafe fn set_cuda_graph(&mut self, on: bool) -> Result<()> {
+        if on {
+            if self.engine.stream.cu_stream().is_null() {
+                return Err(TrainError::Config(
+                    "a CUDA graph needs the model on a stream of its own (CudaModel::with_stream_in); \
+                     the device's legacy default stream cannot be captured"
+                        .to_string(),
+                ));
+            }
+            // SAFETY: the caller's contract above.
+            unsafe { self.engine.stream.context().disable_event_tracking() };
+        }
+        self.graph_on = on;
+        if let Some(ws) = self.ws.as_mut() {
+            ws.graph = Default::default();
+        }
+        Ok(())
+    }
+
+    /// Whether [`Self::set_cuda_graph`] is on.
+    pub fn cuda_graph(&self) -> bool {
+        self.graph_on
+    }
+
+    /// How many passes were captured and replayed as CUDA graphs.
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graph_stats
     }
 
     /// The precision of the model's GEMMs.
@@ -373,24 +437,51 @@ impl CudaModel {
                 .map_err(|e| cuda("zeroing the gradients", e))?;
             return Ok(0.0);
         }
-        let csr =
-            TokenCsr::build(&batch.tokens, self.cfg.vocab_size)?.upload(&self.engine.stream)?;
-        let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
-        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch, self.options)?;
-        let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
-        forward::forward(e, cfg, lay, params, pb, ws)?;
-        head::head_loss(
-            e,
-            cfg,
-            lay,
-            params,
-            pb,
-            ws,
-            counted,
-            head::HeadOutput::LossAndGrad(grads),
+        bf16_slot(
+            &self.engine,
+            self.precision,
+            &mut self.params_bf16,
+            params.len(),
         )?;
-        backward::backward(e, cfg, lay, params, pb, ws, &csr, grads)?;
-        read_loss(e, ws)
+        let ws = prepare(
+            &self.engine,
+            &self.cfg,
+            &mut self.ws,
+            batch,
+            self.options,
+            counted,
+        )?;
+        let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
+        let key = graph::Key::of(&e.stream, params, grads, self.params_bf16.as_ref());
+        let mut state = std::mem::take(&mut ws.graph);
+        let slot = &mut self.params_bf16;
+        let mut pass = || -> Result<()> {
+            cast_params(e, slot.as_mut(), params)?;
+            let pb = slot.as_ref();
+            forward::forward(e, cfg, lay, params, pb, ws)?;
+            head::head_loss(
+                e,
+                cfg,
+                lay,
+                params,
+                pb,
+                ws,
+                head::HeadOutput::LossAndGrad(grads),
+            )?;
+            backward::backward(e, cfg, lay, params, pb, ws, grads)
+        };
+        let ran = if self.graph_on {
+            graph::run(&e.stream, &mut state, &mut self.graph_stats, key, &mut pass)
+        } else {
+            pass()
+        };
+        let ws = self
+            .ws
+            .as_mut()
+            .ok_or_else(|| cuda("finishing the pass", "the workspace is gone"))?;
+        ws.graph = state;
+        ran?;
+        read_loss(&self.engine, ws)
     }
 
     /// Mean loss only (0 with no counted target). Synchronizes the stream.
@@ -400,24 +491,52 @@ impl CudaModel {
         if batch.batch * batch.seq_len == 0 || counted == 0 {
             return Ok(0.0);
         }
-        let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
-        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch, self.options)?;
+        bf16_slot(
+            &self.engine,
+            self.precision,
+            &mut self.params_bf16,
+            params.len(),
+        )?;
+        let ws = prepare(
+            &self.engine,
+            &self.cfg,
+            &mut self.ws,
+            batch,
+            self.options,
+            counted,
+        )?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
+        cast_params(e, self.params_bf16.as_mut(), params)?;
+        let pb = self.params_bf16.as_ref();
         forward::forward(e, cfg, lay, params, pb, ws)?;
-        head::head_loss(e, cfg, lay, params, pb, ws, counted, head::HeadOutput::Loss)?;
+        head::head_loss(e, cfg, lay, params, pb, ws, head::HeadOutput::Loss)?;
         read_loss(e, ws)
     }
 
     /// Logits `[batch, seq_len, vocab]`, row-major, on the host.
     pub fn logits(&mut self, params: &CudaSlice<f32>, batch: &Batch) -> Result<Vec<f32>> {
         self.check_arena("params arena", params.len())?;
-        self.check_batch(batch)?;
+        let counted = self.check_batch(batch)?;
         if batch.batch * batch.seq_len == 0 {
             return Ok(Vec::new());
         }
-        let pb = cast_params(&self.engine, self.precision, &mut self.params_bf16, params)?;
-        let ws = prepare(&self.engine, &self.cfg, &mut self.ws, batch, self.options)?;
+        bf16_slot(
+            &self.engine,
+            self.precision,
+            &mut self.params_bf16,
+            params.len(),
+        )?;
+        let ws = prepare(
+            &self.engine,
+            &self.cfg,
+            &mut self.ws,
+            batch,
+            self.options,
+            counted,
+        )?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
+        cast_params(e, self.params_bf16.as_mut(), params)?;
+        let pb = self.params_bf16.as_ref();
         forward::forward(e, cfg, lay, params, pb, ws)?;
         head::head_logits(e, cfg, lay, params, pb, ws)
     }
@@ -464,8 +583,33 @@ impl CudaModel {
     }
 }
 
-/// bf16 runs: `params` cast to bf16 into `slot` (allocated once), the
-/// weights' GEMM operands for one pass; `None` in the other precisions.
+/// bf16 runs: the buffer of the weights' bf16 copy in `slot`, allocated
+/// once for `n` parameters (`None` in the other precisions), so that a pass
+/// allocates nothing ([`cast_params`] fills it; a captured graph replays
+/// that cast).
+fn bf16_slot(
+    e: &Engine,
+    precision: Precision,
+    slot: &mut Option<CudaSlice<u16>>,
+    n: usize,
+) -> Result<()> {
+    if precision != Precision::Bf16 {
+        *slot = None;
+        return Ok(());
+    }
+    if slot.as_ref().is_none_or(|s| s.len() != n.max(1)) {
+        *slot = None;
+        *slot = Some(
+            e.stream
+                .alloc_zeros::<u16>(n.max(1))
+                .map_err(|err| cuda("allocating the bf16 weights", err))?,
+        );
+    }
+    Ok(())
+}
+
+/// bf16 runs: `params` cast to bf16 into `half` (from [`bf16_slot`]), the
+/// weights' GEMM operands for one pass; nothing in the other precisions.
 ///
 /// Once per pass, not per GEMM: a weight read by several GEMMs (the
 /// forward's and the backward's, the tied embedding's three) reads the same
@@ -474,37 +618,25 @@ impl CudaModel {
 /// per pass instead of inside the optimizer step keeps the copy right
 /// whoever wrote the arena (a checkpoint load, ZeRO-1's all-gather); it
 /// costs one read of the arena per micro-batch.
-fn cast_params<'s>(
+fn cast_params(
     e: &Engine,
-    precision: Precision,
-    slot: &'s mut Option<CudaSlice<u16>>,
+    half: Option<&mut CudaSlice<u16>>,
     params: &CudaSlice<f32>,
-) -> Result<Option<&'s CudaSlice<u16>>> {
-    if precision != Precision::Bf16 {
-        return Ok(None);
-    }
-    let n = params.len();
-    if slot.as_ref().is_none_or(|s| s.len() != n) {
-        *slot = None;
-        *slot = Some(
-            e.stream
-                .alloc_zeros::<u16>(n.max(1))
-                .map_err(|err| cuda("allocating the bf16 weights", err))?,
-        );
-    }
-    let half = slot
-        .as_mut()
-        .ok_or_else(|| cuda("casting the weights to bf16", "no buffer"))?;
+) -> Result<()> {
+    let (Some(half), n) = (half, params.len()) else {
+        return Ok(());
+    };
     if n > 0 {
         e.kernels
             .cast_bf16(&e.stream, &params.as_view(), &mut half.slice_mut(0..n), n)?;
     }
-    Ok(Some(&*half))
+    Ok(())
 }
 
 /// The workspace for `batch`'s shape in `slot` (rebuilt if the shape or
-/// the recompute mode changed), with the batch's tokens and targets
-/// uploaded. A kept workspace still holds a block's activations from the
+/// the recompute mode changed), with the batch uploaded into its fixed
+/// buffers: tokens, targets, the token CSR and the loss scale of `counted`
+/// targets. A kept workspace still holds a block's activations from the
 /// previous pass, which are stale for this one: the forward pass rewrites
 /// them (and `resident`) before anything reads them.
 fn prepare<'w>(
@@ -513,6 +645,7 @@ fn prepare<'w>(
     slot: &'w mut Option<Workspace>,
     batch: &Batch,
     options: WorkspaceOptions,
+    counted: usize,
 ) -> Result<&'w mut Workspace> {
     let same = slot.as_ref().is_some_and(|w| {
         w.batch == batch.batch && w.seq_len == batch.seq_len && w.options == options
@@ -536,6 +669,9 @@ fn prepare<'w>(
         .map_err(|err| cuda("uploading the tokens", err))?;
     s.memcpy_htod(&batch.targets, &mut ws.targets)
         .map_err(|err| cuda("uploading the targets", err))?;
+    TokenCsr::build(&batch.tokens, cfg.vocab_size)?.upload_into(s, &mut ws.csr)?;
+    s.memcpy_htod(&LossScale::of(counted).0, &mut ws.loss_scale)
+        .map_err(|err| cuda("uploading the loss scale", err))?;
     Ok(ws)
 }
 

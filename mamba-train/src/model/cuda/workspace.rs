@@ -42,9 +42,10 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
-use kernels::mamba::{MambaKernels, ScanShape, Store, Stored};
+use kernels::mamba::{DeviceTokenCsr, LossScale, MambaKernels, ScanShape, Store, Stored, TokenCsr};
 
 use super::blas::{Elems, GemmOut};
+use super::graph::PassGraph;
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
 
@@ -268,9 +269,18 @@ pub(crate) struct Workspace {
     pub ddtr: CudaSlice<f32>,
     pub du: CudaSlice<f32>,
     pub ddbc: CudaSlice<f32>,
-    /// The batch on the device.
+    /// The batch on the device: its tokens, targets, the tokens grouped
+    /// for the embedding's backward (padded to the shape's capacity) and
+    /// the loss scale ([`kernels::mamba::LossScale`]). Every pass uploads
+    /// into these same buffers, so a captured graph of the step reads each
+    /// batch from the addresses it was captured with.
     pub tokens: CudaSlice<u32>,
     pub targets: CudaSlice<i32>,
+    pub csr: DeviceTokenCsr,
+    pub loss_scale: CudaSlice<f32>,
+    /// The training pass's CUDA graph over these buffers (`graph`), dropped
+    /// with them.
+    pub graph: PassGraph,
     /// Bytes allocated above.
     pub bytes: usize,
 }
@@ -282,6 +292,14 @@ struct Alloc<'a> {
 }
 
 impl Alloc<'_> {
+    /// The token CSR of a batch of `rows` tokens over `vocab`.
+    fn csr(&mut self, rows: usize, vocab: usize) -> Result<DeviceTokenCsr> {
+        let csr = DeviceTokenCsr::alloc(self.stream, rows, vocab)?;
+        let cap = TokenCsr::capacity(rows, vocab);
+        self.bytes += (cap.max(1) + cap + 1 + rows.max(1)) * std::mem::size_of::<u32>();
+        Ok(csr)
+    }
+
     fn zeros<T: DeviceRepr + ValidAsZeroBits>(
         &mut self,
         what: &str,
@@ -434,6 +452,9 @@ impl Workspace {
             ddbc: a.zeros("x_proj output gradient", rows * ldbc)?,
             tokens: a.zeros("tokens", rows)?,
             targets: a.zeros("targets", rows)?,
+            csr: a.csr(rows, v)?,
+            loss_scale: a.zeros("loss scale", LossScale::LEN)?,
+            graph: PassGraph::default(),
             bytes: 0,
         };
         Ok(Workspace {
