@@ -1,8 +1,9 @@
 //! `mamba-train train --device cuda` end to end: the binary on one GPU (a
 //! 1-rank NCCL world) and on two (self-spawned ranks, one GPU each, NCCL).
 //!
-//! The claims: a GPU run is the same bits run to run, a stop and resume
-//! lands on the unbroken run's bits, and at a fixed logical world L the
+//! The claims: a GPU run is the same bits run to run, with and without
+//! `--recompute` and the CUDA graph, a stop and resume lands on the
+//! unbroken run's bits, and at a fixed logical world L the
 //! weights are the same bits on one GPU and on two under the fixed-order
 //! contract; negative controls: another L differs, an injected NaN changes
 //! the run. `nccl-sum` at P = 2 is run and its (in)equality reported, not
@@ -83,6 +84,18 @@ fn one_gpu_trains_repeats_its_bits_and_resumes_onto_them() {
     );
     assert_eq!(recomputed, first, "--recompute must not change the bits");
 
+    // --no-cuda-graph (every pass enqueued eagerly; by default steps 2..
+    // replay a captured graph): the same bits.
+    let eager = world_digest(
+        &train(
+            &dir.path().join("e"),
+            &[&steps[..], &["--no-cuda-graph"]].concat(),
+            &[],
+        ),
+        1,
+    );
+    assert_eq!(eager, first, "--no-cuda-graph must not change the bits");
+
     // Stop at step 17 (a checkpoint), resume in place (with --recompute,
     // which is not part of the run's identity): the unbroken bits.
     let c = dir.path().join("c");
@@ -133,6 +146,21 @@ fn on_one_gpu_a_nan_skips_its_step_and_another_logical_world_differs() {
         // The NaN reaches the optimizer's norm (the mean is non-finite).
         assert_eq!(r["grad_norm"].is_null(), step == 3, "step {step}: {r}");
     }
+
+    // Two micro-batches a step (L = 2 on one GPU), each with its own
+    // gradient arena and so its own graph: the eager pass's bits.
+    let eager = world_digest(
+        &train(
+            &dir.path().join("eager"),
+            &[&base[..], &["--no-cuda-graph"]].concat(),
+            &[],
+        ),
+        1,
+    );
+    assert_eq!(
+        eager, clean,
+        "L = 2: --no-cuda-graph must not change the bits"
+    );
 
     // Negative control: L is part of the run's identity.
     let l4 = world_digest(
