@@ -1,4 +1,4 @@
-// Element-wise and row/column kernels of the Mamba-1 model (everything but
+// Element-wise and row/column kernels of the Mamba models (everything but
 // the selective scan, the GEMMs and the optimizer), forward and backward.
 //
 // Layout conventions (shared with kernels/src/mamba/ops.rs, which checks every
@@ -589,4 +589,40 @@ extern "C" __global__ void mamba_cast_bf16(const float* __restrict__ src,
     } else {
         for (long long j = i; j < i + 8 && j < n; ++j) dst[j] = (unsigned short)bf16_rne(src[j]);
     }
+}
+
+// ------------------------------------------------ per-head values (Mamba-2)
+//
+// Mamba-2 has one dt, A and D per head, shared by the head's P channels;
+// the selective scan works per channel. These two move values between the
+// per-head and the per-channel layouts: column group g of a row is the P
+// columns g * P .. g * P + P - 1. With P = 1 they are strided copies (a
+// column block of a wider matrix into a matrix of its own, or back).
+
+// dst[m * ldd + g * P + p] = src[m * lds + g]  (g < G, p < P).
+// grid (M, ceil(G * P / 128)), block 128.
+extern "C" __global__ void mamba_group_bcast(const float* __restrict__ src, long long lds,
+                                             float* __restrict__ dst, long long ldd, int G,
+                                             int P) {
+    const long long m = blockIdx.x;
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= G * P) return;
+    dst[m * ldd + j] = src[m * lds + j / P];
+}
+
+// dst[m * ldd + g] = ((src[m * lds + g * P] + src[.. + 1]) + ...) + src[.. + P - 1]:
+// one thread per (row, group), summing its P columns serially in ascending
+// order (the association depends on P alone; a host loop in that order
+// gives the same bits: additions only).
+// grid (M, ceil(G / 128)), block 128.
+extern "C" __global__ void mamba_group_sum(const float* __restrict__ src, long long lds,
+                                           float* __restrict__ dst, long long ldd, int G,
+                                           int P) {
+    const long long m = blockIdx.x;
+    const int g = blockIdx.y * blockDim.x + threadIdx.x;
+    if (g >= G) return;
+    const float* s = src + m * lds + (long long)g * P;
+    float acc = s[0];
+    for (int p = 1; p < P; ++p) acc = acc + s[p];
+    dst[m * ldd + g] = acc;
 }

@@ -24,6 +24,7 @@ pub mod cast;
 mod check;
 pub mod conv;
 pub mod decode;
+pub mod heads;
 mod launcher;
 pub mod ops;
 pub mod optim;
@@ -73,7 +74,7 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 23] = [
+const SYMBOLS: [(usize, &str); 25] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -89,6 +90,8 @@ const SYMBOLS: [(usize, &str); 23] = [
     (0, "mamba_ce_fwd_bwd"),
     (0, "mamba_loss_mean"),
     (0, "mamba_cast_bf16"),
+    (0, "mamba_group_bcast"),
+    (0, "mamba_group_sum"),
     (1, "mamba_scan_fwd"),
     (1, "mamba_scan_bwd"),
     (1, "mamba_scan_dbc_reduce"),
@@ -116,6 +119,8 @@ struct Functions {
     ce_fwd_bwd: CudaFunction,
     loss_mean: CudaFunction,
     cast_bf16: CudaFunction,
+    group_bcast: CudaFunction,
+    group_sum: CudaFunction,
     scan_fwd: CudaFunction,
     scan_bwd: CudaFunction,
     scan_dbc_reduce: CudaFunction,
@@ -173,6 +178,8 @@ impl MambaKernels {
             ce_fwd_bwd: next()?,
             loss_mean: next()?,
             cast_bf16: next()?,
+            group_bcast: next()?,
+            group_sum: next()?,
             scan_fwd: next()?,
             scan_bwd: next()?,
             scan_dbc_reduce: next()?,
