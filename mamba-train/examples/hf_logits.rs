@@ -18,8 +18,9 @@
 //! (Mamba-1), and Mamba-2's fixed fields (bias-free projections, conv bias,
 //! the gated norm after the gate).
 //!
-//! A Mamba-2 model runs on the CPU reference (`Mamba2Model`), f32 or f64;
-//! `--device cuda` refuses it (the CUDA model is Mamba-1 only).
+//! A Mamba-2 model runs on the CPU reference (`Mamba2Model`), f32 or f64,
+//! or with `--device cuda` on the CUDA model (f32; one group of B and C
+//! only: the CUDA model refuses more, naming `n_groups`).
 //!
 //! **`--tokens FILE`**: exactly `B * T` token ids as little-endian `u32`,
 //! row-major `[B, T]`, no header (`numpy.asarray(ids, dtype="<u4").tofile`);
@@ -283,10 +284,6 @@ pub fn score(
     match (device, precision) {
         (Device::Cpu, _) if mamba2 => Ok(on_cpu!(Mamba2Model::new(m.cfg.clone()))),
         (Device::Cpu, _) => Ok(on_cpu!(CpuModel::new(m.cfg.clone()))),
-        (Device::Cuda, _) if mamba2 => Err(format!(
-            "{}: a Mamba-2 model runs on the CPU only (the CUDA model is Mamba-1); use --device cpu",
-            m.dir.display()
-        )),
         (Device::Cuda, Precision::F32) => {
             let mut model = CudaModel::new(m.cfg.clone(), cuda_device).map_err(err)?;
             let logits = model.logits_host(&m.params, batch).map_err(err)?;

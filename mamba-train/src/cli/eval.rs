@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::arch::{cpu_model, require_cuda_mamba1};
-use super::args::{CliArch, Device};
+use super::arch::{cpu_model, groups_of, require_cuda_groups};
+use super::args::Device;
 use super::drive::EVAL_ROWS;
 use super::progress::stderr_line;
 use super::run_dir::io_err;
@@ -88,8 +88,8 @@ pub fn eval(args: &EvalArgs, out: &mut dyn Write) -> Result<EvalOutcome> {
     let report = match args.device {
         Device::Cpu => score(cpu_model(&run.model)?, &model.params, &data, &run, args)?,
         Device::Cuda => {
-            require_cuda_mamba1(
-                CliArch::of(&run.model.arch),
+            require_cuda_groups(
+                groups_of(&run.model),
                 "evaluates",
                 &format!("--checkpoint {}", model.dir.display()),
             )?;

@@ -145,8 +145,8 @@ pub fn generate(args: &GenerateArgs, out: &mut dyn Write) -> Result<Generation> 
 
 /// The recurrent decoder of the model `cfg` (weights `params`, read from
 /// `dir`) on `device`: the one place a decoder is chosen. Mamba-2 has no
-/// decoder in this build yet and is refused here, by name; wiring the
-/// Mamba-2 CPU decoder is its arm.
+/// CUDA decoder in this build yet and is refused here, by name (it
+/// decodes on the CPU; it trains and evaluates on CUDA).
 fn decoder_for(
     cfg: &ModelConfig,
     params: Vec<f32>,
@@ -165,8 +165,9 @@ fn decoder_for(
         (Arch::Mamba2(_), Device::Cuda) => {
             return Err(TrainError::Config(format!(
                 "--checkpoint {} is a Mamba-2 model (config.json model_type \"mamba2\"), and \
-                 --device cuda decodes Mamba-1 models only in this build (the CUDA path of \
-                 Mamba-2 is not written yet): use --device cpu",
+                 --device cuda decodes Mamba-1 models only in this build (the CUDA decoder \
+                 of Mamba-2 is not written yet; it trains and evaluates on CUDA): use --device \
+                 cpu",
                 dir.display()
             )))
         }

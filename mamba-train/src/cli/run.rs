@@ -21,8 +21,8 @@ use std::time::Duration;
 use mamba_comm::bootstrap::{detect, overrides, ProcessEnv, WorldPlace};
 use mamba_comm::supervisor::{start_world, Role, SpawnOptions};
 
-use super::arch::{cpu_model, require_cuda_mamba1};
-use super::args::{CliArch, Device, TrainArgs};
+use super::arch::{cpu_model, groups_of, require_cuda_groups};
+use super::args::{Device, TrainArgs};
 use super::context::RankContext;
 use super::drive::drive;
 use super::plan::{plan_run, read_state, EnvRun};
@@ -195,9 +195,10 @@ pub fn check_cuda_only_flags(args: &TrainArgs) -> Result<()> {
     }
 }
 
-/// `--device cuda` trains Mamba-1 only for now: a Mamba-2 run (`--arch
-/// mamba2`, or the checkpoint of `--resume` / `--init-from`) is refused
-/// before anything starts, naming where the architecture came from.
+/// `--device cuda` trains Mamba-2 with one group of B and C only: a run
+/// with more (`--n-groups`, or the checkpoint of `--resume` /
+/// `--init-from`) is refused before anything starts, naming where the
+/// groups came from; so is a `--d-state` above the CUDA scan's limit.
 pub fn check_arch_device(args: &TrainArgs) -> Result<()> {
     if args.device != Device::Cuda {
         return Ok(());
@@ -209,19 +210,21 @@ pub fn check_arch_device(args: &TrainArgs) -> Result<()> {
              smaller --d-state or --device cpu"
         )));
     }
-    let (arch, source) = match (args.arch, &args.resume, &args.init_from) {
-        (Some(arch), ..) => (arch, format!("--arch {}", arch.name())),
+    let (groups, source) = match (args.n_groups, &args.resume, &args.init_from) {
+        (Some(g), ..) => (g, format!("--n-groups {g}")),
         (None, Some(dir), _) => (
-            CliArch::of(&read_state(dir)?.1.run.model.arch),
+            groups_of(&read_state(dir)?.1.run.model),
             format!("the checkpoint of --resume {}", dir.display()),
         ),
         (None, None, Some(dir)) => (
-            CliArch::of(&checkpoint::load_hf_config(&checkpoint::hf_model_dir(dir)?)?.arch),
+            groups_of(&checkpoint::load_hf_config(&checkpoint::hf_model_dir(
+                dir,
+            )?)?),
             format!("the config.json of --init-from {}", dir.display()),
         ),
         (None, None, None) => return Ok(()),
     };
-    require_cuda_mamba1(arch, "trains", &source)
+    require_cuda_groups(groups, "trains", &source)
 }
 
 /// One rank of a CPU world: the engine over the CPU model (host arenas),

@@ -92,6 +92,9 @@ pub(super) fn backward(
         false,
     )?;
 
+    if ws.ssd.is_some() {
+        super::ssd::backward_blocks(e, cfg, lay, (p, pb), shape, ws, grads)?;
+    }
     for (l, lo) in lay.layers.iter().enumerate().rev() {
         if ws.acts.shared() && ws.acts.resident != Some(l) {
             // --recompute: this block's activations again, from its input.
@@ -119,7 +122,7 @@ pub(super) fn backward(
             // is rewritten with the bits it holds).
             block_norm(
                 e,
-                lo,
+                &lo.norm,
                 p,
                 (m, d),
                 &ws.resid[l],
@@ -129,7 +132,6 @@ pub(super) fn backward(
             ws.xn_of = Some(l);
         }
         let a = ws.acts.slot(l);
-        let x_in = ws.resid[l].as_view();
         let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
         let g = |range: &std::ops::Range<usize>| range.clone();
 
@@ -343,41 +345,20 @@ pub(super) fn backward(
             d,
         )?;
 
-        // Pre-norm: weight gradient, then dres += RMSNorm backward.
-        let rstd = a.rstd.as_view();
-        kr.colsum(
-            s,
-            ColSum::ProductRowScaled {
-                a: &ws.dxn.as_view(),
-                lda: d,
-                b: &x_in,
-                ldb: d,
-                row_scale: &rstd,
-            },
-            m,
-            d,
-            &mut ws.colsum.as_view_mut(),
-            &mut grads.slice_mut(g(&lo.norm)),
-        )?;
-        kr.rmsnorm_bwd(
-            s,
-            &ws.dxn.as_view(),
-            &x_in,
-            &w(&lo.norm),
-            &rstd,
-            // The next block down reads dres's bf16 copy; below block 0 only
-            // the embedding's scatter reads dres, in f32.
-            Store::f32_and(
-                ws.dres.as_view_mut(),
-                if l > 0 {
-                    store_into(&mut ws.dres_h, m * d)
-                } else {
-                    None
-                },
-            ),
-            m,
-            d,
-            true,
+        let dres_h = if l > 0 {
+            store_into(&mut ws.dres_h, m * d)
+        } else {
+            None
+        };
+        block_norm_bwd(
+            e,
+            &lo.norm,
+            p,
+            (m, d),
+            (&ws.dxn, &ws.resid[l], &a.rstd),
+            &mut ws.colsum,
+            (&mut ws.dres, dres_h),
+            grads,
         )?;
     }
 
@@ -388,6 +369,56 @@ pub(super) fn backward(
         &ws.dres.as_view(),
         &mut grads.slice_mut(lay.embedding.clone()),
         d,
+    )?;
+    Ok(())
+}
+
+/// A block's pre-norm backward, from `dxn = dL/d xn` (its in_proj's input
+/// gradient): the norm weight's gradient into `grads[norm]`, then
+/// `dres += RMSNorm_bwd(dxn)` (the residual's share came straight
+/// through), storing `dres`'s bf16 copy into `dres_h` when given (the
+/// block below reads it; below block 0 only the embedding's scatter reads
+/// `dres`, in f32). Both architectures' blocks end with it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_norm_bwd(
+    e: &Engine,
+    norm: &std::ops::Range<usize>,
+    p: &CudaSlice<f32>,
+    (m, d): (usize, usize),
+    (dxn, x_in, rstd): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    colsum: &mut CudaSlice<f32>,
+    (dres, dres_h): (
+        &mut CudaSlice<f32>,
+        Option<cudarc::driver::CudaViewMut<'_, u16>>,
+    ),
+    grads: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (s, kr) = (&e.stream, &e.kernels);
+    let (dxn, x_in, rstd) = (dxn.as_view(), x_in.as_view(), rstd.as_view());
+    kr.colsum(
+        s,
+        ColSum::ProductRowScaled {
+            a: &dxn,
+            lda: d,
+            b: &x_in,
+            ldb: d,
+            row_scale: &rstd,
+        },
+        m,
+        d,
+        &mut colsum.as_view_mut(),
+        &mut grads.slice_mut(norm.clone()),
+    )?;
+    kr.rmsnorm_bwd(
+        s,
+        &dxn,
+        &x_in,
+        &p.slice(norm.clone()),
+        &rstd,
+        Store::f32_and(dres.as_view_mut(), dres_h),
+        m,
+        d,
+        true,
     )?;
     Ok(())
 }

@@ -58,6 +58,10 @@ impl CudaDecoder {
     /// A decoder of `model` with the host weights `params` (uploaded), at
     /// position 0.
     pub fn new(model: CudaModel, params: &[f32]) -> Result<Self> {
+        model.config().require_mamba1(
+            "the CUDA decoder",
+            "decode Mamba-2 with --device cpu (training and evaluation run on CUDA)",
+        )?;
         let params = model.upload(params)?;
         let kernels = DecodeKernels::load(model.kernels())?;
         let cfg = model.config().clone();

@@ -15,7 +15,8 @@
 //! x_out = x_in + g . W_out^T             copy + cuBLAS (beta = 1)
 //! ```
 //! `xn` and `g` are not kept per block: the backward makes them again with
-//! the same bits ([`super::workspace`]'s docs).
+//! the same bits ([`super::workspace`]'s docs). Mamba-2 blocks are
+//! [`super::ssd`]'s, around the same embedding and final norm.
 
 use cudarc::driver::CudaSlice;
 use kernels::mamba::{ScanForward, ScanInputs, ScanShape, Store};
@@ -118,6 +119,9 @@ pub(super) fn forward(
         v,
     )?;
 
+    if ws.ssd.is_some() {
+        super::ssd::forward_blocks(e, cfg, lay, (p, pb), shape, ws)?;
+    }
     for (l, lo) in lay.layers.iter().enumerate() {
         let (before, after) = ws.resid.split_at_mut(l + 1);
         let acts = ws.acts.slot_mut(l);
@@ -174,7 +178,7 @@ pub(super) struct Scratch<'w> {
 /// kernel on the same input, so the same bits).
 pub(super) fn block_norm(
     e: &Engine,
-    lo: &LayerOffsets,
+    norm: &std::ops::Range<usize>,
     p: &CudaSlice<f32>,
     (m, d): (usize, usize),
     x_in: &CudaSlice<f32>,
@@ -184,7 +188,7 @@ pub(super) fn block_norm(
     e.kernels.rmsnorm_fwd(
         &e.stream,
         &x_in.as_view(),
-        &p.slice(lo.norm.clone()),
+        &p.slice(norm.clone()),
         xn.produce(),
         &mut rstd.as_view_mut(),
         m,
@@ -217,7 +221,7 @@ pub(super) fn block_forward(
     let (s, kr) = (&e.stream, &e.kernels);
     let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
 
-    block_norm(e, lo, p, (m, d), x_in, scratch.xn, &mut a.rstd)?;
+    block_norm(e, &lo.norm, p, (m, d), x_in, scratch.xn, &mut a.rstd)?;
     e.blas.gemm_into(
         "in_proj",
         m,

@@ -1,4 +1,4 @@
-//! The Mamba-1 model on one CUDA device: the kernels of
+//! The Mamba models on one CUDA device: the kernels of
 //! `kernels::mamba` for every non-GEMM op, cuBLAS (fixed configuration,
 //! [`blas`]) for the GEMMs, over the same flat arenas and layout as the CPU
 //! model ([`crate::params::ParamLayout`]: one parameter arena, one gradient
@@ -48,6 +48,16 @@
 //!   (the same bits as each GEMM casting its own:
 //!   [`CudaModel::set_bf16_copies`]).
 //!
+//! Mamba-2 ([`crate::config::Arch::Mamba2`], one group of B and C) runs
+//! through the same passes, workspace, graph and optimizer: its blocks are
+//! `ssd`'s, over Mamba-1's selective scan with the per-head `dt`, `A` and
+//! `D` broadcast to the head's channels. Its activations stay f32 in every
+//! precision (the GEMMs take the precision), and its scan walks time
+//! sequentially, so it agrees with the CPU's chunked SSD within tolerance
+//! and its bits do not depend on `chunk_size`. A Mamba-2 model with
+//! several groups is refused, naming `--n-groups`; so is decoding one
+//! ([`CudaDecoder`]).
+//!
 //! Memory: every block's activations are kept for the backward pass unless
 //! [`CudaModel::set_recompute`] (`--recompute`) keeps one block's and
 //! recomputes the others' during the backward, with the same bits.
@@ -88,6 +98,7 @@ mod forward;
 mod graph;
 pub mod head;
 mod optim;
+mod ssd;
 mod workspace;
 
 use std::sync::Arc;
@@ -172,10 +183,14 @@ impl CudaModel {
         stream: Arc<CudaStream>,
     ) -> Result<Self> {
         cfg.validate()?;
-        cfg.require_mamba1(
-            "the CUDA model",
-            "Mamba-2 runs on the CPU only in this build",
-        )?;
+        if let Some(s) = cfg.ssd() {
+            if s.n_groups != 1 {
+                return Err(TrainError::Config(format!(
+                    "the CUDA Mamba-2 model shares one B and one C among all heads (n_groups 1),                      and this model has n_groups {} (--n-groups, or config.json's n_groups);                      train it with --device cpu, or use --n-groups 1",
+                    s.n_groups
+                )));
+            }
+        }
         if cfg.d_state > MAX_D_STATE {
             return Err(TrainError::Config(format!(
                 "d_state {} is above the CUDA scan's limit of {MAX_D_STATE}",

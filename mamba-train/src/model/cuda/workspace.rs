@@ -166,15 +166,24 @@ pub(crate) struct LayerActs {
 /// just before its backward: one block's activations in memory instead of
 /// `n_layer`, for one more forward pass of the blocks. The recomputation
 /// runs the same kernels on the same inputs, so the bits are the same.
-pub(crate) struct BlockActs {
-    sets: Vec<LayerActs>,
+pub(crate) struct BlockActs<A = LayerActs> {
+    sets: Vec<A>,
     shared: bool,
     /// The block whose activations the sets hold when shared (`None`: none
     /// yet); the forward pass sets it, the backward's recomputation too.
     pub resident: Option<usize>,
 }
 
-impl BlockActs {
+impl<A> BlockActs<A> {
+    /// `sets` (one per block, or one shared when `shared`), none resident.
+    fn new(sets: Vec<A>, shared: bool) -> Self {
+        BlockActs {
+            sets,
+            shared,
+            resident: None,
+        }
+    }
+
     /// Whether one set is shared by all blocks (`--recompute`).
     pub fn shared(&self) -> bool {
         self.shared
@@ -182,14 +191,71 @@ impl BlockActs {
 
     /// Block `l`'s activations (the shared set when shared: see
     /// `resident` for whose they are).
-    pub fn slot(&self, l: usize) -> &LayerActs {
+    pub fn slot(&self, l: usize) -> &A {
         &self.sets[if self.shared { 0 } else { l }]
     }
 
     /// Block `l`'s activations, to write.
-    pub fn slot_mut(&mut self, l: usize) -> &mut LayerActs {
+    pub fn slot_mut(&mut self, l: usize) -> &mut A {
         &mut self.sets[if self.shared { 0 } else { l }]
     }
+}
+
+/// What one Mamba-2 block's backward pass needs from its forward pass
+/// (`n_groups = 1`: `cd = d_inner + 2 d_state` conv channels, in_proj
+/// width `w = d_inner + cd + heads`). Kept in f32 in every precision.
+pub(crate) struct SsdActs {
+    /// 1/rms of each row of the block's input, `[rows]`.
+    pub rstd: CudaSlice<f32>,
+    /// in_proj output, `[rows, w]`: z, then x, B, C, then dt_raw.
+    pub zx: CudaSlice<f32>,
+    /// `SiLU(conv(x | B | C))`, `[rows, cd]` (the scan's u, B and C).
+    pub uc: CudaSlice<f32>,
+    /// `softplus(dt_raw + dt_bias)` per head, `[rows, heads]`.
+    pub dt: CudaSlice<f32>,
+    /// Scan output `C.h + D u`, `[rows, d_inner]` (the gate's backward).
+    pub y: CudaSlice<f32>,
+    /// `y SiLU(z)`, `[rows, d_inner]`: the gated norm's input.
+    pub g: CudaSlice<f32>,
+    /// 1/rms of each row of `g`, `[rows]`.
+    pub rstd_g: CudaSlice<f32>,
+    /// The scan's chunk entry states ([`ScanShape::state_len`]).
+    pub hin: CudaSlice<f32>,
+}
+
+/// The Mamba-2 blocks' buffers beside the ones both architectures share
+/// ([`Workspace::ssd`]). The per-channel operands of the scan (`u_x`,
+/// `dt_e`, `a_log_e`, `d_e`) are made from the block's kept activations
+/// and parameters by [`kernels::mamba::heads`]' exact broadcasts, in the
+/// forward and again in the backward, so no block keeps them.
+pub(crate) struct SsdBufs {
+    pub acts: BlockActs<SsdActs>,
+    /// The x columns of `uc`, contiguous, `[rows, d_inner]` (the scan's u).
+    pub u_x: CudaSlice<f32>,
+    /// dt per channel, `[rows, d_inner]`.
+    pub dt_e: CudaSlice<f32>,
+    /// `A_log` per channel and state, `[d_inner, d_state]`.
+    pub a_log_e: CudaSlice<f32>,
+    /// `D` per channel, `[d_inner]`.
+    pub d_e: CudaSlice<f32>,
+    /// Backward: the gradient of `uc`, `[rows, cd]` (then of the conv's
+    /// pre-activation, in place).
+    pub duc: CudaSlice<f32>,
+    /// Backward: the gradient of `g`, `[rows, d_inner]`.
+    pub dg: CudaSlice<f32>,
+    /// Backward: d D and d A_log per channel, before their sums per head.
+    pub dd_e: CudaSlice<f32>,
+    pub da_log_e: CudaSlice<f32>,
+    /// Backward: in_proj's output gradient, `[rows, w]`, f32 (its dt
+    /// columns are summed per head by a kernel, and read by dt_bias's
+    /// column sum).
+    pub dzx: CudaSlice<f32>,
+    /// bf16 runs: `dzx`'s bf16 copy, which in_proj's two backward GEMMs
+    /// share.
+    pub dzx_h: Option<CudaSlice<u16>>,
+    /// Backward: the gated norm's 1/rms as the remade norm writes it (the
+    /// kept `rstd_g` bits again; the kept buffer is only read).
+    pub rstd_again: CudaSlice<f32>,
 }
 
 /// How a workspace is laid out, besides the batch shape (the model's
@@ -217,7 +283,10 @@ pub(crate) struct Workspace {
     /// Residual stream: `resid[l]` enters block `l`, `resid[n_layer]` leaves
     /// the last one; each `[rows, d_model]`.
     pub resid: Vec<CudaSlice<f32>>,
+    /// Mamba-1 blocks' activations (no sets in a Mamba-2 workspace).
     pub acts: BlockActs,
+    /// Mamba-2's own buffers (`None` for Mamba-1).
+    pub ssd: Option<SsdBufs>,
     /// One block's RMSNorm output `[rows, d_model]` (in_proj's input; bf16
     /// alone in bf16 runs), shared by every block (module docs).
     pub xn: ActBuf,
@@ -387,15 +456,17 @@ impl Workspace {
         } else {
             cfg.n_layer
         };
-        let mut layers = Vec::with_capacity(sets);
-        for l in 0..sets {
-            let w = |s: &str| {
-                if recompute {
-                    format!("shared block activations: {s}")
-                } else {
-                    format!("layer {l} {s}")
-                }
-            };
+        let label = |l: usize, s: &str| {
+            if recompute {
+                format!("shared block activations: {s}")
+            } else {
+                format!("layer {l} {s}")
+            }
+        };
+        let ssd = cfg.ssd().is_some();
+        let mut layers = Vec::with_capacity(if ssd { 0 } else { sets });
+        for l in 0..if ssd { 0 } else { sets } {
+            let w = |s: &str| label(l, s);
             let (xz, u, dt, y) = (
                 a.act(half_acts, &w("in_proj output"), rows * 2 * di)?,
                 a.act(half_acts, &w("conv output"), rows * di)?,
@@ -414,20 +485,34 @@ impl Workspace {
                 hin: a.zeros(&w("scan chunk states"), sl)?,
             });
         }
+        let ssd_bufs = if ssd {
+            Some(ssd_bufs(
+                &mut a,
+                cfg,
+                (rows, sl),
+                (sets, recompute),
+                bf16,
+                &label,
+            )?)
+        } else {
+            None
+        };
+        // Mamba-1's x_proj and dt_proj buffers, which a Mamba-2 block has no
+        // use for, are left at one element there.
+        let m1 = |len: usize| if ssd { 0 } else { len };
         let xn = a.act(bf16, "norm output of one block", rows * d)?;
         let g = a.act(bf16, "gated output of one block", rows * di)?;
-        let colsum = MambaKernels::colsum_scratch_len(rows, d.max(di))
-            .max(MambaKernels::conv_wgrad_scratch_len(rows, di, cfg.d_conv));
+        let conv_channels = if ssd { ssd_conv_channels(cfg) } else { di };
+        let colsum = MambaKernels::colsum_scratch_len(rows, d.max(di)).max(
+            MambaKernels::conv_wgrad_scratch_len(rows, conv_channels, cfg.d_conv),
+        );
         let ws = Workspace {
             batch,
             seq_len,
             options,
             resid,
-            acts: BlockActs {
-                sets: layers,
-                shared: recompute,
-                resident: None,
-            },
+            acts: BlockActs::new(layers, recompute),
+            ssd: ssd_bufs,
             xn,
             xn_of: None,
             g,
@@ -435,8 +520,8 @@ impl Workspace {
             xf: a.zeros("final norm output", rows * d)?,
             xf_h: a.zeros_if(bf16, "final norm output (bf16)", rows * d)?,
             dres_h: a.zeros_if(bf16, "residual gradient (bf16)", rows * d)?,
-            ddtr_h: a.zeros_if(bf16, "dt_proj output gradient (bf16)", rows * di)?,
-            ddbc_h: a.zeros_if(bf16, "x_proj output gradient (bf16)", rows * ldbc)?,
+            ddtr_h: a.zeros_if(bf16 && !ssd, "dt_proj output gradient (bf16)", rows * di)?,
+            ddbc_h: a.zeros_if(bf16 && !ssd, "x_proj output gradient (bf16)", rows * ldbc)?,
             dlogits_h: a.zeros_if(bf16, "logits gradient (bf16)", loss_rows * v)?,
             loss_rows,
             logits: a.zeros("logits of one loss chunk", loss_rows * v)?,
@@ -450,10 +535,10 @@ impl Workspace {
             dxn: a.zeros("norm output gradient", rows * d)?,
             dout: a.zeros("gated output gradient", rows * di)?,
             dy: a.zeros("scan output gradient", rows * di)?,
-            dxz: a.act(bf16, "in_proj output gradient", rows * 2 * di)?,
+            dxz: a.act(bf16, "in_proj output gradient", m1(rows * 2 * di))?,
             ddtr: a.zeros("dt_proj output gradient", rows * di)?,
             du: a.zeros("conv output gradient", rows * di)?,
-            ddbc: a.zeros("x_proj output gradient", rows * ldbc)?,
+            ddbc: a.zeros("x_proj output gradient", m1(rows * ldbc))?,
             tokens: a.zeros("tokens", rows)?,
             targets: a.zeros("targets", rows)?,
             csr: a.csr(rows, v)?,
@@ -466,4 +551,59 @@ impl Workspace {
             ..ws
         })
     }
+}
+
+/// Conv channels of a Mamba-2 block (`n_groups = 1`): x, B and C.
+pub(crate) fn ssd_conv_channels(cfg: &ModelConfig) -> usize {
+    cfg.d_inner() + 2 * cfg.d_state
+}
+
+/// in_proj's output width of a Mamba-2 block (`n_groups = 1`): z, the conv
+/// channels, dt.
+pub(crate) fn ssd_in_width(cfg: &ModelConfig) -> usize {
+    cfg.d_inner() + ssd_conv_channels(cfg) + cfg.num_heads()
+}
+
+/// The Mamba-2 buffers of a workspace: `sets` block activation sets
+/// (shared by all blocks when `shared`; `label` names them), and the
+/// per-channel operands and backward scratch ([`SsdBufs`]); `bf16`: the
+/// bf16 GEMM operand copies.
+fn ssd_bufs(
+    a: &mut Alloc<'_>,
+    cfg: &ModelConfig,
+    (rows, state_len): (usize, usize),
+    (sets, shared): (usize, bool),
+    bf16: bool,
+    label: &dyn Fn(usize, &str) -> String,
+) -> Result<SsdBufs> {
+    let (di, n, heads) = (cfg.d_inner(), cfg.d_state, cfg.num_heads());
+    let (cd, w) = (ssd_conv_channels(cfg), ssd_in_width(cfg));
+    let mut acts = Vec::with_capacity(sets);
+    for l in 0..sets {
+        let w_ = |s: &str| label(l, s);
+        acts.push(SsdActs {
+            rstd: a.zeros(&w_("rstd"), rows)?,
+            zx: a.zeros(&w_("in_proj output"), rows * w)?,
+            uc: a.zeros(&w_("conv output"), rows * cd)?,
+            dt: a.zeros(&w_("dt"), rows * heads)?,
+            y: a.zeros(&w_("scan output"), rows * di)?,
+            g: a.zeros(&w_("gated norm input"), rows * di)?,
+            rstd_g: a.zeros(&w_("gated norm rstd"), rows)?,
+            hin: a.zeros(&w_("scan chunk states"), state_len)?,
+        });
+    }
+    Ok(SsdBufs {
+        acts: BlockActs::new(acts, shared),
+        u_x: a.zeros("scan input u", rows * di)?,
+        dt_e: a.zeros("dt per channel", rows * di)?,
+        a_log_e: a.zeros("A_log per channel", di * n)?,
+        d_e: a.zeros("D per channel", di)?,
+        duc: a.zeros("conv output gradient", rows * cd)?,
+        dg: a.zeros("gated norm input gradient", rows * di)?,
+        dd_e: a.zeros("D gradient per channel", di)?,
+        da_log_e: a.zeros("A_log gradient per channel", di * n)?,
+        dzx: a.zeros("in_proj output gradient", rows * w)?,
+        dzx_h: a.zeros_if(bf16, "in_proj output gradient (bf16)", rows * w)?,
+        rstd_again: a.zeros("gated norm rstd (remade)", rows)?,
+    })
 }
