@@ -40,7 +40,10 @@
 //! - `small`: d_model 256, 4 layers, batch 8 x 1024 tokens;
 //! - `130m`:  d_model 768, 24 layers (Mamba-130m's shape), batch 8 x 1024;
 //! - `long`:  the 130m shape, batch 1 x 8192 tokens;
-//! - `tiny`:  d_model 64, 2 layers, vocab 512, batch 2 x 64 (a smoke test).
+//! - `m2-130m`: Mamba-2 at the 130m shape (d_model 768, 24 layers, d_state
+//!   128, head_dim 64, one group), batch 8 x 1024;
+//! - `tiny`, `m2-tiny`:  d_model 64, 2 layers, vocab 512, batch 2 x 64 (smoke
+//!   tests of each architecture).
 
 use std::time::Instant;
 
@@ -57,7 +60,7 @@ use mamba_train::{ModelConfig, TrainError};
 
 #[derive(Parser, Debug)]
 struct Args {
-    /// Comma-separated sizes: small, 130m, long.
+    /// Comma-separated sizes: small, 130m, long, m2-130m (tiny, m2-tiny).
     #[arg(long, default_value = "small,130m,long")]
     sizes: String,
     /// Timed steps per size (the median is reported).
@@ -130,12 +133,16 @@ fn size(name: &str) -> Res<(ModelConfig, usize, usize)> {
         "small" => (ModelConfig::new(v, 256, 4), 8, 1024),
         "130m" => (ModelConfig::new(v, 768, 24), 8, 1024),
         "long" => (ModelConfig::new(v, 768, 24), 1, 8192),
-        // A smoke-test size, not part of the report.
+        // Mamba-2 at the 130m shape: d_state 128, head_dim 64, one group.
+        "m2-130m" => (ModelConfig::mamba2(v, 768, 24), 8, 1024),
+        // Smoke-test sizes, not part of the report.
         "tiny" => (ModelConfig::new(512, 64, 2), 2, 64),
+        "m2-tiny" => (ModelConfig::mamba2(512, 64, 2), 2, 64),
         other => {
-            return Err(
-                format!("unknown size {other:?}; expected small, 130m, long or tiny").into(),
+            return Err(format!(
+                "unknown size {other:?}; expected small, 130m, long, m2-130m, tiny or m2-tiny"
             )
+            .into())
         }
     })
 }
@@ -181,12 +188,35 @@ struct Shape {
     tb: bool,
 }
 
+/// in_proj's output width of a Mamba-2 block of one group (z, x B C, dt).
+fn ssd_in_width(cfg: &ModelConfig) -> usize {
+    2 * cfg.d_inner() + 2 * cfg.d_state + cfg.num_heads()
+}
+
 /// Every GEMM of one training step (forward and backward), in order.
 fn step_gemms(cfg: &ModelConfig, rows: usize) -> Vec<Shape> {
     let (d, e, r, v) = (cfg.d_model, cfg.d_inner(), cfg.dt_rank, cfg.vocab_size);
     let ld = r + 2 * cfg.d_state;
     let s = |m, n, k, ta, tb| Shape { m, n, k, ta, tb };
     let mut out = Vec::new();
+    if cfg.ssd().is_some() {
+        // Mamba-2: in_proj and out_proj only.
+        let w = ssd_in_width(cfg);
+        for _ in 0..cfg.n_layer {
+            out.extend([s(rows, w, d, false, true), s(rows, d, e, false, true)]);
+        }
+        out.push(s(rows, v, d, false, true));
+        out.extend([s(rows, d, v, false, false), s(v, d, rows, true, false)]);
+        for _ in 0..cfg.n_layer {
+            out.extend([
+                s(rows, e, d, false, false),
+                s(d, e, rows, true, false),
+                s(w, d, rows, true, false),
+                s(rows, d, w, false, false),
+            ]);
+        }
+        return out;
+    }
     for _ in 0..cfg.n_layer {
         out.extend([
             s(rows, 2 * e, d, false, true),
@@ -706,7 +736,15 @@ fn main() -> Res<()> {
         let (d, e) = (cfg.d_model, cfg.d_inner());
         let ld = cfg.dt_rank + 2 * cfg.d_state;
         let chunks = t.div_ceil(kernels::mamba::SCAN_CHUNK);
-        let per_layer = rows * (2 * d + 2 * e + e + ld + 3 * e + 1) + nb * chunks * e * cfg.d_state;
+        let states = nb * chunks * e * cfg.d_state;
+        let per_layer = if cfg.ssd().is_some() {
+            // Mamba-2's kept activations: rstd, zx, uc, dt, y, g, rstd_g;
+            // plus the residual.
+            let cd = e + 2 * cfg.d_state;
+            rows * (d + 1 + ssd_in_width(&cfg) + cd + cfg.num_heads() + 2 * e + 1) + states
+        } else {
+            rows * (2 * d + 2 * e + e + ld + 3 * e + 1) + states
+        };
         let pn = model.layout().len();
         let bytes = 4.0
             * ((3 * pn + 2 * pn + 4 * pn) as f64
