@@ -166,7 +166,7 @@ pub(super) fn forward_blocks(
         a_log_e,
         d_e,
         ..
-    } = ssd.as_mut().ok_or_else(|| missing_buffers())?;
+    } = ssd.as_mut().ok_or_else(missing_buffers)?;
     for (l, lo) in lay.ssd_layers.iter().enumerate() {
         let (before, after) = resid.split_at_mut(l + 1);
         let mut ops = ChannelOps {
@@ -380,7 +380,7 @@ pub(super) fn backward_blocks(
         dzx,
         dzx_h,
         rstd_again,
-    } = ssd.as_mut().ok_or_else(|| missing_buffers())?;
+    } = ssd.as_mut().ok_or_else(missing_buffers)?;
     for (l, lo) in lay.ssd_layers.iter().enumerate().rev() {
         let mut ops = ChannelOps {
             u_x,

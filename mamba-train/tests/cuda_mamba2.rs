@@ -1,0 +1,677 @@
+//! The CUDA Mamba-2 model (`n_groups == 1`) on the GPU. Every test skips
+//! with `skipping: <reason>` without a GPU (driver, device or kernels), and
+//! fails instead under `MAMBA_REQUIRE_GPU=1`. Longer than 450 lines: five
+//! claims (kernels, f32 parity, tf32/bf16, determinism, refusal) share one
+//! comparison and one set of shapes, which reads best in one file.
+//!
+//! What each test proves:
+//! - `group_moves_match_the_host_bit_for_bit`: the per-head broadcast and
+//!   sum kernels give exact copies and the host twin's serial ascending
+//!   sums, dense and strided, for a parameter vector (1 row, `head_dim *
+//!   d_state` columns a head) and `per = 1` (a strided copy), on values of
+//!   magnitudes 2^-20..2^20 (the descending sum differs: the order shows);
+//!   nothing outside the destination is written; `per = 0`, a buffer one
+//!   element short on either side, or an ld below the width is an `Err`
+//!   with nothing written.
+//! - `cuda_f32_matches_the_cpu_f64_program`: logits, loss and every gradient
+//!   tensor by name against `Mamba2Model`'s f64 program on perturbed
+//!   parameters, over five shapes (d_state 16, 64, 128, 32, 8; T 37, 20, 1,
+//!   150, 33; one head; expand 1; conv 1..4); `loss_host` and
+//!   `forward_backward_host` give one bit pattern.
+//! - `the_comparison_catches_one_head_moved`: one head's `A_log` moved by
+//!   0.2 in the parameters the GPU runs is flagged on that layer's `A_log`
+//!   or `dt_bias` gradient (so passing parity is not vacuous).
+//! - `tf32_and_bf16_are_within_their_tolerances_and_really_change_the_gemms`.
+//! - `the_bits_repeat_and_do_not_depend_on_recompute_or_the_chunk_size`:
+//!   one loss and gradient bit pattern on two fresh models (f32, bf16),
+//!   with `set_recompute(true)` (and less workspace), with
+//!   `set_bf16_acts(false)` in bf16 (Mamba-2 keeps its activations f32 in
+//!   every precision), and for chunk sizes 4, 16 and 64 (the CUDA scan is a
+//!   sequential walk); negative control: another batch, another digest.
+//! - `graph_replays_give_the_eager_bits`: the pass replayed as a CUDA graph
+//!   over 4 changing batches (tokens, distinct tokens, counted targets) is
+//!   the eager pass's bits each time, in f32, bf16 and bf16 with recompute,
+//!   with 1 capture and 3 replays counted.
+//! - `n_groups_above_one_is_refused_naming_the_flag`; d_state 128 (the
+//!   scan's limit) is accepted, 129 refused.
+//!
+//! Tolerances, relative L2 `||gpu - ref|| / ||ref||` against the CPU f64
+//! program, per quantity: `max(floor, 8 x` the CPU f32 model's own error on
+//! it`)`, as `cuda_parity.rs` (the factor covers tensors whose reference
+//! norm is small against the rounding of its terms: at T = 1 the CPU's own
+//! error is 4e-4 on dt_bias and 6e-5 on D). Floors:
+//! - f32: logits 5e-6 and loss 5e-6 (as `cuda_parity.rs`); gradients 5e-5,
+//!   looser than Mamba-1's 2e-5 because the GPU's scan is another algorithm
+//!   (a sequential per-channel recurrence, then per-head sums over the
+//!   head's channels), not the CPU's chunked SSD in another order, so "8x
+//!   the CPU's error" bounds it less tightly. Elsewhere the CPU's own f32
+//!   error is 2e-7..4e-6 on these shapes (measured on the CPU at chunk sizes
+//!   1..1000; chunk 1 is the sequential walk's association). A wrong
+//!   formula or index gives O(1); the negative control's shape, run with
+//!   the CPU f32 model standing in for the GPU, gives 1.4e-1 on A_log and
+//!   7e-2 on dt_bias.
+//! - tf32: loss 2e-4, logits and gradients 1e-2; bf16: loss 2e-3, logits
+//!   and gradients 8e-2: `cuda_precision.rs`'s bounds (derived there from
+//!   the GEMMs' operand rounding), which hold a fortiori here: only the
+//!   GEMMs change precision, and a Mamba-2 block has fewer (in_proj and
+//!   out_proj; no x_proj or dt_proj). The logits (one GEMM of the tied
+//!   head, not averaged like the loss) get the gradients' bound. Negative
+//!   controls as there: tf32 and bf16 gradients are other bits than f32's
+//!   and more than 2e-5 (bf16: 5e-4) away from them.
+//!
+//! A non-finite value anywhere fails regardless; the gradient arena is
+//! poisoned with NaN first, so every element must be written.
+
+mod cuda_common;
+
+use cuda_common::{
+    batch, digest, gpu_required, kernels_on_device0, no_gpu_reason, perturbed, rel_l2,
+};
+use kernels::mamba::heads::{group_sum_host, GroupShape};
+use mamba_train::config::{Arch, SsdConfig};
+use mamba_train::model::cpu::Mamba2Model;
+use mamba_train::model::cuda::{CudaModel, GraphStats, Precision};
+use mamba_train::model::{Batch, IGNORE};
+use mamba_train::seed::Rng;
+use mamba_train::{ModelConfig, TrainError};
+
+/// A Mamba-2 config with one group.
+fn m2(
+    vocab: usize,
+    d: usize,
+    layers: usize,
+    n: usize,
+    conv: usize,
+    hd: usize,
+    q: usize,
+) -> ModelConfig {
+    let mut c = ModelConfig::mamba2(vocab, d, layers);
+    c.d_state = n;
+    c.d_conv = conv;
+    c.arch = Arch::Mamba2(SsdConfig {
+        head_dim: hd,
+        n_groups: 1,
+        chunk_size: q,
+    });
+    c
+}
+
+/// `cfg` with another chunk size.
+fn chunked(cfg: &ModelConfig, q: usize) -> ModelConfig {
+    let mut c = cfg.clone();
+    if let Arch::Mamba2(s) = &mut c.arch {
+        s.chunk_size = q;
+    }
+    c
+}
+
+/// (label, config, sequences, tokens each).
+fn cases() -> Vec<(&'static str, ModelConfig, usize, usize)> {
+    let mut expand1 = m2(17, 12, 1, 8, 1, 3, 5);
+    expand1.expand = 1;
+    vec![
+        (
+            "4 heads of 8, d_state 16, T 37",
+            m2(40, 16, 2, 16, 4, 8, 8),
+            2,
+            37,
+        ),
+        (
+            "8 heads of 4, d_state 64, T 20",
+            m2(31, 16, 1, 64, 3, 4, 16),
+            2,
+            20,
+        ),
+        (
+            "one head, d_state 128, T 1",
+            m2(25, 8, 2, 128, 4, 16, 4),
+            3,
+            1,
+        ),
+        (
+            "300 rows, chunks of 64, conv 2",
+            m2(50, 32, 2, 32, 2, 16, 64),
+            2,
+            150,
+        ),
+        ("expand 1, heads of 3, conv 1", expand1, 2, 33),
+    ]
+}
+
+/// A model on device 0 in `precision`, or `None` after printing why the
+/// test skips (a failure under `MAMBA_REQUIRE_GPU=1`). With a GPU, the
+/// model must start.
+fn gpu(cfg: &ModelConfig, precision: Precision) -> Option<CudaModel> {
+    if skip() {
+        return None;
+    }
+    Some(CudaModel::new_in(cfg.clone(), precision, 0).expect("the CUDA Mamba-2 model starts"))
+}
+
+/// True (after printing why) when no GPU test can run here; a failure
+/// under `MAMBA_REQUIRE_GPU=1`.
+fn skip() -> bool {
+    let Some(reason) = no_gpu_reason() else {
+        return false;
+    };
+    assert!(!gpu_required(), "MAMBA_REQUIRE_GPU=1 but {reason}");
+    eprintln!("skipping: {reason}");
+    true
+}
+
+/// Values of magnitudes 2^-20..2^20, both signs.
+fn mixed(r: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| (r.normal() * 2f64.powi(r.below(41) as i32 - 20)) as f32)
+        .collect()
+}
+
+const SENTINEL: f32 = -1234.5;
+/// Sentinel elements around each destination view.
+const PAD: usize = 3;
+
+#[test]
+fn group_moves_match_the_host_bit_for_bit() {
+    let Some((ctx, k)) = kernels_on_device0() else {
+        return;
+    };
+    let s = ctx.default_stream();
+    let mut r = Rng::new(31);
+    let strided = |rows, groups, per, ld_heads, ld_channels| GroupShape {
+        rows,
+        groups,
+        per,
+        ld_heads,
+        ld_channels,
+    };
+    let shapes = [
+        ("dense", GroupShape::dense(37, 4, 8)),
+        ("strided", strided(5, 3, 6, 7, 25)),
+        ("a parameter vector", GroupShape::dense(1, 4, 8 * 16)),
+        ("per 1: a strided copy", strided(9, 5, 1, 11, 13)),
+        ("one group of 33, 300 rows", strided(300, 1, 33, 2, 40)),
+    ];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (label, sh) in shapes {
+        let width = sh.groups * sh.per;
+        // Tight spans: the last row has no padding after it.
+        let hn = (sh.rows - 1) * sh.ld_heads + sh.groups;
+        let cn = (sh.rows - 1) * sh.ld_channels + width;
+        let fenced = |n: usize| vec![SENTINEL; PAD + n + PAD];
+
+        // Broadcast: heads (from offset 1, unaligned) to channels.
+        let heads = mixed(&mut r, hn + 1);
+        let d_heads = s.clone_htod(&heads).unwrap();
+        let mut d_ch = s.clone_htod(&fenced(cn)).unwrap();
+        k.group_bcast(
+            &s,
+            &d_heads.slice(1..),
+            &mut d_ch.slice_mut(PAD..PAD + cn),
+            sh,
+        )
+        .unwrap_or_else(|e| panic!("{label}: broadcast: {e}"));
+        let got = s.clone_dtoh(&d_ch).unwrap();
+        let want: Vec<f32> = (0..got.len())
+            .map(|i| match i.checked_sub(PAD).filter(|&i| i < cn) {
+                Some(i) if i % sh.ld_channels < width => {
+                    let (m, j) = (i / sh.ld_channels, i % sh.ld_channels);
+                    heads[1 + m * sh.ld_heads + j / sh.per]
+                }
+                _ => SENTINEL,
+            })
+            .collect();
+        assert_eq!(bits(&got), bits(&want), "{label}: broadcast");
+
+        // Sum: channels (from offset 2) to heads.
+        let ch = mixed(&mut r, cn + 2);
+        let dense: Vec<f32> = (0..sh.rows)
+            .flat_map(|m| ch[2 + m * sh.ld_channels..][..width].to_vec())
+            .collect();
+        let sums = group_sum_host(&dense, sh.rows, sh.groups, sh.per);
+        let d_src = s.clone_htod(&ch).unwrap();
+        let mut d_out = s.clone_htod(&fenced(hn)).unwrap();
+        k.group_sum(
+            &s,
+            &d_src.slice(2..),
+            &mut d_out.slice_mut(PAD..PAD + hn),
+            sh,
+        )
+        .unwrap_or_else(|e| panic!("{label}: sum: {e}"));
+        let got = s.clone_dtoh(&d_out).unwrap();
+        let want: Vec<f32> = (0..got.len())
+            .map(|i| match i.checked_sub(PAD).filter(|&i| i < hn) {
+                Some(i) if i % sh.ld_heads < sh.groups => {
+                    sums[(i / sh.ld_heads) * sh.groups + i % sh.ld_heads]
+                }
+                _ => SENTINEL,
+            })
+            .collect();
+        assert_eq!(bits(&got), bits(&want), "{label}: sum");
+        if sh.per >= 8 {
+            // The values make the order visible: the descending sum differs.
+            let desc: Vec<f32> = dense
+                .chunks(sh.per)
+                .map(|c| c.iter().rev().copied().reduce(|a, b| a + b).unwrap())
+                .collect();
+            assert_ne!(bits(&desc), bits(&sums), "{label}: the order is invisible");
+        }
+    }
+
+    // Refusals, before any launch (nothing written): `per = 0`, a buffer
+    // one element short on either side, an ld below the width. 2 rows of
+    // 3 heads of 4 channels: 6 heads, 24 channels.
+    let src = s.clone_htod(&vec![1.0f32; 64]).unwrap();
+    let mut dst = s.clone_htod(&vec![SENTINEL; 64]).unwrap();
+    let sh = GroupShape::dense(2, 3, 4);
+    let narrow = GroupShape {
+        ld_channels: 11,
+        ..sh
+    };
+    // (what, broadcast or sum, shape, source length, destination length)
+    let refusals = [
+        ("per 0", true, GroupShape::dense(2, 3, 0), 6, 64),
+        ("per 0", false, GroupShape::dense(2, 3, 0), 64, 6),
+        ("a too-short destination", true, sh, 6, 23),
+        ("a too-short destination", false, sh, 24, 5),
+        ("a too-short source", true, sh, 5, 24),
+        ("a too-short source", false, sh, 23, 6),
+        ("ld below the width", true, narrow, 6, 64),
+        ("ld below the width", false, narrow, 64, 6),
+    ];
+    for (what, bcast, sh, n_src, n_dst) in refusals {
+        let (src, mut dst) = (src.slice(..n_src), dst.slice_mut(..n_dst));
+        let e = if bcast {
+            k.group_bcast(&s, &src, &mut dst, sh)
+        } else {
+            k.group_sum(&s, &src, &mut dst, sh)
+        };
+        let kernel = if bcast { "broadcast" } else { "sum" };
+        let e = e.expect_err(&format!("{kernel}: {what} must be refused"));
+        eprintln!("{kernel}, {what}: {e}");
+    }
+    assert!(
+        s.clone_dtoh(&dst)
+            .unwrap()
+            .iter()
+            .all(|x| x.to_bits() == SENTINEL.to_bits()),
+        "a refused call wrote"
+    );
+}
+
+/// Floors of the relative errors against the f64 program (module docs).
+struct Tol {
+    logits: f64,
+    loss: f64,
+    grad: f64,
+}
+
+fn tol_of(p: Precision) -> Tol {
+    match p {
+        Precision::F32 => Tol {
+            logits: 5e-6,
+            loss: 5e-6,
+            grad: 5e-5,
+        },
+        Precision::Tf32 => Tol {
+            logits: 1e-2,
+            loss: 2e-4,
+            grad: 1e-2,
+        },
+        Precision::Bf16 => Tol {
+            logits: 8e-2,
+            loss: 2e-3,
+            grad: 8e-2,
+        },
+    }
+}
+
+/// How many times the CPU's own f32 error the GPU may reach.
+const CPU_FACTOR: f64 = 8.0;
+
+/// The GPU's results and what missed its tolerance.
+struct Compared {
+    misses: Vec<String>,
+    grads: Vec<f32>,
+}
+
+/// Run `gpu_params` on the GPU and `ref_params` through the CPU f64
+/// program (and its f32 twin, for the scale of rounding); compare logits,
+/// loss and every gradient tensor; print a summary.
+fn compare(
+    gpu: &mut CudaModel,
+    b: &Batch,
+    gpu_params: &[f32],
+    ref_params: &[f32],
+    label: &str,
+) -> Compared {
+    let cfg = gpu.config().clone();
+    let tol = tol_of(gpu.precision());
+    let cpu = Mamba2Model::new(cfg).expect("a valid Mamba-2 config");
+    let p64: Vec<f64> = ref_params.iter().map(|&x| x as f64).collect();
+    let n = p64.len();
+    let mut misses = Vec::new();
+    let mut check = |what: String, (err, bad): (f64, bool), floor: f64, cpu_err: f64| {
+        let t = floor.max(CPU_FACTOR * cpu_err);
+        if bad || err.is_nan() || err > t {
+            misses.push(format!(
+                "{what}: relative error {err:.3e} > tolerance {t:.1e} (cpu f32 {cpu_err:.2e}){}",
+                if bad { ", non-finite values" } else { "" }
+            ));
+        }
+        err
+    };
+
+    let want = cpu.logits_f64(&p64, b).expect("cpu logits");
+    let got = gpu.logits_host(gpu_params, b).expect("gpu logits");
+    let cpu_err = rel_l2(&cpu.logits(ref_params, b).expect("cpu f32 logits"), &want).0;
+    let logits_err = check("logits".into(), rel_l2(&got, &want), tol.logits, cpu_err);
+
+    let mut g64 = vec![0.0f64; n];
+    let loss64 = cpu
+        .forward_backward_f64(&p64, b, &mut g64)
+        .expect("cpu f64");
+    let mut g32 = vec![0.0f32; n];
+    let loss32 = cpu
+        .forward_backward(ref_params, b, &mut g32)
+        .expect("cpu f32");
+    let rel = |x: f32| (x as f64 - loss64).abs() / loss64.abs().max(1e-12);
+    let mut grads = vec![f32::NAN; n];
+    let loss = gpu
+        .forward_backward_host(gpu_params, b, &mut grads)
+        .expect("gpu forward_backward");
+    check(
+        "loss".into(),
+        (rel(loss), !loss.is_finite()),
+        tol.loss,
+        rel(loss32),
+    );
+    let loss_only = gpu.loss_host(gpu_params, b).expect("gpu loss");
+    let mut worst = Vec::new();
+    for e in gpu.layout().entries() {
+        let r = e.range();
+        let cpu_err = rel_l2(&g32[r.clone()], &g64[r.clone()]).0;
+        let got = rel_l2(&grads[r.clone()], &g64[r]);
+        let err = check(format!("grad {}", e.name), got, tol.grad, cpu_err);
+        worst.push((err, cpu_err, e.name.clone()));
+    }
+    if loss_only.to_bits() != loss.to_bits() {
+        misses.push(format!(
+            "loss_host() = {loss_only} but forward_backward_host() = {loss}: one bit pattern"
+        ));
+    }
+    worst.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let worst: Vec<String> = worst[..3]
+        .iter()
+        .map(|(g, c, name)| format!("{name} {g:.2e} (cpu f32 {c:.2e})"))
+        .collect();
+    eprintln!(
+        "{label} [{}]: loss {loss:.6} (ref {loss64:.6}), logits err {logits_err:.2e}, worst \
+         grads: {}",
+        gpu.precision(),
+        worst.join(", ")
+    );
+    Compared { misses, grads }
+}
+
+fn fail_on(misses: Vec<String>) {
+    assert!(
+        misses.is_empty(),
+        "CUDA Mamba-2 disagrees with the CPU f64 program:\n  {}",
+        misses.join("\n  ")
+    );
+}
+
+#[test]
+fn cuda_f32_matches_the_cpu_f64_program() {
+    let mut misses = Vec::new();
+    for (i, (label, cfg, nseq, l)) in cases().into_iter().enumerate() {
+        let Some(mut g) = gpu(&cfg, Precision::F32) else {
+            return;
+        };
+        let (b, p) = (
+            batch(&cfg, nseq, l, 100 + i as u64),
+            perturbed(&cfg, 200 + i as u64),
+        );
+        let c = compare(&mut g, &b, &p, &p, label);
+        misses.extend(c.misses.into_iter().map(|m| format!("{label}: {m}")));
+    }
+    fail_on(misses);
+}
+
+#[test]
+fn the_comparison_catches_one_head_moved() {
+    let (_, cfg, nseq, l) = cases().swap_remove(0);
+    let Some(mut g) = gpu(&cfg, Precision::F32) else {
+        return;
+    };
+    let (b, p) = (batch(&cfg, nseq, l, 5), perturbed(&cfg, 6));
+    let mut q = p.clone();
+    let a_log = g.layout().ssd_layers[1].a_log.clone();
+    q[a_log.start + 2] += 0.2; // head 2 of layer 1
+    let c = compare(
+        &mut g,
+        &b,
+        &q,
+        &p,
+        "negative control (layer 1, head 2's A_log + 0.2)",
+    );
+    let flagged: Vec<&String> = c
+        .misses
+        .iter()
+        .filter(|m| {
+            m.starts_with("grad backbone.layers.1.mixer.A_log")
+                || m.starts_with("grad backbone.layers.1.mixer.dt_bias")
+        })
+        .collect();
+    eprintln!("negative control flagged: {:#?}", c.misses);
+    assert!(
+        !flagged.is_empty(),
+        "moving one head's A_log by 0.2 went unnoticed on layer 1's A_log and dt_bias \
+         gradients: {:?}",
+        c.misses
+    );
+}
+
+#[test]
+fn tf32_and_bf16_are_within_their_tolerances_and_really_change_the_gemms() {
+    let mut misses = Vec::new();
+    for (i, (label, cfg, nseq, l)) in cases().into_iter().enumerate() {
+        if !matches!(i, 0 | 1 | 3) {
+            continue; // T 37, d_state 64, 300 rows
+        }
+        let Some(mut g) = gpu(&cfg, Precision::F32) else {
+            return;
+        };
+        let (b, p) = (
+            batch(&cfg, nseq, l, 300 + i as u64),
+            perturbed(&cfg, 400 + i as u64),
+        );
+        let f32_grads = compare(&mut g, &b, &p, &p, label).grads;
+        let f32_64: Vec<f64> = f32_grads.iter().map(|&x| x as f64).collect();
+        for (prec, apart) in [(Precision::Tf32, 2e-5), (Precision::Bf16, 5e-4)] {
+            let mut g = gpu(&cfg, prec).expect("a GPU is present");
+            let c = compare(&mut g, &b, &p, &p, label);
+            misses.extend(c.misses.iter().map(|m| format!("{label} [{prec}]: {m}")));
+            // Negative controls: the precision really changed the GEMMs.
+            assert_ne!(
+                digest(&c.grads),
+                digest(&f32_grads),
+                "{label}: {prec} gradients have f32's bits"
+            );
+            let (d, _) = rel_l2(&c.grads, &f32_64);
+            eprintln!("{label}: {prec} vs CUDA f32 gradients rel L2 {d:.2e}");
+            assert!(
+                d > apart,
+                "{label}: {prec} is only {d:.2e} from f32 (want > {apart:.0e})"
+            );
+        }
+    }
+    fail_on(misses);
+}
+
+/// Loss bits and the gradients' digest of one pass (arena poisoned first).
+fn bits_of(m: &mut CudaModel, p: &[f32], b: &Batch) -> (u32, String) {
+    let mut g = vec![f32::NAN; p.len()];
+    let loss = m
+        .forward_backward_host(p, b, &mut g)
+        .expect("forward_backward");
+    assert!(
+        loss.is_finite() && g.iter().all(|x| x.is_finite()),
+        "non-finite"
+    );
+    assert!(g.iter().any(|&x| x != 0.0), "all-zero gradients");
+    (loss.to_bits(), digest(&g))
+}
+
+#[test]
+fn the_bits_repeat_and_do_not_depend_on_recompute_or_the_chunk_size() {
+    // 3 blocks (recompute keeps one block's activations of three).
+    let cfg = m2(60, 32, 3, 32, 4, 8, 8);
+    let (b, other) = (batch(&cfg, 3, 29, 17), batch(&cfg, 3, 29, 18));
+    let p = perturbed(&cfg, 19);
+    for prec in [Precision::F32, Precision::Bf16] {
+        let Some(mut m) = gpu(&cfg, prec) else {
+            return;
+        };
+        let want = bits_of(&mut m, &p, &b);
+        assert_eq!(bits_of(&mut m, &p, &b), want, "{prec}: a second pass");
+        let mut fresh = gpu(&cfg, prec).expect("a GPU is present");
+        assert_eq!(bits_of(&mut fresh, &p, &b), want, "{prec}: a fresh model");
+        // Negative control: equal bits are not one constant.
+        assert_ne!(
+            bits_of(&mut fresh, &p, &other).1,
+            want.1,
+            "{prec}: another batch gave the same gradients"
+        );
+        let plain_bytes = m.workspace_bytes();
+        m.set_recompute(true);
+        assert_eq!(bits_of(&mut m, &p, &b), want, "{prec}: --recompute");
+        let bytes = m.workspace_bytes();
+        eprintln!("{prec}: workspace {bytes} bytes with recompute, {plain_bytes} without");
+        assert!(bytes < plain_bytes, "{prec}: recompute saved nothing");
+        if prec == Precision::Bf16 {
+            // Mamba-2 keeps its activations f32 in every precision.
+            fresh.set_bf16_acts(false);
+            assert_eq!(
+                bits_of(&mut fresh, &p, &b),
+                want,
+                "bf16 with f32 activations"
+            );
+        }
+        // The CUDA scan walks the sequence; the chunk size orders only the
+        // CPU's SSD (the arena layout does not depend on it).
+        for q in [4, 16, 64] {
+            let mut mq = gpu(&chunked(&cfg, q), prec).expect("a GPU is present");
+            assert_eq!(bits_of(&mut mq, &p, &b), want, "{prec}: chunk size {q}");
+        }
+    }
+}
+
+/// A model on a stream of its own (a graph cannot capture the legacy
+/// default stream), with the graph on or off.
+fn streamed(cfg: &ModelConfig, precision: Precision, graph: bool) -> Option<CudaModel> {
+    if skip() {
+        return None;
+    }
+    let ctx = kernels::open_context(0).expect("open device 0");
+    let stream = ctx.new_stream().expect("a stream");
+    let mut m = CudaModel::with_stream_in(cfg.clone(), precision, stream).expect("model");
+    // SAFETY: the test uses each model's buffers on its own stream only.
+    unsafe { m.set_cuda_graph(graph).expect("graph setting") };
+    Some(m)
+}
+
+/// Batch `i`: other tokens each time, fewer distinct ones every other
+/// time, and more ignored targets (another count the loss divides by).
+fn nth_batch(cfg: &ModelConfig, i: usize) -> Batch {
+    let mut b = batch(cfg, 2, 40, 100 + i as u64);
+    b.targets.iter_mut().take(5 * i).for_each(|t| *t = IGNORE);
+    if i % 2 == 1 {
+        b.tokens.iter_mut().step_by(3).for_each(|t| *t = 5);
+    }
+    b
+}
+
+#[test]
+fn graph_replays_give_the_eager_bits() {
+    let cfg = m2(80, 32, 2, 64, 4, 16, 16);
+    let host = perturbed(&cfg, 3);
+    for (prec, recompute) in [
+        (Precision::F32, false),
+        (Precision::Bf16, false),
+        (Precision::Bf16, true),
+    ] {
+        let Some(mut eager) = streamed(&cfg, prec, false) else {
+            return;
+        };
+        let mut graph = streamed(&cfg, prec, true).expect("a GPU is present");
+        eager.set_recompute(recompute);
+        graph.set_recompute(recompute);
+        let (pe, pg) = (eager.upload(&host).unwrap(), graph.upload(&host).unwrap());
+        let (mut ge, mut gg) = (eager.zeros_arena().unwrap(), graph.zeros_arena().unwrap());
+        let mut previous: Option<String> = None;
+        for i in 0..4 {
+            let b = nth_batch(&cfg, i);
+            let pass = |m: &mut CudaModel, p, g: &mut _| {
+                let loss = m.forward_backward(p, &b, g).expect("forward_backward");
+                (loss.to_bits(), digest(&m.download(g).expect("download")))
+            };
+            let want = pass(&mut eager, &pe, &mut ge);
+            let got = pass(&mut graph, &pg, &mut gg);
+            assert_eq!(
+                got,
+                want,
+                "{prec}, recompute {recompute}: pass {i} with the graph ({:?}) differs",
+                graph.graph_stats()
+            );
+            // Negative control: each batch has its own gradients, so a
+            // graph that replayed stale inputs could not match.
+            assert_ne!(previous.as_ref(), Some(&want.1), "{prec}: batch {i}");
+            previous = Some(want.1);
+        }
+        // Pass 0 eager, pass 1 captured and replayed, passes 2 and 3 replayed.
+        let stats = GraphStats {
+            captures: 1,
+            replays: 3,
+        };
+        assert_eq!(graph.graph_stats(), stats, "{prec}, recompute {recompute}");
+        assert_eq!(
+            eager.graph_stats(),
+            GraphStats::default(),
+            "the eager model"
+        );
+    }
+}
+
+#[test]
+fn n_groups_above_one_is_refused_naming_the_flag() {
+    if skip() {
+        return;
+    }
+    let mut cfg = m2(40, 16, 2, 16, 4, 8, 8);
+    if let Arch::Mamba2(s) = &mut cfg.arch {
+        s.n_groups = 2;
+    }
+    cfg.validate().expect("a valid config: 4 heads in 2 groups");
+    let ctx = kernels::open_context(0).expect("open device 0");
+    let made = [
+        CudaModel::new(cfg.clone(), 0),
+        CudaModel::with_stream_in(cfg, Precision::Bf16, ctx.new_stream().unwrap()),
+    ];
+    for m in made {
+        match m {
+            Err(TrainError::Config(e)) => {
+                eprintln!("refused: {e}");
+                assert!(e.contains("n_groups") && e.contains("--n-groups"), "{e}");
+            }
+            Err(e) => panic!("refused, but not as a config error: {e}"),
+            Ok(_) => panic!("a Mamba-2 model of 2 groups was accepted"),
+        }
+    }
+    // The scan's state limit: 128 (Mamba-2's default) is accepted.
+    assert!(CudaModel::new(m2(40, 16, 1, 128, 4, 8, 8), 0).is_ok());
+    let e = CudaModel::new(m2(40, 16, 1, 129, 4, 8, 8), 0)
+        .err()
+        .expect("d_state 129");
+    assert!(e.to_string().contains("d_state"), "{e}");
+}
