@@ -508,24 +508,13 @@ impl CudaModel {
         if batch.batch * batch.seq_len == 0 || counted == 0 {
             return Ok(0.0);
         }
-        bf16_slot(
-            &self.engine,
-            self.precision,
-            &mut self.params_bf16,
-            params.len(),
-        )?;
-        let ws = prepare(
-            &self.engine,
-            &self.cfg,
-            &mut self.ws,
-            batch,
-            self.options,
-            counted,
-        )?;
+        self.forward_only(params, batch, counted)?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
-        cast_params(e, self.params_bf16.as_mut(), params)?;
+        let ws = self
+            .ws
+            .as_mut()
+            .ok_or_else(|| cuda("the loss", "no workspace"))?;
         let pb = self.params_bf16.as_ref();
-        forward::forward(e, cfg, lay, params, pb, ws)?;
         head::head_loss(e, cfg, lay, params, pb, ws, head::HeadOutput::Loss)?;
         read_loss(e, ws)
     }
@@ -537,6 +526,25 @@ impl CudaModel {
         if batch.batch * batch.seq_len == 0 {
             return Ok(Vec::new());
         }
+        self.forward_only(params, batch, counted)?;
+        let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
+        let ws = self
+            .ws
+            .as_mut()
+            .ok_or_else(|| cuda("the logits", "no workspace"))?;
+        head::head_logits(e, cfg, lay, params, self.params_bf16.as_ref(), ws)
+    }
+
+    /// The eager forward pass of [`Self::loss`] and [`Self::logits`]: the
+    /// weights' bf16 copy (bf16 runs), the workspace with `batch` uploaded
+    /// (`counted` targets), then the blocks and the final norm, leaving
+    /// `self.ws` ready for the head.
+    fn forward_only(
+        &mut self,
+        params: &CudaSlice<f32>,
+        batch: &Batch,
+        counted: usize,
+    ) -> Result<()> {
         bf16_slot(
             &self.engine,
             self.precision,
@@ -553,9 +561,7 @@ impl CudaModel {
         )?;
         let (e, cfg, lay) = (&self.engine, &self.cfg, &self.layout);
         cast_params(e, self.params_bf16.as_mut(), params)?;
-        let pb = self.params_bf16.as_ref();
-        forward::forward(e, cfg, lay, params, pb, ws)?;
-        head::head_logits(e, cfg, lay, params, pb, ws)
+        forward::forward(e, cfg, lay, params, self.params_bf16.as_ref(), ws)
     }
 
     /// [`Self::forward_backward`] over host arenas: uploads `params`, runs,
