@@ -43,8 +43,8 @@ token: it must exceed the tolerance, else the comparison could not fail
     groups, state 16, chunks of 32), and a random Mamba2ForCausalLM (8 heads
     of 16 in 2 groups, chunks of 32; norms, gated-norm weight, D, conv bias,
     A_log and dt_bias perturbed) is saved and scored by us. Ours runs on the
-    CPU only (there is no CUDA Mamba-2 of ours yet); transformers on the CPU
-    and the GPU.
+    CPU (two groups are more than our CUDA Mamba-2 takes); transformers on
+    the CPU and the GPU.
 
 --self-test-format (no torch needed; runs on the development machines):
 checks our side of the plumbing against an independent pure-Python f64
@@ -56,7 +56,7 @@ table; the same two for Mamba-2 against a plain sequential recurrence (no
 chunks; the directory's config.json carries time_step_limit as the bare
 Infinity Python writes); plus the refusals: an lm_head that differs from the
 embedding, a layer_norm_epsilon that is not 1e-5, a token file of the wrong
-length, a Mamba-2 model on --device cuda.
+length, a Mamba-2 model of several groups on --device cuda.
 
 File formats (see mamba-train/examples/hf_logits.rs): tokens are B*T
 little-endian u32, row-major; hf_logits writes safetensors with `logits`
@@ -1012,7 +1012,7 @@ def self_test(a, table):
     hf2, tok3 = self_check_hf_dir(a, table, w, rng, b, t, "mamba2 ", synthetic_hf_dir_mamba2)
     expect_refusal([a.hf_logits, "--checkpoint", hf2, "--tokens", tok3, "--batch", b, "--seq-len", t,
                     "--device", "cuda", "--out", os.path.join(w, "x.safetensors")],
-                   "Mamba-2 model runs on the CPU only", "Mamba-2 on --device cuda")
+                   "groups (n_groups) runs on the CPU only", "Mamba-2 of 3 groups on --device cuda")
 
     # Refusals.
     bad_head = os.path.join(w, "hf_bad_head")
