@@ -749,8 +749,8 @@ def load_mamba2(ck, what):
 
 
 def hf_rows(a, table, torch, part, model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64):
-    """The comparison rows of a Mamba-2 part: ours (CPU; there is no CUDA
-    Mamba-2 of ours) against transformers on the CPU, transformers' two
+    """The comparison rows of a Mamba-2 part: ours (CPU; these models have two
+    groups, more than our CUDA Mamba-2 takes) against transformers on the CPU, transformers' two
     devices against each other, the one-token control and the f64 info rows."""
     from transformers.models.mamba2 import modeling_mamba2
 

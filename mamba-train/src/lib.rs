@@ -1,9 +1,10 @@
 //! `mamba-train`: Mamba-1 (CPU reference, CUDA path) and Mamba-2 (SSD; CPU
-//! reference, no CUDA path yet) language models over one CPU frame, AdamW,
+//! reference, and a CUDA path for one group of B and C) language models,
+//! AdamW,
 //! data (synthetic tasks, byte-level or tokenized text, memory-mapped token
 //! files, with held-out splits), checkpoints with Hugging Face names, the
 //! deterministic data-parallel trainer, and text generation by recurrent
-//! decoding (both architectures on the CPU, Mamba-1 on CUDA).
+//! decoding (both architectures, on the CPU and on CUDA).
 
 // Lets code shared with the integration tests (`tests/common/bpe.rs`, also
 // compiled into the unit tests) name this crate the same way in both.

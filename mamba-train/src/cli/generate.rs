@@ -12,7 +12,7 @@ use super::args::Device;
 use super::progress::{human, stderr_line};
 use super::run_dir::io_err;
 use super::source::load_model;
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
 use crate::generate::text::{prompt_tokens, tokens_text};
 use crate::generate::{generate as run_engine, GenerateOptions, Generation, Phase, Sampling};
@@ -144,33 +144,26 @@ pub fn generate(args: &GenerateArgs, out: &mut dyn Write) -> Result<Generation> 
 }
 
 /// The recurrent decoder of the model `cfg` (weights `params`, read from
-/// `dir`) on `device`: the one place a decoder is chosen. Mamba-2 has no
-/// CUDA decoder in this build yet and is refused here, by name (it
-/// decodes on the CPU; it trains and evaluates on CUDA).
+/// `dir`) on `device`: the one place a decoder is chosen, for either
+/// architecture (a Mamba-2 of several groups on CUDA is the CUDA model's
+/// refusal, naming `--n-groups`).
 fn decoder_for(
     cfg: &ModelConfig,
     params: Vec<f32>,
     device: Device,
     dir: &Path,
 ) -> Result<Box<dyn Decoder>> {
-    Ok(match (&cfg.arch, device) {
-        (_, Device::Cpu) => Box::new(CpuDecoder::new(cfg.clone(), params)?),
-        (Arch::Mamba1, Device::Cuda) => Box::new(
+    Ok(match device {
+        Device::Cpu => Box::new(CpuDecoder::new(cfg.clone(), params)?),
+        Device::Cuda => Box::new(
             CudaDecoder::on_device(cfg.clone(), &params, 0).map_err(|e| {
                 TrainError::Config(format!(
-                    "--device cuda: {e}; on a machine without a GPU use --device cpu"
-                ))
-            })?,
-        ),
-        (Arch::Mamba2(_), Device::Cuda) => {
-            return Err(TrainError::Config(format!(
-                "--checkpoint {} is a Mamba-2 model (config.json model_type \"mamba2\"), and \
-                 --device cuda decodes Mamba-1 models only in this build (the CUDA decoder \
-                 of Mamba-2 is not written yet; it trains and evaluates on CUDA): use --device \
+                "--device cuda with --checkpoint {}: {e}; on a machine without a GPU use --device \
                  cpu",
                 dir.display()
-            )))
-        }
+            ))
+            })?,
+        ),
     })
 }
 

@@ -12,15 +12,24 @@
 //!
 //! Numbers: within f32 rounding of the CPU step (`tests/cuda_decode.rs`
 //! states the tolerance), not bit for bit (cuBLAS's order, `expf`).
+//!
+//! Mamba-2 (one group of B and C, as the CUDA model): the same step with
+//! its block (`ssd_layer_step`): the conv over x, B, C, the per-head `dt`,
+//! `A`, `D` broadcast to channels for Mamba-1's scan step (its SSM state
+//! `[d_inner, d_state]` per layer is the CPU's per-head `[head_dim,
+//! d_state]` matrices in head order), and the gated RMSNorm.
 
 use cudarc::driver::CudaSlice;
+use kernels::mamba::heads::GroupShape;
 use kernels::mamba::{DecodeKernels, ScanStepInputs, Store};
 
 use super::forward::{op, op_t};
+use super::workspace::ssd_in_width;
 use super::{cuda, CudaModel};
 use crate::config::{ModelConfig, RMS_EPS};
 use crate::error::Result;
 use crate::model::decode::{check_token, DecodeState, Decoder};
+use crate::params::SsdLayerOffsets;
 
 /// The CUDA model decoding one sequence, token by token.
 ///
@@ -50,6 +59,15 @@ struct StepBuffers {
     dt: CudaSlice<f32>,
     y: CudaSlice<f32>,
     g: CudaSlice<f32>,
+    /// Mamba-2: dt per head (`dt` holds it per channel) and the gated
+    /// norm's output.
+    dt_h: CudaSlice<f32>,
+    gn: CudaSlice<f32>,
+    /// Mamba-2: every layer's `A_log` and `D` per channel (`[n_layer,
+    /// d_inner * d_state]`, `[n_layer, d_inner]`), broadcast once from the
+    /// decoder's fixed weights.
+    a_log_e: CudaSlice<f32>,
+    d_e: CudaSlice<f32>,
     xf: CudaSlice<f32>,
     logits: CudaSlice<f32>,
 }
@@ -58,10 +76,6 @@ impl CudaDecoder {
     /// A decoder of `model` with the host weights `params` (uploaded), at
     /// position 0.
     pub fn new(model: CudaModel, params: &[f32]) -> Result<Self> {
-        model.config().require_mamba1(
-            "the CUDA decoder",
-            "decode Mamba-2 with --device cpu (training and evaluation run on CUDA)",
-        )?;
         let params = model.upload(params)?;
         let kernels = DecodeKernels::load(model.kernels())?;
         let cfg = model.config().clone();
@@ -71,6 +85,13 @@ impl CudaDecoder {
                 .map_err(|e| cuda(&format!("allocating the decoder's {what}"), e))
         };
         let (d, e) = (cfg.d_model, cfg.d_inner());
+        // Mamba-2 rows are wider (in_proj: z, x B C, dt; the conv: x B C)
+        // and it keeps per-channel copies of every layer's A_log and D.
+        let conv_dim = DecodeState::conv_dim(&cfg);
+        let (in_width, heads, ssd_layers) = match cfg.ssd() {
+            Some(_) => (ssd_in_width(&cfg), cfg.num_heads(), cfg.n_layer),
+            None => (2 * e, 0, 0),
+        };
         let buf = StepBuffers {
             tok: s
                 .alloc_zeros::<u32>(1)
@@ -79,15 +100,23 @@ impl CudaDecoder {
             x_next: zeros("residual", d)?,
             xn: zeros("norm output", d)?,
             rstd: zeros("norm scale", 1)?,
-            xz: zeros("in_proj output", 2 * e)?,
-            u: zeros("conv output", e)?,
+            xz: zeros("in_proj output", in_width)?,
+            u: zeros("conv output", conv_dim)?,
             dbc: zeros("x_proj output", cfg.dt_rank + 2 * cfg.d_state)?,
             dt: zeros("dt", e)?,
             y: zeros("scan output", e)?,
             g: zeros("gated output", e)?,
+            dt_h: zeros("dt per head", heads)?,
+            gn: zeros("gated norm output", e)?,
+            a_log_e: zeros("A_log per channel", ssd_layers * e * cfg.d_state)?,
+            d_e: zeros("D per channel", ssd_layers * e)?,
             xf: zeros("final norm output", d)?,
             logits: zeros("logits", cfg.vocab_size)?,
         };
+        let mut buf = buf;
+        if cfg.ssd().is_some() {
+            ssd_channel_params(&model, &params, &mut buf)?;
+        }
         Ok(CudaDecoder {
             conv: zeros("conv state", DecodeState::conv_len(&cfg))?,
             ssm: zeros("SSM state", DecodeState::ssm_len(&cfg))?,
@@ -135,6 +164,9 @@ impl CudaDecoder {
             .map_err(|err| cuda("uploading the token", err))?;
         let emb = p.slice(lay.embedding.clone());
         kr.embed_fwd(s, &b.tok.as_view(), &emb, &mut b.x.as_view_mut(), d, v)?;
+        for (i, lo) in lay.ssd_layers.iter().enumerate() {
+            ssd_layer_step(model, dk, p, (i, lo), (conv, ssm), b, filled)?;
+        }
         for (i, lo) in lay.layers.iter().enumerate() {
             let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
             kr.rmsnorm_fwd(
@@ -326,4 +358,151 @@ impl Decoder for CudaDecoder {
         self.pos = position;
         Ok(())
     }
+}
+
+/// Mamba-2: every layer's `A_log` and `D` of `params` per channel into
+/// `buf` (exact broadcasts; the weights are the decoder's and do not
+/// change).
+fn ssd_channel_params(
+    model: &CudaModel,
+    params: &CudaSlice<f32>,
+    buf: &mut StepBuffers,
+) -> Result<()> {
+    let (cfg, lay, eng) = (&model.cfg, &model.layout, &model.engine);
+    let (s, kr) = (&eng.stream, &eng.kernels);
+    let (e, n, h) = (cfg.d_inner(), cfg.d_state, cfg.num_heads());
+    let hp = e / h.max(1);
+    for (i, lo) in lay.ssd_layers.iter().enumerate() {
+        kr.group_bcast(
+            s,
+            &params.slice(lo.a_log.clone()),
+            &mut buf.a_log_e.slice_mut(i * e * n..(i + 1) * e * n),
+            GroupShape::dense(1, h, hp * n),
+        )?;
+        kr.group_bcast(
+            s,
+            &params.slice(lo.d.clone()),
+            &mut buf.d_e.slice_mut(i * e..(i + 1) * e),
+            GroupShape::dense(1, h, hp),
+        )?;
+    }
+    Ok(())
+}
+
+/// One Mamba-2 layer of a decode step: `b.x` (the residual) to `b.x` again,
+/// advancing layer `i`'s slices of the conv and SSM states (`filled`: conv
+/// inputs already in the window).
+fn ssd_layer_step(
+    model: &CudaModel,
+    dk: &DecodeKernels,
+    p: &CudaSlice<f32>,
+    (i, lo): (usize, &SsdLayerOffsets),
+    (conv, ssm): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    b: &mut StepBuffers,
+    filled: usize,
+) -> Result<()> {
+    let (cfg, eng) = (&model.cfg, &model.engine);
+    let (s, kr) = (&eng.stream, &eng.kernels);
+    let (d, e, n, k) = (cfg.d_model, cfg.d_inner(), cfg.d_state, cfg.d_conv);
+    let (h, cd, w) = (
+        cfg.num_heads(),
+        DecodeState::conv_dim(cfg),
+        ssd_in_width(cfg),
+    );
+    let (hp, kk) = (e / h.max(1), k - 1);
+    let wv = |range: &std::ops::Range<usize>| p.slice(range.clone());
+    kr.rmsnorm_fwd(
+        s,
+        &b.x.as_view(),
+        &wv(&lo.norm),
+        Store::F32(b.xn.as_view_mut()),
+        &mut b.rstd.as_view_mut(),
+        1,
+        d,
+        RMS_EPS,
+    )?;
+    eng.blas.gemm(
+        "decode in_proj",
+        1,
+        w,
+        d,
+        op(&b.xn.as_view(), d),
+        op_t(&wv(&lo.in_proj), d),
+        0.0,
+        &mut b.xz.as_view_mut(),
+        w,
+    )?;
+    dk.conv_step(
+        s,
+        &b.xz.slice(e..e + cd),
+        &wv(&lo.conv_w),
+        &wv(&lo.conv_b),
+        &mut conv.slice_mut(i * kk * cd..(i + 1) * kk * cd),
+        &mut b.u.as_view_mut(),
+        cd,
+        k,
+        filled,
+    )?;
+    kr.group_bcast(
+        s,
+        &b.xz.slice(e + cd..e + cd + h),
+        &mut b.dt_h.as_view_mut(),
+        GroupShape::dense(1, h, 1),
+    )?;
+    kr.dt_softplus(s, &mut b.dt_h.as_view_mut(), None, &wv(&lo.dt_bias), 1, h)?;
+    kr.group_bcast(
+        s,
+        &b.dt_h.as_view(),
+        &mut b.dt.as_view_mut(),
+        GroupShape::dense(1, h, hp),
+    )?;
+    let (u, dt, bc, a_log, dpar, z) = (
+        b.u.slice(..e),
+        b.dt.as_view(),
+        b.u.slice(e..e + 2 * n),
+        b.a_log_e.slice(i * e * n..(i + 1) * e * n),
+        b.d_e.slice(i * e..(i + 1) * e),
+        b.xz.slice(..e),
+    );
+    dk.scan_step(
+        s,
+        ScanStepInputs {
+            u: &u,
+            dt: &dt,
+            bc: &bc,
+            a_log: &a_log,
+            d: &dpar,
+            z: &z,
+        },
+        &mut ssm.slice_mut(i * e * n..(i + 1) * e * n),
+        &mut b.y.as_view_mut(),
+        &mut b.g.as_view_mut(),
+        e,
+        n,
+    )?;
+    kr.rmsnorm_fwd(
+        s,
+        &b.g.as_view(),
+        &wv(&lo.norm_gated),
+        Store::F32(b.gn.as_view_mut()),
+        &mut b.rstd.as_view_mut(),
+        1,
+        e,
+        RMS_EPS,
+    )?;
+    s.memcpy_dtod(&b.x, &mut b.x_next)
+        .map_err(|err| cuda(&format!("copying the residual of layer {i}"), err))?;
+    eng.blas.gemm(
+        "decode out_proj",
+        1,
+        d,
+        e,
+        op(&b.gn.as_view(), e),
+        op_t(&wv(&lo.out_proj), e),
+        1.0,
+        &mut b.x_next.as_view_mut(),
+        d,
+    )?;
+    std::mem::swap(&mut b.x, &mut b.x_next);
+    Ok(())
 }

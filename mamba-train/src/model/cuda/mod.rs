@@ -54,9 +54,9 @@
 //! `D` broadcast to the head's channels. Its activations stay f32 in every
 //! precision (the GEMMs take the precision), and its scan walks time
 //! sequentially, so it agrees with the CPU's chunked SSD within tolerance
-//! and its bits do not depend on `chunk_size`. A Mamba-2 model with
-//! several groups is refused, naming `--n-groups`; so is decoding one
-//! ([`CudaDecoder`]).
+//! and its bits do not depend on `chunk_size`; [`CudaDecoder`] decodes it
+//! too. A Mamba-2 model with several groups is refused, naming
+//! `--n-groups`.
 //!
 //! Memory: every block's activations are kept for the backward pass unless
 //! [`CudaModel::set_recompute`] (`--recompute`) keeps one block's and
