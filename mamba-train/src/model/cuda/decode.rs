@@ -235,36 +235,16 @@ impl CudaDecoder {
                 w(&lo.d),
                 b.xz.slice(e..),
             );
-            dk.scan_step(
-                s,
-                ScanStepInputs {
-                    u: &u,
-                    dt: &dt,
-                    bc: &bc,
-                    a_log: &a_log,
-                    d: &dpar,
-                    z: &z,
-                },
-                &mut ssm.slice_mut(i * e * n..(i + 1) * e * n),
-                &mut b.y.as_view_mut(),
-                &mut b.g.as_view_mut(),
-                e,
-                n,
-            )?;
-            s.memcpy_dtod(&b.x, &mut b.x_next)
-                .map_err(|err| cuda(&format!("copying the residual of layer {i}"), err))?;
-            let out_proj = w(&lo.out_proj);
-            eng.blas.gemm(
-                "decode out_proj",
-                1,
-                d,
-                e,
-                op(&b.g.as_view(), e),
-                op_t(&out_proj, e),
-                1.0,
-                &mut b.x_next.as_view_mut(),
-                d,
-            )?;
+            let inputs = ScanStepInputs {
+                u: &u,
+                dt: &dt,
+                bc: &bc,
+                a_log: &a_log,
+                d: &dpar,
+                z: &z,
+            };
+            scan_step(dk, s, inputs, ssm, (&mut b.y, &mut b.g), (i, e, n))?;
+            residual_out_proj(model, (&b.x, &mut b.x_next), &b.g, &w(&lo.out_proj), i)?;
             std::mem::swap(&mut b.x, &mut b.x_next);
         }
         kr.rmsnorm_fwd(
@@ -464,22 +444,15 @@ fn ssd_layer_step(
         b.d_e.slice(i * e..(i + 1) * e),
         b.xz.slice(..e),
     );
-    dk.scan_step(
-        s,
-        ScanStepInputs {
-            u: &u,
-            dt: &dt,
-            bc: &bc,
-            a_log: &a_log,
-            d: &dpar,
-            z: &z,
-        },
-        &mut ssm.slice_mut(i * e * n..(i + 1) * e * n),
-        &mut b.y.as_view_mut(),
-        &mut b.g.as_view_mut(),
-        e,
-        n,
-    )?;
+    let inputs = ScanStepInputs {
+        u: &u,
+        dt: &dt,
+        bc: &bc,
+        a_log: &a_log,
+        d: &dpar,
+        z: &z,
+    };
+    scan_step(dk, s, inputs, ssm, (&mut b.y, &mut b.g), (i, e, n))?;
     kr.rmsnorm_fwd(
         s,
         &b.g.as_view(),
@@ -490,19 +463,59 @@ fn ssd_layer_step(
         e,
         RMS_EPS,
     )?;
-    s.memcpy_dtod(&b.x, &mut b.x_next)
+    residual_out_proj(model, (&b.x, &mut b.x_next), &b.gn, &wv(&lo.out_proj), i)?;
+    std::mem::swap(&mut b.x, &mut b.x_next);
+    Ok(())
+}
+
+/// Layer `i`'s scan step of either architecture: advances its slice of
+/// the SSM state `ssm` (`[n_layer, e, n]`) and writes `y` and the gated
+/// output `g`.
+fn scan_step(
+    dk: &DecodeKernels,
+    s: &cudarc::driver::CudaStream,
+    inputs: ScanStepInputs<'_>,
+    ssm: &mut CudaSlice<f32>,
+    (y, g): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    (i, e, n): (usize, usize, usize),
+) -> Result<()> {
+    dk.scan_step(
+        s,
+        inputs,
+        &mut ssm.slice_mut(i * e * n..(i + 1) * e * n),
+        &mut y.as_view_mut(),
+        &mut g.as_view_mut(),
+        e,
+        n,
+    )?;
+    Ok(())
+}
+
+/// A layer's output, either architecture: `x_next = x + input . W_out^T`
+/// (`input` is out_proj's input row, `d_inner` wide; layer `i` names a
+/// failed copy).
+fn residual_out_proj(
+    model: &CudaModel,
+    (x, x_next): (&CudaSlice<f32>, &mut CudaSlice<f32>),
+    input: &CudaSlice<f32>,
+    w_out: &cudarc::driver::CudaView<'_, f32>,
+    i: usize,
+) -> Result<()> {
+    let (d, e) = (model.cfg.d_model, model.cfg.d_inner());
+    let eng = &model.engine;
+    eng.stream
+        .memcpy_dtod(x, x_next)
         .map_err(|err| cuda(&format!("copying the residual of layer {i}"), err))?;
     eng.blas.gemm(
         "decode out_proj",
         1,
         d,
         e,
-        op(&b.gn.as_view(), e),
-        op_t(&wv(&lo.out_proj), e),
+        op(&input.as_view(), e),
+        op_t(w_out, e),
         1.0,
-        &mut b.x_next.as_view_mut(),
+        &mut x_next.as_view_mut(),
         d,
     )?;
-    std::mem::swap(&mut b.x, &mut b.x_next);
     Ok(())
 }

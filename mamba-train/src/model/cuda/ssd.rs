@@ -139,6 +139,40 @@ impl ChannelOps<'_> {
     }
 }
 
+/// Views of one block's scan inputs: the per-channel operands and the B, C
+/// columns of its conv output `uc` (from column `d_inner` on).
+struct ScanViews<'a> {
+    u: CudaView<'a, f32>,
+    dt: CudaView<'a, f32>,
+    bc: CudaView<'a, f32>,
+    a_log: CudaView<'a, f32>,
+    d: CudaView<'a, f32>,
+}
+
+impl<'a> ScanViews<'a> {
+    fn of(ops: &'a ChannelOps<'_>, uc: &'a CudaSlice<f32>, d_inner: usize) -> Self {
+        ScanViews {
+            u: ops.u_x.as_view(),
+            dt: ops.dt_e.as_view(),
+            bc: uc.slice(d_inner..),
+            a_log: ops.a_log_e.as_view(),
+            d: ops.d_e.as_view(),
+        }
+    }
+
+    /// The scan's inputs, B and C rows `ldbc` (the conv channels) apart.
+    fn inputs(&self, ldbc: usize) -> ScanInputs<'_> {
+        ScanInputs {
+            u: Stored::F32(&self.u),
+            dt: Stored::F32(&self.dt),
+            bc: &self.bc,
+            ldbc,
+            a_log: &self.a_log,
+            d: &self.d,
+        }
+    }
+}
+
 /// Every Mamba-2 block's forward pass over `ws.resid`, leaving what the
 /// backward reads (as [`super::forward::forward`] does for Mamba-1).
 pub(super) fn forward_blocks(
@@ -260,25 +294,12 @@ fn block_forward(
     kr.dt_softplus(s, &mut a.dt.as_view_mut(), None, &wv(&lo.dt_bias), m, h)?;
     ops.make(e, lo, p, dm, (&a.uc, &a.dt))?;
 
-    let (u, dt, bc, a_log, dpar) = (
-        ops.u_x.as_view(),
-        ops.dt_e.as_view(),
-        a.uc.slice(di..),
-        ops.a_log_e.as_view(),
-        ops.d_e.as_view(),
-    );
+    let views = ScanViews::of(ops, &a.uc, di);
     let z = a.zx.as_view();
     kr.scan_forward(
         s,
         shape,
-        ScanInputs {
-            u: Stored::F32(&u),
-            dt: Stored::F32(&dt),
-            bc: &bc,
-            ldbc: cd,
-            a_log: &a_log,
-            d: &dpar,
-        },
+        views.inputs(cd),
         ScanForward {
             z: Stored::F32(&z),
             ldz: w,
@@ -500,19 +521,13 @@ pub(super) fn backward_blocks(
 
         // The scan, per channel, and its per-head sums.
         ops.make(e, lo, p, dm, (&a.uc, &a.dt))?;
-        let (u, dt, bc, a_log, dpar) = (
-            ops.u_x.as_view(),
-            ops.dt_e.as_view(),
-            a.uc.slice(di..),
-            ops.a_log_e.as_view(),
-            ops.d_e.as_view(),
-        );
+        let views = ScanViews::of(&ops, &a.uc, di);
         kr.colsum(
             s,
             ColSum::Product {
                 a: &dy.as_view(),
                 lda: di,
-                b: Stored::F32(&u),
+                b: Stored::F32(&views.u),
                 ldb: di,
             },
             m,
@@ -525,14 +540,7 @@ pub(super) fn backward_blocks(
         kr.scan_backward(
             s,
             shape,
-            ScanInputs {
-                u: Stored::F32(&u),
-                dt: Stored::F32(&dt),
-                bc: &bc,
-                ldbc: cd,
-                a_log: &a_log,
-                d: &dpar,
-            },
+            views.inputs(cd),
             ScanBackward {
                 dy: &dy.as_view(),
                 hin: &a.hin.as_view(),
