@@ -597,8 +597,9 @@ fn mamba2_on_one_gpu_learns_repeats_its_bits_and_keeps_them_without_the_graph() 
     assert!(e.contains("--n-groups"), "{e}");
 
     // The trained checkpoint decodes on the GPU (the same greedy
-    // continuation twice; the CPU's decoder, within rounding, gives the
-    // same tokens on a model this small) and evaluates there.
+    // continuation twice; the CPU decoder's continuation is printed beside
+    // it, not asserted: the two agree only within rounding, see
+    // cuda_decode.rs) and evaluates there.
     let ck = dir.path().join("a");
     let ck = ck.to_str().unwrap();
     let cli = |args: &[&str]| {

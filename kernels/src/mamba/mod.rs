@@ -1,4 +1,6 @@
-//! Typed launchers for the Mamba-1 model kernels (`kernels/cuda/mamba_*.cu`).
+//! Typed launchers for the Mamba model kernels (`kernels/cuda/mamba_*.cu`):
+//! Mamba-1's, which Mamba-2 also runs, and Mamba-2's per-head moves
+//! ([`heads`]).
 //!
 //! [`MambaKernels::load`] loads the three modules of one context
 //! (`mamba_ops`, `mamba_scan`, `mamba_optim`); its methods enqueue kernels on

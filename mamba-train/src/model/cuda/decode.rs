@@ -18,6 +18,12 @@
 //! `A`, `D` broadcast to channels for Mamba-1's scan step (its SSM state
 //! `[d_inner, d_state]` per layer is the CPU's per-head `[head_dim,
 //! d_state]` matrices in head order), and the gated RMSNorm.
+//!
+//! Over 450 lines: one decoder, its buffers and the step of each
+//! architecture's layer, which share the scan step and the residual +
+//! out_proj helpers at the end of the file; splitting by architecture
+//! would put those shared pieces and the one buffer struct in a third
+//! file for no reader's gain.
 
 use cudarc::driver::CudaSlice;
 use kernels::mamba::heads::GroupShape;

@@ -299,7 +299,8 @@ impl CudaModel {
     /// [`Self::set_bf16_copies`] this changes values (one more bf16
     /// rounding of each), so the two settings give different bits, each
     /// deterministic; the checkpoint's precision is `bf16` either way. A
-    /// model with an odd `d_inner` keeps them in f32. No effect in the
+    /// model with an odd `d_inner`, and every Mamba-2 model, keeps them in
+    /// f32. No effect in the
     /// other precisions. The workspace is rebuilt at the next pass.
     pub fn set_bf16_acts(&mut self, on: bool) {
         self.set_options(WorkspaceOptions {

@@ -37,6 +37,12 @@
 //! d dt_bias = colsum(d dt_raw)               duc = du | dB dC
 //! conv backward -> dx dB dC of zx, d conv   dW_in, dxn   pre-norm backward
 //! ```
+//!
+//! Over 450 lines: one concept, the Mamba-2 block's forward and backward,
+//! which must stay in step (the backward remakes the forward's per-channel
+//! operands and gated norm with the same calls, `ChannelOps::make` and
+//! `ScanViews`, shared by both); split, the two halves of one block's
+//! buffer contract would sit in two files.
 
 use cudarc::driver::{CudaSlice, CudaView};
 use kernels::mamba::heads::GroupShape;

@@ -294,7 +294,9 @@ pub(crate) struct Workspace {
     pub xn_of: Option<usize>,
     /// One block's gated output `y SiLU(z)` `[rows, d_inner]` (out_proj's
     /// input; bf16 alone in bf16 runs): the forward's scan writes it, the
-    /// gate's backward writes it again (module docs).
+    /// gate's backward writes it again (module docs). In a Mamba-2
+    /// workspace it holds out_proj's input too, the gated norm's output,
+    /// remade in the backward from the kept `SsdActs::g`.
     pub g: ActBuf,
     /// Final norm's 1/rms `[rows]` and output `[rows, d_model]`.
     pub rstd_f: CudaSlice<f32>,
