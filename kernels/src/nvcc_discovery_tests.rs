@@ -174,6 +174,7 @@ fn flags_are_deterministic_and_cover_the_architectures() {
         ("a_new_kernel_file", "--fmad=false"),
         ("mamba_ops", "--fmad=true"),
         ("mamba_scan", "--fmad=true"),
+        ("mamba_ssd", "--fmad=true"),
         ("mamba_decode", "--fmad=true"),
     ] {
         let flags = flags_of(module);

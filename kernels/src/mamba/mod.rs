@@ -35,6 +35,9 @@ pub mod scan;
 #[cfg(test)]
 mod scan_emu_tests;
 mod scan_shape;
+pub mod ssd;
+#[cfg(test)]
+mod ssd_emu_tests;
 pub mod store;
 pub mod tokens;
 
@@ -54,6 +57,9 @@ pub use reductions::{ColSum, LogitGrad, LossScale};
 pub use scan::{
     ScanBackward, ScanForward, ScanInputs, ScanShape, MAX_D_STATE, SCAN_CHUNK, SEGMENT_CHUNKS,
 };
+pub use ssd::{
+    SsdBackward, SsdForward, SsdInputs, SsdScratch, SsdScratchLens, SsdShape, SSD_CHUNK,
+};
 pub use store::{Store, Stored};
 pub use tokens::{DeviceTokenCsr, TokenCsr};
 
@@ -70,13 +76,13 @@ pub const COL_SLAB: usize = 256;
 #[derive(Debug, Clone)]
 pub struct MambaKernels {
     ctx: Arc<CudaContext>,
-    modules: [Arc<CudaModule>; 3],
+    modules: [Arc<CudaModule>; 4],
     f: Functions,
 }
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 25] = [
+const SYMBOLS: [(usize, &str); 34] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -102,6 +108,15 @@ const SYMBOLS: [(usize, &str); 25] = [
     (1, "mamba_scan_seg_link"),
     (2, "mamba_adamw"),
     (2, "mamba_sumsq_chunks"),
+    (3, "mamba_ssd_cumsum"),
+    (3, "mamba_ssd_chunk_state"),
+    (3, "mamba_ssd_state_pass"),
+    (3, "mamba_ssd_chunk_out"),
+    (3, "mamba_ssd_bwd_qq"),
+    (3, "mamba_ssd_bwd_dx"),
+    (3, "mamba_ssd_bwd_dbc"),
+    (3, "mamba_ssd_bwd_dt"),
+    (3, "mamba_ssd_dalog"),
 ];
 
 #[derive(Debug, Clone)]
@@ -131,11 +146,20 @@ struct Functions {
     scan_seg_link: CudaFunction,
     adamw: CudaFunction,
     sumsq_chunks: CudaFunction,
+    ssd_cumsum: CudaFunction,
+    ssd_chunk_state: CudaFunction,
+    ssd_state_pass: CudaFunction,
+    ssd_chunk_out: CudaFunction,
+    ssd_bwd_qq: CudaFunction,
+    ssd_bwd_dx: CudaFunction,
+    ssd_bwd_dbc: CudaFunction,
+    ssd_bwd_dt: CudaFunction,
+    ssd_dalog: CudaFunction,
 }
 
 impl MambaKernels {
     /// Module names (`kernels/cuda/<name>.cu`).
-    pub const MODULES: [&'static str; 3] = ["mamba_ops", "mamba_scan", "mamba_optim"];
+    pub const MODULES: [&'static str; 4] = ["mamba_ops", "mamba_scan", "mamba_optim", "mamba_ssd"];
 
     /// Load the three Mamba modules into `ctx` and look up every kernel.
     ///
@@ -147,6 +171,7 @@ impl MambaKernels {
             load_module(ctx, Self::MODULES[0])?,
             load_module(ctx, Self::MODULES[1])?,
             load_module(ctx, Self::MODULES[2])?,
+            load_module(ctx, Self::MODULES[3])?,
         ];
         let mut found = Vec::with_capacity(SYMBOLS.len());
         for &(m, symbol) in SYMBOLS.iter() {
@@ -190,6 +215,15 @@ impl MambaKernels {
             scan_seg_link: next()?,
             adamw: next()?,
             sumsq_chunks: next()?,
+            ssd_cumsum: next()?,
+            ssd_chunk_state: next()?,
+            ssd_state_pass: next()?,
+            ssd_chunk_out: next()?,
+            ssd_bwd_qq: next()?,
+            ssd_bwd_dx: next()?,
+            ssd_bwd_dbc: next()?,
+            ssd_bwd_dt: next()?,
+            ssd_dalog: next()?,
         };
         // The scan kernels take their staging buffers as dynamic shared
         // memory, above the 48 KiB a launch gets without opting in.
@@ -224,7 +258,7 @@ impl MambaKernels {
     }
 
     /// The loaded modules, in [`Self::MODULES`] order.
-    pub fn modules(&self) -> &[Arc<CudaModule>; 3] {
+    pub fn modules(&self) -> &[Arc<CudaModule>; 4] {
         &self.modules
     }
 

@@ -14,12 +14,12 @@ use std::process::Command;
 
 use super::scan_shape::{BLOCK, LANE_STATES, RED_STEPS};
 
-fn compiler() -> String {
+pub(super) fn compiler() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
 }
 
 /// `Err(reason)` when `cxx` cannot compile C++20 with `<barrier>`.
-fn probe(cxx: &str, dir: &Path) -> Result<(), String> {
+pub(super) fn probe(cxx: &str, dir: &Path) -> Result<(), String> {
     let src = dir.join("probe.cpp");
     std::fs::write(
         &src,
@@ -45,41 +45,57 @@ fn probe(cxx: &str, dir: &Path) -> Result<(), String> {
     }
 }
 
-/// Compile the check (with `-DEMU_NEGATIVE=negative`) and run it: (exit
-/// status success, stdout).
-fn build_and_run(cxx: &str, dir: &Path, negative: bool) -> (bool, String) {
+/// Compile `kernels/emu/<check>.cpp` (the kernels it includes under the
+/// emulator) with `-D<name>=<value>` for each define, and run it: (exit
+/// status success, stdout). Shared with the SSD kernels' check.
+pub(super) fn compile_and_run(
+    cxx: &str,
+    dir: &Path,
+    check: &str,
+    defines: &[(&str, usize)],
+) -> (bool, String) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let exe = dir.join(if negative {
-        "scan_check_neg"
-    } else {
-        "scan_check"
-    });
+    let tag: String = defines.iter().map(|(k, v)| format!("_{k}{v}")).collect();
+    let exe = dir.join(format!("{check}{tag}"));
     let out = Command::new(cxx)
         .args(["-std=c++20", "-O2", "-pthread", "-DMAMBA_CUDA_EMU"])
-        .arg(format!("-DEMU_BLOCK={BLOCK}"))
-        .arg(format!("-DEMU_LANE_STATES={LANE_STATES}"))
-        .arg(format!("-DEMU_RED_STEPS={RED_STEPS}"))
-        .arg(format!("-DEMU_NEGATIVE={}", u8::from(negative)))
+        .args(defines.iter().map(|(k, v)| format!("-D{k}={v}")))
         .arg("-I")
         .arg(root.join("cuda"))
         .arg("-I")
         .arg(root.join("emu"))
         .args(["-include", "cuda_emu.h", "-x", "c++"])
-        .arg(root.join("emu/scan_check.cpp"))
+        .arg(root.join(format!("emu/{check}.cpp")))
         .arg("-o")
         .arg(&exe)
         .output()
         .expect("run the C++ compiler");
     assert!(
         out.status.success(),
-        "compiling the emulated scan check failed:\n{}",
+        "compiling the emulated {check} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let run = Command::new(&exe)
         .output()
-        .expect("run the emulated scan check");
+        .unwrap_or_else(|e| panic!("run the emulated {check}: {e}"));
     let text = String::from_utf8_lossy(&run.stdout).into_owned();
     (run.status.success(), text)
+}
+
+/// The scan check with the launch geometry of `scan_shape.rs` and
+/// `-DEMU_NEGATIVE=negative`.
+fn build_and_run(cxx: &str, dir: &Path, negative: bool) -> (bool, String) {
+    compile_and_run(
+        cxx,
+        dir,
+        "scan_check",
+        &[
+            ("EMU_BLOCK", BLOCK),
+            ("EMU_LANE_STATES", LANE_STATES),
+            ("EMU_RED_STEPS", RED_STEPS),
+            ("EMU_NEGATIVE", usize::from(negative)),
+        ],
+    )
 }
 
 #[test]

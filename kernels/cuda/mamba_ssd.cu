@@ -1,0 +1,660 @@
+// The Mamba-2 scan by state-space duality (SSD), chunked, forward and
+// backward: the algorithm of the CPU reference
+// (mamba-train/src/model/cpu/mamba2/ssd.rs, whose docs derive it), cut into
+// kernels that each own one kind of output, so every sum is one thread's
+// serial loop or a fixed butterfly and no kernel needs an atomic.
+//
+// Per sequence b and head h (group g = h / hpg; head_dim P, state N, chunk
+// length kQ, the last chunk of a sequence shorter when kQ does not divide
+// T), within a chunk starting at t0 with a_i = dt_i A (A = -exp(A_log[h])):
+//   s_i    = a_0 + ... + a_i                     (mamba_ssd_cumsum)
+//   L_ij   = exp(s_i - s_j), j <= i;  cb_ij = C_i . B_j
+//   y_i[p] = (sum_{j<=i} (L_ij cb_ij dt_j) x_j[p]
+//             + exp(s_i) sum_n C_i[n] H[p][n]) + D x_i[p]   (mamba_ssd_chunk_out)
+//   S[p][n] = sum_j (exp(s_last - s_j) dt_j x_j[p]) B_j[n]    (mamba_ssd_chunk_state)
+//   H_{c+1} = exp(s_last) H_c + S_c, H_0 = 0                  (mamba_ssd_state_pass)
+// with H the chunk's entry state. The backward recomputes s and the entry
+// states (nothing of the scan is kept from the forward but y), then
+//   dH_c = exp(s_last_c) dH_{c+1} + sum_i exp(s_i) dy_i C_i^T, dS_c = dH_{c+1}
+// (mamba_ssd_chunk_state in its backward mode, then the state pass in
+// reverse), and per chunk
+//   dx_j  = sum_{i>=j} M_ij dy_i + e_j (dS B_j) + D dy_j,  M_ij = L_ij cb_ij dt_j,
+//           e_j = exp(s_last - s_j) dt_j                      (mamba_ssd_bwd_dx)
+//   dB_j  = sum_h [sum_{i>=j} P_ij C_i + e_j (x_j^T dS)]       (mamba_ssd_bwd_dbc)
+//   dC_i  = sum_h [sum_{j<=i} P_ij B_j + exp(s_i) (dy_i^T H)],
+//           P_ij = (L_ij dt_j) (dy_i . x_j)
+//   d dt_j = sum_{i>=j} L_ij cb_ij (dy_i . x_j) + exp(s_last - s_j) x_j^T dS B_j
+//            + A da_j,  da_k = sum_{i>=k} ds_i                 (mamba_ssd_bwd_dt)
+// where ds_i is the gradient of s_i: the row sum minus the column sum of
+// w_ij = M_ij (dy_i . x_j) (mamba_ssd_bwd_qq), plus exp(s_i) dy_i . (H C_i),
+// minus exp(s_last - s_i) dt_i x_i^T dS B_i, and, at the last token, the
+// sum of those state terms plus exp(s_last) <dS, H>. dA_log = A sum over
+// chunks of sum_k da_k dt_k (mamba_ssd_dalog). The group sums of dB and dC
+// run over the group's heads in ascending order inside one thread.
+//
+// Layout: activations are row-major [M, .], row m = b*T + t. The conv
+// output holds x (columns h*P + p), B (b_off + g*N + n) and C (c_off + g*N
+// + n) with leading dimension ldu; dt and s are [M, H]; y, dy and the gate
+// are [M, H*P]; the chunk states are [B*nc][H][P][N]; the Q x Q matrices M
+// and P are [B*nc][H][kQ][kQ] (zero outside j <= i < q).
+//
+// Tiles: the Q x Q and Q x P products give each of 256 threads a 4 x 4
+// register tile (rows 4*(tid/16) + a, columns tid%16 + 16*k), fed from
+// shared-memory tiles of kTk contraction steps padded by one column against
+// bank conflicts; the contraction is serial in ascending order per output.
+// Zero padding past a chunk's length or a tile's edge adds exact zeros.
+//
+// Determinism: no atomics; every output is one thread's serial sum, or a
+// fixed xor butterfly (group_sum) then a serial sum over warps, in an order
+// that depends on the shapes alone. The chunk length is the constant kQ,
+// not the model's chunk_size, so the bits do not depend on chunk_size.
+// The file is built with --fmad=true (kernels/build/nvcc.rs): its contract
+// is a tolerance against the CPU reference (tests/cuda_mamba2.rs) and the
+// emulated check against a sequential f64 oracle (kernels/emu/ssd_check.cpp).
+#include "mamba_common.cuh"
+
+using namespace mamba;
+
+namespace {
+
+// Chunk length: the Q x Q blocks' size (SsdShape::CHUNK on the host).
+constexpr int kQ = 64;
+// Threads of every per-chunk block (SsdShape's launches use it).
+constexpr int kThreads = 256;
+// Contraction steps per shared-memory tile of the register-tiled products.
+constexpr int kTk = 16;
+constexpr int kTkPad = kTk + 1;
+// Output columns (p) per pass of the Q x P products.
+constexpr int kTp = 64;
+// chunk_state's output tile: kSp channels x kSn states.
+constexpr int kSp = 32;
+constexpr int kSn = 64;
+// bwd_dbc: states per block, channels per staged tile.
+constexpr int kDn = 32;
+constexpr int kDp = 16;
+// Chunks whose loads mamba_ssd_state_pass issues before walking them.
+constexpr int kPass = 8;
+
+struct Chunk {
+    long long m0;  // first row of the chunk
+    int t0;        // first token within the sequence
+    int q;         // tokens in the chunk (1..kQ)
+    int last_row;  // m0 + q - 1 as an offset from m0
+};
+
+__device__ __forceinline__ Chunk chunk_of(int bc, int nc, int T) {
+    const int b = bc / nc, c = bc % nc;
+    Chunk k;
+    k.t0 = c * kQ;
+    k.q = min(kQ, T - k.t0);
+    k.m0 = (long long)b * T + k.t0;
+    k.last_row = k.q - 1;
+    return k;
+}
+
+// acc[a][k] = sum over kk < K (ascending) of A[r_a][kk] * Bm[r_k][kk],
+// r_a = 4*(tid/16) + a, r_k = tid%16 + 16*k, where A has qa rows lda apart
+// and Bm qb rows ldb apart (both already offset to their first column);
+// rows past qa / qb and steps past K read as 0. sA, sB: kQ * kTkPad floats
+// each. Every thread of the block must call it (it synchronises).
+__device__ __forceinline__ void rows_product(float acc[4][4], const float* __restrict__ A,
+                                             long long lda, int qa,
+                                             const float* __restrict__ Bm, long long ldb, int qb,
+                                             int K, float* sA, float* sB) {
+    const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[a][k] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += kTk) {
+        for (int idx = tid; idx < kQ * kTk; idx += kThreads) {
+            const int r = idx / kTk, kk = idx % kTk;
+            const bool in_k = k0 + kk < K;
+            sA[r * kTkPad + kk] = (r < qa && in_k) ? A[r * lda + k0 + kk] : 0.0f;
+            sB[r * kTkPad + kk] = (r < qb && in_k) ? Bm[r * ldb + k0 + kk] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kTk; ++kk) {
+            float av[4], bv[4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) av[a] = sA[(4 * ti + a) * kTkPad + kk];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) bv[k] = sB[(tj + 16 * k) * kTkPad + kk];
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) acc[a][k] = acc[a][k] + av[a] * bv[k];
+        }
+        __syncthreads();
+    }
+}
+
+// s and dt of one (chunk, head) into shared memory (zeros past q).
+__device__ __forceinline__ void stage_s_dt(const float* __restrict__ s,
+                                           const float* __restrict__ dt, const Chunk& ck,
+                                           int H, int h, float* ss, float* sdt) {
+    const int tid = threadIdx.x;
+    if (tid < kQ) {
+        const bool in = tid < ck.q;
+        ss[tid] = in ? s[(ck.m0 + tid) * H + h] : 0.0f;
+        sdt[tid] = in ? dt[(ck.m0 + tid) * H + h] : 0.0f;
+    }
+}
+
+// M_ij = exp(s_i - s_j) cb_ij dt_j of this thread's 4 x 4 tile, 0 outside
+// j <= i < q: the diagonal block's weights (forward and backward alike).
+__device__ __forceinline__ float weight_m(float cb, const float* ss, const float* sdt, int i,
+                                          int j, int q) {
+    return (j <= i && i < q) ? (expf(ss[i] - ss[j]) * cb) * sdt[j] : 0.0f;
+}
+
+}  // namespace
+
+// s[m, h] = a_0 + ... + a_i within each chunk (ascending), a = dt A.
+// One thread per (chunk, head): nbc * H threads, block kThreads.
+extern "C" __global__ void mamba_ssd_cumsum(const float* __restrict__ dt,
+                                            const float* __restrict__ a_log,
+                                            float* __restrict__ s, int T, int H, int nc,
+                                            int nbc) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)nbc * H) return;
+    const int h = (int)(i % H), bc = (int)(i / H);
+    const Chunk ck = chunk_of(bc, nc, T);
+    const float A = -expf(a_log[h]);
+    float acc = 0.0f;
+    for (int k = 0; k < ck.q; ++k) {
+        const long long r = (ck.m0 + k) * H + h;
+        acc = acc + dt[r] * A;
+        s[r] = acc;
+    }
+}
+
+// out[bc][h][p][n] = sum_j (w_j X_j[p]) Y_j[n], j ascending over the chunk:
+//   mode 0 (the chunk's state S): X = x, Y = B, w_j = exp(s_last - s_j) dt_j;
+//   mode 1 (its output gradient's share of dH): X = dy, Y = C, w_j = exp(s_j).
+// X columns h*P + p (leading dimension ldx), Y columns y_off + g*N + n (ldy).
+// grid (nbc, H, ceil(P / kSp) * ceil(N / kSn)), block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    mamba_ssd_chunk_state(const float* __restrict__ X, long long ldx,
+                          const float* __restrict__ Y, long long ldy, int y_off,
+                          const float* __restrict__ dt, const float* __restrict__ s,
+                          float* __restrict__ out, int T, int H, int P, int N, int hpg, int nc,
+                          int mode) {
+    __shared__ float sX[kQ * kSp];
+    __shared__ float sY[kQ * kSn];
+    __shared__ float sw[kQ];
+    __shared__ float ss[kQ], sdt[kQ];
+    const int bc = blockIdx.x, h = blockIdx.y;
+    const int tiles_n = (N + kSn - 1) / kSn;
+    const int p0 = (blockIdx.z / tiles_n) * kSp, n0 = (blockIdx.z % tiles_n) * kSn;
+    const int g = h / hpg;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const int tid = threadIdx.x;
+    stage_s_dt(s, dt, ck, H, h, ss, sdt);
+    __syncthreads();
+    if (tid < ck.q) {
+        sw[tid] = mode == 0 ? expf(ss[ck.last_row] - ss[tid]) * sdt[tid] : expf(ss[tid]);
+    }
+    __syncthreads();
+    for (int idx = tid; idx < ck.q * kSp; idx += kThreads) {
+        const int j = idx / kSp, pp = idx % kSp;
+        sX[idx] = p0 + pp < P ? sw[j] * X[(ck.m0 + j) * ldx + h * P + p0 + pp] : 0.0f;
+    }
+    for (int idx = tid; idx < ck.q * kSn; idx += kThreads) {
+        const int j = idx / kSn, nn = idx % kSn;
+        sY[idx] = n0 + nn < N ? Y[(ck.m0 + j) * ldy + y_off + g * N + n0 + nn] : 0.0f;
+    }
+    __syncthreads();
+    const int tp = tid / 16, tn = tid % 16;
+    float acc[2][4] = {};
+    for (int j = 0; j < ck.q; ++j) {
+        const float x0 = sX[j * kSp + 2 * tp], x1 = sX[j * kSp + 2 * tp + 1];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float yv = sY[j * kSn + tn + 16 * k];
+            acc[0][k] = acc[0][k] + x0 * yv;
+            acc[1][k] = acc[1][k] + x1 * yv;
+        }
+    }
+    float* o = out + ((long long)bc * H + h) * P * N;
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+        const int p = p0 + 2 * tp + a;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int n = n0 + tn + 16 * k;
+            if (p < P && n < N) o[(long long)p * N + n] = acc[a][k];
+        }
+    }
+}
+
+// The pass of states between chunks, in place over st ([B*nc][H][P*N]):
+// forward (reverse = 0) st[c] becomes the entry state H_c (H_0 = 0) from
+// the chunk states S_c; reverse (1), st[c] becomes dS_c = dH_{c+1} (0 for
+// the last chunk) from the output gradients' shares. Both are
+// carry = exp(s_last_c) carry + st[c] after storing the carry, c in the
+// pass's order. One thread per (b, h, p*N + n): B * H * P * N threads.
+// The walk is serial in c, but its loads are not: each round of kPass
+// chunks loads every value and decay first (kPass loads in flight a
+// thread, where one at a time left the pass latency-bound at ~170 GB/s),
+// then runs the same chain of operations in the same order.
+extern "C" __global__ void mamba_ssd_state_pass(float* __restrict__ st,
+                                                const float* __restrict__ s, int T, int H,
+                                                long long PN, int nc, int nbatch, int reverse) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)nbatch * H * PN) return;
+    const long long e = i % PN, bh = i / PN;
+    const int h = (int)(bh % H), b = (int)(bh / H);
+    float carry = 0.0f;
+    for (int step0 = 0; step0 < nc; step0 += kPass) {
+        float v[kPass], decay[kPass];
+#pragma unroll
+        for (int k = 0; k < kPass; ++k) {
+            const int step = step0 + k;
+            if (step < nc) {
+                const int c = reverse ? nc - 1 - step : step;
+                v[k] = st[(((long long)b * nc + c) * H + h) * PN + e];
+                const int last = min(T, (c + 1) * kQ) - 1;
+                decay[k] = expf(s[((long long)b * T + last) * H + h]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < kPass; ++k) {
+            const int step = step0 + k;
+            if (step < nc) {
+                const int c = reverse ? nc - 1 - step : step;
+                st[(((long long)b * nc + c) * H + h) * PN + e] = carry;
+                carry = decay[k] * carry + v[k];
+            }
+        }
+    }
+}
+
+// y = the chunk's output (module docs) and gate = y SiLU(z) ([M, H*P];
+// z's columns h*P + p with leading dimension ldz), from the entry states st.
+// grid (nbc, H), block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    mamba_ssd_chunk_out(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                        const float* __restrict__ dt, const float* __restrict__ s,
+                        const float* __restrict__ dpar, const float* __restrict__ st,
+                        const float* __restrict__ z, long long ldz, float* __restrict__ y,
+                        float* __restrict__ gate, int T, int H, int P, int N, int hpg, int nc) {
+    __shared__ float sA[kQ * kTkPad], sB[kQ * kTkPad];
+    __shared__ float sM[kQ * (kQ + 1)];
+    __shared__ float sX[kQ * kTp];
+    __shared__ float ss[kQ], sdt[kQ];
+    const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
+    const long long E = (long long)H * P;
+    stage_s_dt(s, dt, ck, H, h, ss, sdt);
+    const float* rows = xbc + ck.m0 * ldu;
+    float acc[4][4];
+    rows_product(acc, rows + c_off + g * N, ldu, ck.q, rows + b_off + g * N, ldu, ck.q, N, sA,
+                 sB);
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int i = 4 * ti + a, j = tj + 16 * k;
+            sM[i * (kQ + 1) + j] = weight_m(acc[a][k], ss, sdt, i, j, ck.q);
+        }
+    const float dh = dpar[h];
+    const float* hst = st + ((long long)bc * H + h) * P * N;
+    for (int p0 = 0; p0 < P; p0 += kTp) {
+        __syncthreads();
+        for (int idx = tid; idx < kQ * kTp; idx += kThreads) {
+            const int j = idx / kTp, pp = idx % kTp;
+            sX[idx] = (j < ck.q && p0 + pp < P) ? rows[j * ldu + h * P + p0 + pp] : 0.0f;
+        }
+        __syncthreads();
+        float yd[4][4] = {};
+        const int jend = min(ck.q, 4 * ti + 4);
+        for (int j = 0; j < jend; ++j) {
+            float xv[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) xv[k] = sX[j * kTp + tj + 16 * k];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                const float m = sM[(4 * ti + a) * (kQ + 1) + j];
+#pragma unroll
+                for (int k = 0; k < 4; ++k) yd[a][k] = yd[a][k] + m * xv[k];
+            }
+        }
+        float off[4][4];
+        rows_product(off, rows + c_off + g * N, ldu, ck.q, hst + (long long)p0 * N, N,
+                     min(kTp, P - p0), N, sA, sB);
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const int i = 4 * ti + a;
+            if (i >= ck.q) continue;
+            const float es = expf(ss[i]);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int pp = tj + 16 * k;
+                if (p0 + pp >= P) continue;
+                const float yv = (yd[a][k] + es * off[a][k]) + dh * sX[i * kTp + pp];
+                const long long r = ck.m0 + i;
+                const long long col = (long long)h * P + p0 + pp;
+                y[r * E + col] = yv;
+                gate[r * E + col] = gate_out(yv, z[r * ldz + col]);
+            }
+        }
+    }
+}
+
+// The backward's Q x Q quantities of one (chunk, head): Mq = M (the
+// diagonal block's weights) and Pq = P_ij = (L_ij dt_j)(dy_i . x_j)
+// ([nbc][H][kQ][kQ]); ds_in[m, h] = sum_{j<=i} w_ij - sum_{k>=i} w_ki with
+// w = M (dy . x) (both ascending); ddt_in[m, h] = sum_{i>=j} L_ij cb_ij
+// (dy_i . x_j) (ascending i). dy is [M, H*P]. grid (nbc, H), block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    mamba_ssd_bwd_qq(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                     const float* __restrict__ dt, const float* __restrict__ s,
+                     const float* __restrict__ dy, float* __restrict__ Mq,
+                     float* __restrict__ Pq, float* __restrict__ ds_in,
+                     float* __restrict__ ddt_in, int T, int H, int P, int N, int hpg, int nc) {
+    __shared__ float sA[kQ * kTkPad], sB[kQ * kTkPad];
+    __shared__ float sW[kQ * (kQ + 1)], sV[kQ * (kQ + 1)];
+    __shared__ float ss[kQ], sdt[kQ];
+    const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
+    const long long E = (long long)H * P;
+    stage_s_dt(s, dt, ck, H, h, ss, sdt);
+    const float* rows = xbc + ck.m0 * ldu;
+    float cb[4][4], dd[4][4];
+    rows_product(cb, rows + c_off + g * N, ldu, ck.q, rows + b_off + g * N, ldu, ck.q, N, sA,
+                 sB);
+    rows_product(dd, dy + ck.m0 * E + (long long)h * P, E, ck.q, rows + h * P, ldu, ck.q, P,
+                 sA, sB);
+    float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
+    float* pq = Pq + ((long long)bc * H + h) * kQ * kQ;
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int i = 4 * ti + a, j = tj + 16 * k;
+            const bool in = j <= i && i < ck.q;
+            const float l = in ? expf(ss[i] - ss[j]) : 0.0f;
+            const float cbl = l * cb[a][k];
+            const float m = cbl * sdt[j];
+            mq[i * kQ + j] = in ? m : 0.0f;
+            pq[i * kQ + j] = in ? (l * sdt[j]) * dd[a][k] : 0.0f;
+            sW[i * (kQ + 1) + j] = in ? m * dd[a][k] : 0.0f;
+            sV[i * (kQ + 1) + j] = in ? cbl * dd[a][k] : 0.0f;
+        }
+    __syncthreads();
+    if (tid < ck.q) {
+        const int t = tid;
+        float row = 0.0f, col = 0.0f, dv = 0.0f;
+        for (int j = 0; j <= t; ++j) row = row + sW[t * (kQ + 1) + j];
+        for (int k = t; k < ck.q; ++k) col = col + sW[k * (kQ + 1) + t];
+        for (int i = t; i < ck.q; ++i) dv = dv + sV[i * (kQ + 1) + t];
+        ds_in[(ck.m0 + t) * H + h] = row - col;
+        ddt_in[(ck.m0 + t) * H + h] = dv;
+    }
+}
+
+// dx_j[p] = (sum_{i>=j} M_ij dy_i[p] + e_j (dS B_j)[p]) + D dy_j[p] into the
+// x columns of dxbc (leading dimension lddx), and rst[m, h] = exp(s_last -
+// s_j) x_j . (dS B_j) (a per-lane serial sum over the lane's channels, then
+// a butterfly over the 16 lanes of a row). dS = dst[bc][h]. grid (nbc, H),
+// block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    mamba_ssd_bwd_dx(const float* __restrict__ xbc, long long ldu, int b_off,
+                     const float* __restrict__ dt, const float* __restrict__ s,
+                     const float* __restrict__ dpar, const float* __restrict__ dy,
+                     const float* __restrict__ Mq, const float* __restrict__ dst,
+                     float* __restrict__ dxbc, long long lddx, float* __restrict__ rst, int T,
+                     int H, int P, int N, int hpg, int nc) {
+    __shared__ float sA[kQ * kTkPad], sB[kQ * kTkPad];
+    __shared__ float sM[kQ * (kQ + 1)];
+    __shared__ float sY[kQ * kTp];
+    __shared__ float ss[kQ], sdt[kQ];
+    const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
+    const long long E = (long long)H * P;
+    stage_s_dt(s, dt, ck, H, h, ss, sdt);
+    const float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
+    for (int idx = tid; idx < kQ * kQ; idx += kThreads) {
+        sM[(idx / kQ) * (kQ + 1) + idx % kQ] = mq[idx];
+    }
+    const float* rows = xbc + ck.m0 * ldu;
+    const float* dyr = dy + ck.m0 * E + (long long)h * P;
+    const float* ds = dst + ((long long)bc * H + h) * P * N;
+    const float dh = dpar[h];
+    float part[4] = {};
+    for (int p0 = 0; p0 < P; p0 += kTp) {
+        __syncthreads();
+        for (int idx = tid; idx < kQ * kTp; idx += kThreads) {
+            const int i = idx / kTp, pp = idx % kTp;
+            sY[idx] = (i < ck.q && p0 + pp < P) ? dyr[i * E + p0 + pp] : 0.0f;
+        }
+        __syncthreads();
+        float dxi[4][4] = {};
+        for (int i = 4 * ti; i < ck.q; ++i) {
+            float yv[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) yv[k] = sY[i * kTp + tj + 16 * k];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                const float m = sM[i * (kQ + 1) + 4 * ti + a];
+#pragma unroll
+                for (int k = 0; k < 4; ++k) dxi[a][k] = dxi[a][k] + m * yv[k];
+            }
+        }
+        float sb[4][4];
+        rows_product(sb, rows + b_off + g * N, ldu, ck.q, ds + (long long)p0 * N, N,
+                     min(kTp, P - p0), N, sA, sB);
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const int j = 4 * ti + a;
+            if (j >= ck.q) continue;
+            const float e = expf(ss[ck.last_row] - ss[j]) * sdt[j];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int pp = tj + 16 * k;
+                if (p0 + pp >= P) continue;
+                const long long col = (long long)h * P + p0 + pp;
+                dxbc[(ck.m0 + j) * lddx + col] =
+                    (dxi[a][k] + e * sb[a][k]) + dh * sY[j * kTp + pp];
+                part[a] = part[a] + rows[j * ldu + col] * sb[a][k];
+            }
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+        const float r = group_sum(part[a], 16);
+        const int j = 4 * ti + a;
+        if (tj == 0 && j < ck.q) {
+            rst[(ck.m0 + j) * H + h] = expf(ss[ck.last_row] - ss[j]) * r;
+        }
+    }
+}
+
+// dB and dC of one (chunk, group, kDn states), summed over the group's
+// heads in ascending order (module docs), into dxbc's B and C columns; and
+// per head, this block's share of two sums over n that finish in
+// mamba_ssd_bwd_dt: o_part[nt][m, h] = exp(s_i) sum_{n in tile} (dy_i^T
+// H)[n] C_i[n] (a butterfly over the warp's 32 states) and
+// dsh_part[nt][bc, h] = sum over (p, n in tile) of dS H (per thread serial,
+// a butterfly per warp, then the 8 warps in order). grid (nbc, G,
+// ceil(N / kDn)), block kThreads: thread (ti = tid / 32, tn = tid % 32)
+// owns rows ti + 8 r, r < 8, of state n0 + tn.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    mamba_ssd_bwd_dbc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                      const float* __restrict__ dt, const float* __restrict__ s,
+                      const float* __restrict__ dy, const float* __restrict__ Pq,
+                      const float* __restrict__ st, const float* __restrict__ dst,
+                      float* __restrict__ dxbc, long long lddx, float* __restrict__ o_part,
+                      float* __restrict__ dsh_part, int T, int H, int P, int N, int hpg, int nc,
+                      int nbc) {
+    __shared__ float sC[kQ * kDn], sBt[kQ * kDn];
+    __shared__ float sP[kQ * kQ];
+    __shared__ float sR[kQ * kDp];
+    __shared__ float sT[kDp * kDn], sU[kDp * kDn];
+    __shared__ float ss[kQ], sdt[kQ];
+    __shared__ float sred[kThreads / 32];
+    const int bc = blockIdx.x, g = blockIdx.y, nt = blockIdx.z;
+    const int n0 = nt * kDn;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const int tid = threadIdx.x, ti = tid / 32, tn = tid % 32;
+    const int n = n0 + tn;
+    const bool n_in = n < N;
+    const long long E = (long long)H * P;
+    const long long M = (long long)nbc / nc * T;
+    const float* rows = xbc + ck.m0 * ldu;
+    for (int idx = tid; idx < kQ * kDn; idx += kThreads) {
+        const int i = idx / kDn, nn = idx % kDn;
+        const bool in = i < ck.q && n0 + nn < N;
+        sC[idx] = in ? rows[i * ldu + c_off + g * N + n0 + nn] : 0.0f;
+        sBt[idx] = in ? rows[i * ldu + b_off + g * N + n0 + nn] : 0.0f;
+    }
+    float accb[8] = {}, accc[8] = {};
+    for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
+        __syncthreads();
+        stage_s_dt(s, dt, ck, H, h, ss, sdt);
+        const float* pq = Pq + ((long long)bc * H + h) * kQ * kQ;
+        for (int idx = tid; idx < kQ * kQ; idx += kThreads) sP[idx] = pq[idx];
+        __syncthreads();
+        float hb[8] = {}, hc[8] = {}, sb[8] = {}, sc[8] = {};
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            const int j = ti + 8 * r;
+            for (int i = j; i < ck.q; ++i) hb[r] = hb[r] + sP[i * kQ + j] * sC[i * kDn + tn];
+            const int i = j;
+            for (int jj = 0; jj <= min(i, ck.q - 1); ++jj) {
+                hc[r] = hc[r] + sP[i * kQ + jj] * sBt[jj * kDn + tn];
+            }
+        }
+        const float* hs = st + ((long long)bc * H + h) * P * N;
+        const float* ds = dst + ((long long)bc * H + h) * P * N;
+        float dsh = 0.0f;
+        for (int p0 = 0; p0 < P; p0 += kDp) {
+            __syncthreads();
+            for (int idx = tid; idx < kQ * kDp; idx += kThreads) {
+                const int j = idx / kDp, pp = idx % kDp;
+                sR[idx] = (j < ck.q && p0 + pp < P) ? rows[j * ldu + h * P + p0 + pp] : 0.0f;
+            }
+            for (int idx = tid; idx < kDp * kDn; idx += kThreads) {
+                const int pp = idx / kDn, nn = idx % kDn;
+                const bool in = p0 + pp < P && n0 + nn < N;
+                const long long e = (long long)(p0 + pp) * N + n0 + nn;
+                sT[idx] = in ? ds[e] : 0.0f;
+                sU[idx] = in ? hs[e] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const int j = ti + 8 * r;
+#pragma unroll
+                for (int pp = 0; pp < kDp; ++pp) {
+                    sb[r] = sb[r] + sR[j * kDp + pp] * sT[pp * kDn + tn];
+                }
+            }
+#pragma unroll
+            for (int rr = 0; rr < kDp / 8; ++rr) {
+                const int pp = ti + 8 * rr;
+                dsh = dsh + sT[pp * kDn + tn] * sU[pp * kDn + tn];
+            }
+            __syncthreads();
+            for (int idx = tid; idx < kQ * kDp; idx += kThreads) {
+                const int i = idx / kDp, pp = idx % kDp;
+                sR[idx] = (i < ck.q && p0 + pp < P) ? dy[(ck.m0 + i) * E + h * P + p0 + pp]
+                                                    : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const int i = ti + 8 * r;
+#pragma unroll
+                for (int pp = 0; pp < kDp; ++pp) {
+                    sc[r] = sc[r] + sR[i * kDp + pp] * sU[pp * kDn + tn];
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            const int i = ti + 8 * r;
+            const bool in = i < ck.q;
+            const float es = in ? expf(ss[i]) : 0.0f;
+            const float e = in ? expf(ss[ck.last_row] - ss[i]) * sdt[i] : 0.0f;
+            accb[r] = accb[r] + (hb[r] + e * sb[r]);
+            accc[r] = accc[r] + (hc[r] + es * sc[r]);
+            const float o = group_sum(sc[r] * sC[i * kDn + tn], 32);
+            if (tn == 0 && in) o_part[((long long)nt * M + ck.m0 + i) * H + h] = es * o;
+        }
+        const float w = group_sum(dsh, 32);
+        if (tn == 0) sred[ti] = w;
+        __syncthreads();
+        if (tid == 0) {
+            float tot = 0.0f;
+            for (int k = 0; k < kThreads / 32; ++k) tot = tot + sred[k];
+            dsh_part[((long long)nt * nbc + bc) * H + h] = tot;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        const int i = ti + 8 * r;
+        if (i < ck.q && n_in) {
+            dxbc[(ck.m0 + i) * lddx + b_off + g * N + n] = accb[r];
+            dxbc[(ck.m0 + i) * lddx + c_off + g * N + n] = accc[r];
+        }
+    }
+}
+
+// d dt of one (chunk, head) (module docs), times softplus' from dt itself
+// (sigmoid(pre) = -expm1(-dt)), into ddt_raw[m * ld_ddt + h]; and
+// da_part[bc, h] = sum_k da_k dt_k (descending k). o_part and dsh_part's
+// ntn shares are summed in ascending tile order. One thread per (chunk,
+// head): nbc * H threads.
+extern "C" __global__ void mamba_ssd_bwd_dt(
+    const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ a_log,
+    const float* __restrict__ ds_in, const float* __restrict__ ddt_in,
+    const float* __restrict__ rst, const float* __restrict__ o_part,
+    const float* __restrict__ dsh_part, float* __restrict__ ddt_raw, long long ld_ddt,
+    float* __restrict__ da_part, int T, int H, int nc, int nbc, int ntn) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)nbc * H) return;
+    const int h = (int)(idx % H), bc = (int)(idx / H);
+    const Chunk ck = chunk_of(bc, nc, T);
+    const long long M = (long long)nbc / nc * T;
+    const float A = -expf(a_log[h]);
+    float tot_r = 0.0f;
+    for (int j = 0; j < ck.q; ++j) {
+        const long long r = (ck.m0 + j) * H + h;
+        tot_r = tot_r + rst[r] * dt[r];
+    }
+    float dsh = 0.0f;
+    for (int nt = 0; nt < ntn; ++nt) dsh = dsh + dsh_part[((long long)nt * nbc + bc) * H + h];
+    const long long rl = (ck.m0 + ck.last_row) * H + h;
+    const float last_extra = tot_r + expf(s[rl]) * dsh;
+    float suffix = 0.0f, da = 0.0f;
+    for (int k = ck.q - 1; k >= 0; --k) {
+        const long long r = (ck.m0 + k) * H + h;
+        float o = 0.0f;
+        for (int nt = 0; nt < ntn; ++nt) o = o + o_part[(long long)nt * M * H + r];
+        float ds = (ds_in[r] + o) - rst[r] * dt[r];
+        if (k == ck.last_row) ds = ds + last_extra;
+        suffix = suffix + ds;
+        const float ddt = (ddt_in[r] + rst[r]) + suffix * A;
+        ddt_raw[(ck.m0 + k) * ld_ddt + h] = ddt * -expm1f(-dt[r]);
+        da = da + suffix * dt[r];
+    }
+    da_part[(long long)bc * H + h] = da;
+}
+
+// da_log[h] = A_h * sum over chunks (ascending) of da_part[bc, h]. One
+// thread per head.
+extern "C" __global__ void mamba_ssd_dalog(const float* __restrict__ da_part,
+                                           const float* __restrict__ a_log,
+                                           float* __restrict__ da_log, int H, int nbc) {
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    float acc = 0.0f;
+    for (int bc = 0; bc < nbc; ++bc) acc = acc + da_part[(long long)bc * H + h];
+    da_log[h] = acc * -expf(a_log[h]);
+}

@@ -1,0 +1,219 @@
+// The SSD kernels (kernels/cuda/mamba_ssd.cu, compiled as C++ under
+// cuda_emu.h) against the sequential recurrence in f64, written from the
+// equations (y_t = H_t C_t + D x_t, H_t = exp(dt_t A) H_{t-1} + dt_t x_t
+// B_t^T, and its reverse-mode gradient through time), over shapes that
+// cover ragged and single chunks, several chunks, channel and state tiles
+// past one, groups of one and several heads, and padded leading
+// dimensions. The launches are the host's (kernels/src/mamba/ssd.rs), in
+// its order. EMU_NEGATIVE=1 feeds the kernels one wrong dt (the oracle keeps
+// the right one): the check must then fail. Exit status 0 only when every
+// quantity of every shape is within tolerance.
+#include <cstdio>
+#include <random>
+#include "mamba_ssd.cu"
+
+#ifndef EMU_NEGATIVE
+#define EMU_NEGATIVE 0
+#endif
+
+struct Case { int b, t, h, p, n, g; };
+
+static double rel_l2(const std::vector<float>& got, const std::vector<double>& want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        double e = got[i] - want[i];
+        num += e * e;
+        den += want[i] * want[i];
+    }
+    return std::sqrt(num / (den > 0 ? den : 1));
+}
+
+static uint64_t bits_digest(uint64_t h, const std::vector<float>& v) {
+    for (float x : v) {
+        uint32_t b;
+        std::memcpy(&b, &x, 4);
+        for (int i = 0; i < 4; ++i) h = (h ^ ((b >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static unsigned blocks(long long n) { return (unsigned)((n + 255) / 256); }
+
+int main() {
+    const Case cases[] = {{2, 150, 4, 8, 20, 2}, {1, 64, 2, 72, 80, 1}, {1, 37, 3, 16, 16, 3},
+                          {3, 1, 2, 4, 8, 1},    {1, 129, 2, 64, 128, 1}};
+    int fails = 0;
+    unsigned seed = 7;
+    for (const Case& c : cases) {
+        const int B = c.b, T = c.t, H = c.h, P = c.p, N = c.n, G = c.g, hpg = H / G;
+        const int E = H * P, M = B * T, nc = (T + kQ - 1) / kQ, nbc = B * nc;
+        const int b_off = E, c_off = E + G * N, ldu = E + 2 * G * N + 3, ldz = E + 5,
+                  ld_ddt = H + 2;
+        std::mt19937_64 rng(seed++);
+        auto uni = [&](double lo, double hi, size_t len) {
+            std::vector<double> v(len);
+            std::uniform_real_distribution<double> u(lo, hi);
+            for (auto& x : v) x = (double)(float)u(rng);
+            return v;
+        };
+        auto xbc = uni(-1, 1, (size_t)M * ldu), dt = uni(0.001, 0.6, (size_t)M * H),
+             a_log = uni(-1, 1.5, H), dp = uni(0.5, 1.5, H), z = uni(-2, 2, (size_t)M * ldz),
+             dy = uni(-1, 1, (size_t)M * E);
+        auto X = [&](int m, int h, int p) { return xbc[(size_t)m * ldu + h * P + p]; };
+        auto Bv = [&](int m, int g, int n) { return xbc[(size_t)m * ldu + b_off + g * N + n]; };
+        auto Cv = [&](int m, int g, int n) { return xbc[(size_t)m * ldu + c_off + g * N + n]; };
+        // Oracle.
+        std::vector<double> ey((size_t)M * E), egate((size_t)M * E), edx((size_t)M * E),
+            edb((size_t)M * G * N), edc((size_t)M * G * N), eddt((size_t)M * H), eda(H);
+        for (int b = 0; b < B; ++b)
+            for (int h = 0; h < H; ++h) {
+                const int g = h / hpg;
+                const double A = -std::exp(a_log[h]);
+                std::vector<double> hs((size_t)(T + 1) * P * N, 0.0);
+                for (int t = 0; t < T; ++t) {
+                    const int m = b * T + t;
+                    const double d = dt[(size_t)m * H + h], decay = std::exp(d * A);
+                    double* hp = &hs[(size_t)t * P * N];
+                    double* hn = &hs[(size_t)(t + 1) * P * N];
+                    for (int p = 0; p < P; ++p) {
+                        double acc = 0;
+                        for (int n = 0; n < N; ++n) {
+                            hn[p * N + n] = decay * hp[p * N + n] + d * X(m, h, p) * Bv(m, g, n);
+                            acc += hn[p * N + n] * Cv(m, g, n);
+                        }
+                        const double yv = acc + dp[h] * X(m, h, p);
+                        const double zv = z[(size_t)m * ldz + h * P + p];
+                        ey[(size_t)m * E + h * P + p] = yv;
+                        egate[(size_t)m * E + h * P + p] = yv * zv / (1 + std::exp(-zv));
+                    }
+                }
+                std::vector<double> dh((size_t)P * N, 0.0);
+                for (int t = T - 1; t >= 0; --t) {
+                    const int m = b * T + t;
+                    const double d = dt[(size_t)m * H + h], decay = std::exp(d * A);
+                    const double* hp = &hs[(size_t)t * P * N];
+                    const double* hn = &hs[(size_t)(t + 1) * P * N];
+                    const double* dyr = &dy[(size_t)m * E + h * P];
+                    for (int p = 0; p < P; ++p)
+                        for (int n = 0; n < N; ++n) {
+                            dh[p * N + n] += dyr[p] * Cv(m, g, n);
+                            edc[(size_t)m * G * N + g * N + n] += dyr[p] * hn[p * N + n];
+                        }
+                    double ddt = 0;
+                    for (int p = 0; p < P; ++p) {
+                        double acc = 0;
+                        for (int n = 0; n < N; ++n) {
+                            const double gv = dh[p * N + n];
+                            acc += gv * Bv(m, g, n);
+                            edb[(size_t)m * G * N + g * N + n] += d * gv * X(m, h, p);
+                            ddt += gv * (X(m, h, p) * Bv(m, g, n) + A * decay * hp[p * N + n]);
+                            eda[h] += gv * d * decay * hp[p * N + n] * A;
+                            dh[p * N + n] = decay * gv;
+                        }
+                        edx[(size_t)m * E + h * P + p] = d * acc + dp[h] * dyr[p];
+                    }
+                    eddt[(size_t)m * H + h] = ddt * -std::expm1(-d);
+                }
+            }
+        // Kernels.
+        auto f = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+        auto fx = f(xbc), fdt = f(dt), fal = f(a_log), fdp = f(dp), fz = f(z), fdy = f(dy);
+        if (EMU_NEGATIVE) fdt[fdt.size() / 2] *= 1.5f;
+        const float nan = std::nanf("");
+        const long long st_len = (long long)nbc * H * P * N, qq_len = (long long)nbc * H * kQ * kQ;
+        const int tiles_state = ((P + kSp - 1) / kSp) * ((N + kSn - 1) / kSn);
+        const int ntn = (N + kDn - 1) / kDn;
+        std::vector<float> s((size_t)M * H, nan), st(st_len, nan), y((size_t)M * E, nan),
+            gate((size_t)M * E, nan);
+        // Forward.
+        emu_launch({blocks((long long)nbc * H), 1, 1}, 256, 0, [&] {
+            mamba_ssd_cumsum(fdt.data(), fal.data(), s.data(), T, H, nc, nbc);
+        });
+        auto states = [&](std::vector<float>& out, const float* Xp, long long ldx, const float* Yp,
+                          int y_off, int mode, int reverse) {
+            emu_launch({(unsigned)nbc, (unsigned)H, (unsigned)tiles_state}, kThreads, 0, [&] {
+                mamba_ssd_chunk_state(Xp, ldx, Yp, ldu, y_off, fdt.data(), s.data(), out.data(), T,
+                                      H, P, N, hpg, nc, mode);
+            });
+            emu_launch({blocks((long long)B * H * P * N), 1, 1}, 256, 0, [&] {
+                mamba_ssd_state_pass(out.data(), s.data(), T, H, (long long)P * N, nc, B, reverse);
+            });
+        };
+        states(st, fx.data(), ldu, fx.data(), b_off, 0, 0);
+        emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
+            mamba_ssd_chunk_out(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdp.data(),
+                                st.data(), fz.data(), ldz, y.data(), gate.data(), T, H, P, N, hpg,
+                                nc);
+        });
+        // Backward, from fresh scratch as the host runs it (s and the
+        // entry states recomputed).
+        std::vector<float> s2((size_t)M * H, nan), st2(st_len, nan), dst(st_len, nan),
+            mq(qq_len, nan), pq(qq_len, nan), ds_in((size_t)M * H, nan), ddt_in((size_t)M * H, nan),
+            rst((size_t)M * H, nan), o_part((size_t)ntn * M * H, nan),
+            dsh_part((size_t)ntn * nbc * H, nan), dxbc((size_t)M * ldu, nan),
+            ddt_raw((size_t)M * ld_ddt, nan), da_part((size_t)nbc * H, nan), da_log(H, nan);
+        emu_launch({blocks((long long)nbc * H), 1, 1}, 256, 0, [&] {
+            mamba_ssd_cumsum(fdt.data(), fal.data(), s2.data(), T, H, nc, nbc);
+        });
+        s = s2;
+        states(st2, fx.data(), ldu, fx.data(), b_off, 0, 0);
+        emu_launch({(unsigned)nbc, (unsigned)H, (unsigned)tiles_state}, kThreads, 0, [&] {
+            mamba_ssd_chunk_state(fdy.data(), E, fx.data(), ldu, c_off, fdt.data(), s.data(),
+                                  dst.data(), T, H, P, N, hpg, nc, 1);
+        });
+        emu_launch({blocks((long long)B * H * P * N), 1, 1}, 256, 0, [&] {
+            mamba_ssd_state_pass(dst.data(), s.data(), T, H, (long long)P * N, nc, B, 1);
+        });
+        emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
+            mamba_ssd_bwd_qq(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdy.data(),
+                             mq.data(), pq.data(), ds_in.data(), ddt_in.data(), T, H, P, N, hpg,
+                             nc);
+        });
+        emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
+            mamba_ssd_bwd_dx(fx.data(), ldu, b_off, fdt.data(), s.data(), fdp.data(), fdy.data(),
+                             mq.data(), dst.data(), dxbc.data(), ldu, rst.data(), T, H, P, N, hpg,
+                             nc);
+        });
+        emu_launch({(unsigned)nbc, (unsigned)G, (unsigned)ntn}, kThreads, 0, [&] {
+            mamba_ssd_bwd_dbc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdy.data(),
+                              pq.data(), st2.data(), dst.data(), dxbc.data(), ldu, o_part.data(),
+                              dsh_part.data(), T, H, P, N, hpg, nc, nbc);
+        });
+        emu_launch({blocks((long long)nbc * H), 1, 1}, 256, 0, [&] {
+            mamba_ssd_bwd_dt(fdt.data(), s.data(), fal.data(), ds_in.data(), ddt_in.data(),
+                             rst.data(), o_part.data(), dsh_part.data(), ddt_raw.data(), ld_ddt,
+                             da_part.data(), T, H, nc, nbc, ntn);
+        });
+        emu_launch({blocks(H), 1, 1}, 256, 0, [&] {
+            mamba_ssd_dalog(da_part.data(), fal.data(), da_log.data(), H, nbc);
+        });
+        // Compare.
+        std::vector<float> gdx, gdb, gdc, gddt;
+        for (int m = 0; m < M; ++m) {
+            for (int e = 0; e < E; ++e) gdx.push_back(dxbc[(size_t)m * ldu + e]);
+            for (int j = 0; j < G * N; ++j) {
+                gdb.push_back(dxbc[(size_t)m * ldu + b_off + j]);
+                gdc.push_back(dxbc[(size_t)m * ldu + c_off + j]);
+            }
+            for (int h = 0; h < H; ++h) gddt.push_back(ddt_raw[(size_t)m * ld_ddt + h]);
+        }
+        struct { const char* what; double err, tol; } checks[] = {
+            {"y", rel_l2(y, ey), 2e-6},           {"gate", rel_l2(gate, egate), 2e-6},
+            {"dx", rel_l2(gdx, edx), 1e-5},       {"dB", rel_l2(gdb, edb), 1e-5},
+            {"dC", rel_l2(gdc, edc), 1e-5},       {"ddt_raw", rel_l2(gddt, eddt), 1e-5},
+            {"dA_log", rel_l2(da_log, eda), 1e-5}};
+        printf("B %d T %d H %d P %d N %d G %d (chunks %d):", B, T, H, P, N, G, nc);
+        for (auto& k : checks) {
+            const bool bad = !(k.err <= k.tol);
+            fails += bad;
+            printf(" %s %.1e%s", k.what, k.err, bad ? " FAIL" : "");
+        }
+        uint64_t h = 0xcbf29ce484222325ULL;
+        for (const auto* v : {&y, &gate, &gdx, &gdb, &gdc, &gddt, &da_log}) h = bits_digest(h, *v);
+        printf(" bits %016llx\n", (unsigned long long)h);
+        fflush(stdout);
+    }
+    printf("%s\n", fails ? "FAILED" : "all within tolerance");
+    return fails ? 1 : 0;
+}
