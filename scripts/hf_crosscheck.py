@@ -43,8 +43,8 @@ token: it must exceed the tolerance, else the comparison could not fail
     groups, state 16, chunks of 32), and a random Mamba2ForCausalLM (8 heads
     of 16 in 2 groups, chunks of 32; norms, gated-norm weight, D, conv bias,
     A_log and dt_bias perturbed) is saved and scored by us. Ours runs on the
-    CPU (two groups are more than our CUDA Mamba-2 takes); transformers on
-    the CPU and the GPU.
+    CPU and on CUDA (the chunked SSD kernels, two groups of B and C);
+    transformers on the CPU and the GPU.
 
 --self-test-format (no torch needed; runs on the development machines):
 checks our side of the plumbing against an independent pure-Python f64
@@ -56,7 +56,7 @@ table; the same two for Mamba-2 against a plain sequential recurrence (no
 chunks; the directory's config.json carries time_step_limit as the bare
 Infinity Python writes); plus the refusals: an lm_head that differs from the
 embedding, a layer_norm_epsilon that is not 1e-5, a token file of the wrong
-length, a Mamba-2 model of several groups on --device cuda.
+length.
 
 File formats (see mamba-train/examples/hf_logits.rs): tokens are B*T
 little-endian u32, row-major; hf_logits writes safetensors with `logits`
@@ -748,21 +748,26 @@ def load_mamba2(ck, what):
     return model
 
 
-def hf_rows(a, table, torch, part, model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64):
-    """The comparison rows of a Mamba-2 part: ours (CPU; these models have two
-    groups, more than our CUDA Mamba-2 takes) against transformers on the CPU, transformers' two
-    devices against each other, the one-token control and the f64 info rows."""
+def hf_rows(a, table, torch, part, model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64, ck, tok_path, w):
+    """The comparison rows of a Mamba-2 part: ours on the CPU and (unless
+    --no-cuda) on CUDA (`ck` scored from `tok_path`, files into `w`) against
+    transformers on the CPU and the GPU, transformers' two devices against
+    each other, the one-token control and the f64 info rows."""
     from transformers.models.mamba2 import modeling_mamba2
 
     h_cpu, hl_cpu = hf_score(torch, model, tokens, b, t, "cpu")
     h_ctl, hl_ctl = hf_score(torch, model, altered(tokens, t, vocab), b, t, "cpu")
     table.compare(part, "ours cpu f32 vs HF cpu f32", o_cpu, h_cpu, l_cpu, hl_cpu)
     if not a.no_cuda:
+        o_gpu, l_gpu, _ = ours(a.hf_logits, ck, tok_path, b, t, os.path.join(w, "ours_cuda.safetensors"), "cuda", "f32", tokens)
         model = model.to("cuda")
         force_pure_pytorch(modeling_mamba2)
         h_gpu, hl_gpu = hf_score(torch, model, tokens, b, t, "cuda")
         table.compare(part, "ours cpu f32 vs HF cuda f32", o_cpu, h_gpu, l_cpu, hl_gpu)
+        table.compare(part, "ours cuda f32 vs HF cpu f32", o_gpu, h_cpu, l_gpu, hl_cpu)
+        table.compare(part, "ours cuda f32 vs HF cuda f32", o_gpu, h_gpu, l_gpu, hl_gpu)
         table.compare(part, "HF cuda f32 vs HF cpu f32", h_gpu, h_cpu, hl_gpu, hl_cpu)
+        table.compare(part, "ours cuda f32 vs ours f64", o_gpu, o_f64, l_gpu, l_f64, kind="info")
         table.compare(part, "HF cuda f32 vs ours f64", h_gpu, o_f64, hl_gpu, l_f64, kind="info")
     table.compare(part, "ours cpu f32 vs HF, 1 token altered", o_cpu, h_ctl, l_cpu, hl_ctl, kind="control")
     table.compare(part, "ours cpu f32 vs ours f64", o_cpu, o_f64, l_cpu, l_f64, kind="info")
@@ -790,7 +795,7 @@ def part_c(a, table, torch):
     print(f"(c) {ck}: transformers loaded every tensor; {c.num_heads} heads x {c.head_dim}, "
           f"{c.n_groups} groups, state {c.state_size}, chunk {c.chunk_size}, "
           f"time_step_limit {tuple(c.time_step_limit)}")
-    hf_rows(a, table, torch, "c", model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64)
+    hf_rows(a, table, torch, "c", model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64, ck, tok_path, w)
     if a.py_ref:
         cfgj, weights = read_hf_dir(ck)
         p, pl = py_forward_mamba2(cfgj, weights, tokens, b, t)
@@ -821,9 +826,9 @@ def part_d(a, table, torch):
     print(f"(d) time_step_limit in config.json: {hf_cfg.get('time_step_limit')!r}")
 
     vocab, b, t = cfg.vocab_size, a.batch, a.seq_len
-    tokens, _, o_cpu, l_cpu, o_f64, l_f64 = score_saved(a, table, w, "d", hf_dir, other_dir, vocab,
-                                                        random.Random(a.seed + 4))
-    hf_rows(a, table, torch, "d", model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64)
+    tokens, tok_path, o_cpu, l_cpu, o_f64, l_f64 = score_saved(a, table, w, "d", hf_dir, other_dir, vocab,
+                                                               random.Random(a.seed + 4))
+    hf_rows(a, table, torch, "d", model, tokens, b, t, vocab, o_cpu, l_cpu, o_f64, l_f64, hf_dir, tok_path, w)
     if a.py_ref:
         cfgj, weights = read_hf_dir(hf_dir)
         p, pl = py_forward_mamba2(cfgj, weights, tokens, b, t)
@@ -1009,10 +1014,7 @@ def self_test(a, table):
     hf, tok = self_check_hf_dir(a, table, w, rng, b, t, "", synthetic_hf_dir)
     self_check_trained(a, table, w, rng, b, t, "mamba2 ",
                        ["--arch", "mamba2", "--head-dim", 8, "--n-groups", 2, "--chunk-size", 8, "--d-state", 4])
-    hf2, tok3 = self_check_hf_dir(a, table, w, rng, b, t, "mamba2 ", synthetic_hf_dir_mamba2)
-    expect_refusal([a.hf_logits, "--checkpoint", hf2, "--tokens", tok3, "--batch", b, "--seq-len", t,
-                    "--device", "cuda", "--out", os.path.join(w, "x.safetensors")],
-                   "groups (n_groups) runs on the CPU only", "Mamba-2 of 3 groups on --device cuda")
+    self_check_hf_dir(a, table, w, rng, b, t, "mamba2 ", synthetic_hf_dir_mamba2)
 
     # Refusals.
     bad_head = os.path.join(w, "hf_bad_head")

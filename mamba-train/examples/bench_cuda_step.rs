@@ -188,9 +188,14 @@ struct Shape {
     tb: bool,
 }
 
-/// in_proj's output width of a Mamba-2 block of one group (z, x B C, dt).
+/// Conv channels of a Mamba-2 block: x, then B and C of every group.
+fn ssd_conv_channels(cfg: &ModelConfig) -> usize {
+    cfg.d_inner() + 2 * cfg.ssd().map_or(1, |s| s.n_groups) * cfg.d_state
+}
+
+/// in_proj's output width of a Mamba-2 block (z, x B C, dt).
 fn ssd_in_width(cfg: &ModelConfig) -> usize {
-    2 * cfg.d_inner() + 2 * cfg.d_state + cfg.num_heads()
+    cfg.d_inner() + ssd_conv_channels(cfg) + cfg.num_heads()
 }
 
 /// Every GEMM of one training step (forward and backward), in order.
@@ -739,9 +744,9 @@ fn main() -> Res<()> {
         let states = nb * chunks * e * cfg.d_state;
         let per_layer = if cfg.ssd().is_some() {
             // Mamba-2's kept activations: rstd, zx, uc, dt, y, g, rstd_g;
-            // plus the residual.
-            let cd = e + 2 * cfg.d_state;
-            rows * (d + 1 + ssd_in_width(&cfg) + cd + cfg.num_heads() + 2 * e + 1) + states
+            // plus the residual (the SSD keeps no states).
+            let cd = ssd_conv_channels(&cfg);
+            rows * (d + 1 + ssd_in_width(&cfg) + cd + cfg.num_heads() + 2 * e + 1)
         } else {
             rows * (2 * d + 2 * e + e + ld + 3 * e + 1) + states
         };

@@ -19,8 +19,7 @@
 //! the gated norm after the gate).
 //!
 //! A Mamba-2 model runs on the CPU reference (`Mamba2Model`), f32 or f64,
-//! or with `--device cuda` on the CUDA model (f32; one group of B and C
-//! only: the CUDA model refuses more, naming `n_groups`).
+//! or with `--device cuda` on the CUDA model (f32, any `n_groups`).
 //!
 //! **`--tokens FILE`**: exactly `B * T` token ids as little-endian `u32`,
 //! row-major `[B, T]`, no header (`numpy.asarray(ids, dtype="<u4").tofile`);
@@ -281,13 +280,7 @@ pub fn score(
         }};
     }
     let mamba2 = matches!(m.cfg.arch, Arch::Mamba2(_));
-    let groups = m.cfg.ssd().map_or(1, |s| s.n_groups);
     match (device, precision) {
-        (Device::Cuda, _) if groups > 1 => Err(format!(
-            "{}: a Mamba-2 model of {groups} groups (n_groups) runs on the CPU only (the CUDA \
-             Mamba-2 shares one B and C among all heads); use --device cpu",
-            m.dir.display()
-        )),
         (Device::Cpu, _) if mamba2 => Ok(on_cpu!(Mamba2Model::new(m.cfg.clone()))),
         (Device::Cpu, _) => Ok(on_cpu!(CpuModel::new(m.cfg.clone()))),
         (Device::Cuda, Precision::F32) => {

@@ -286,23 +286,6 @@ fn flags_that_do_not_fit_the_architecture_are_named() {
         &["--arch", "mamba3"],
         &["invalid value 'mamba3' for '--arch", "mamba1", "mamba2"],
     );
-    bad(
-        &[
-            "--device",
-            "cuda",
-            "--arch",
-            "mamba2",
-            "--head-dim",
-            "8",
-            "--n-groups",
-            "2",
-        ],
-        &[
-            "--device cuda trains Mamba-2 models with one group of B and C only for now \
-             (--n-groups 1), and this one has 2 (--n-groups 2)",
-            "use --device cpu",
-        ],
-    );
     // A world refuses once, in the supervisor, before any rank starts.
     let o = run_train(
         TINY,

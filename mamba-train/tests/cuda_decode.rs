@@ -18,7 +18,8 @@
 //! t - 1 miss the tolerance by more than 10x (the comparison can
 //! fail). The GPU step is also checked against the CUDA full forward pass
 //! and for run-to-run identity (after a reset, the same bits). Mamba-2
-//! (one group) gets the same checks against its own f64 forward pass.
+//! (one group, and 2 or 4 groups of B and C) gets the same checks against
+//! its own f64 forward pass.
 
 mod cuda_common;
 
@@ -133,22 +134,28 @@ fn cuda_recurrent_step_matches_the_cpu_step() {
     println!("worst GPU decode error {worst:.2e}");
 }
 
-/// Mamba-2 (one group): the same checks against the Mamba-2 f64 forward
-/// pass, over heads of 8 and 4 channels, d_state 16 and 64, conv 4 and 2,
-/// and sequences that end mid-chunk of the CPU's scan.
+/// Mamba-2: the same checks against the Mamba-2 f64 forward pass, over
+/// heads of 8 and 4 channels, d_state 16 and 64, conv 4 and 2, 1, 2 and 4
+/// groups of B and C, and sequences that end mid-chunk of the CPU's scan.
 #[test]
 fn cuda_mamba2_recurrent_step_matches_the_cpu_step() {
     let mut worst = 0.0f64;
-    for (seed, (d, n, hd, conv, l)) in [(16, 16, 8, 4, 23), (16, 64, 4, 2, 17), (24, 8, 16, 3, 30)]
-        .into_iter()
-        .enumerate()
+    for (seed, (d, n, hd, conv, l, groups)) in [
+        (16, 16, 8, 4, 23, 1),
+        (16, 64, 4, 2, 17, 1),
+        (24, 8, 16, 3, 30, 1),
+        (16, 16, 8, 4, 21, 2),
+        (16, 12, 4, 3, 19, 4),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let mut cfg = ModelConfig::mamba2(29, d, 2);
         cfg.d_state = n;
         cfg.d_conv = conv;
         cfg.arch = Arch::Mamba2(SsdConfig {
             head_dim: hd,
-            n_groups: 1,
+            n_groups: groups,
             chunk_size: 8,
         });
         let reference = |p: &[f64], b: &Batch| {

@@ -550,7 +550,8 @@ fn held_out(stdout: &str) -> f64 {
 /// 2; on the CPU, seeds 0..3 fall by 0.13-0.14, from ~2.23 to ~2.09),
 /// repeats its bits, and at L = 2 gives the same digest with and without
 /// the CUDA graph; negative control: L = 1 differs from L = 2. A model of
-/// 2 groups is refused naming `--n-groups`.
+/// 2 groups of B and C trains too, with and without the graph to the same
+/// bits (and to other bits than one group).
 #[test]
 fn mamba2_on_one_gpu_learns_repeats_its_bits_and_keeps_them_without_the_graph() {
     if !can_run(1, true) {
@@ -593,8 +594,20 @@ fn mamba2_on_one_gpu_learns_repeats_its_bits_and_keeps_them_without_the_graph() 
     let l1 = world_digest(&m2("l1", &["--steps", "6"]), 1);
     assert_ne!(l1, graph, "L = 1 must differ from L = 2");
 
-    let e = err(&m2("groups", &["--n-groups", "2", "--steps", "1"]));
-    assert!(e.contains("--n-groups"), "{e}");
+    // Two groups of B and C train on the GPU too, and keep their bits
+    // without the graph; negative control: they are another model than one
+    // group at the same flags.
+    let g2 = ["--n-groups", "2", "--steps", "6", "--logical-world", "2"];
+    let grouped = m2("g2", &g2);
+    let g2_stderr = text(&grouped.stderr);
+    assert!(g2_stderr.contains("8 heads of 8, 2 groups"), "{g2_stderr}");
+    let g2_graph = world_digest(&grouped, 1);
+    let g2_eager = world_digest(&m2("g2e", &[&g2[..], &["--no-cuda-graph"]].concat()), 1);
+    assert_eq!(
+        g2_eager, g2_graph,
+        "2 groups: --no-cuda-graph must not change the bits"
+    );
+    assert_ne!(g2_graph, graph, "2 groups must differ from 1 group");
 
     // The trained checkpoint decodes on the GPU (the same greedy
     // continuation twice; the CPU decoder's continuation is printed beside

@@ -289,7 +289,7 @@ fn mamba2_config() -> ModelConfig {
 }
 
 #[test]
-fn a_mamba2_directory_scores_exactly_like_the_mamba2_cpu_model_and_not_on_cuda() {
+fn a_mamba2_directory_scores_exactly_like_the_mamba2_cpu_model() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = mamba2_config();
     let params = weights(&cfg, 5);
@@ -333,12 +333,6 @@ fn a_mamba2_directory_scores_exactly_like_the_mamba2_cpu_model_and_not_on_cuda()
     let out3 = dir.path().join("out3.safetensors");
     hf_logits::run(&args(&other, &tok_path, b, t, &out3)).unwrap();
     assert_ne!(read_out(&out3).logits, o.logits);
-
-    // --device cuda refuses Mamba-2 by name (before touching any GPU).
-    let mut on_cuda = args(&hf, &tok_path, b, t, &dir.path().join("x.safetensors"));
-    on_cuda.device = Device::Cuda;
-    let e = hf_logits::run(&on_cuda).unwrap_err();
-    assert!(e.contains("Mamba-2") && e.contains("--device cpu"), "{e}");
 }
 
 #[test]
@@ -511,18 +505,18 @@ fn config_fields_the_model_hard_codes_are_checked() {
     }
 }
 
-#[test]
-fn cuda_logits_match_the_cpu_model() {
-    let cfg = odd_config();
-    // Probe (skips with a reason, or fails under MAMBA_REQUIRE_GPU=1).
-    if cuda_common::cuda_model(&cfg).is_none() {
+/// `cfg`'s random weights scored from an HF directory by `hf_logits` on
+/// the CPU and on CUDA: the two agree elementwise within `1e-4 + 1e-4 |cpu|`
+/// and the losses within `1e-5 (1 + |cpu|)`. Skips (printing why) without a
+/// GPU.
+fn cuda_scores_match_the_cpu(cfg: &ModelConfig, (b, t): (usize, usize)) {
+    if cuda_common::cuda_model(cfg).is_none() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let params = weights(&cfg, 5);
+    let params = weights(cfg, 5);
     let hf = dir.path().join("hf");
-    write_hf_dir(&hf, &cfg, &params, None);
-    let (b, t) = (2, 37);
+    write_hf_dir(&hf, cfg, &params, None);
     let toks = random_tokens(b * t, cfg.vocab_size, 2);
     let tok_path = dir.path().join("tokens.bin");
     write_tokens(&tok_path, &toks);
@@ -544,6 +538,18 @@ fn cuda_logits_match_the_cpu_model() {
         );
     }
     assert!((g.loss - c.loss).abs() <= 1e-5 * (1.0 + c.loss.abs()));
+}
+
+#[test]
+fn cuda_logits_match_the_cpu_model() {
+    cuda_scores_match_the_cpu(&odd_config(), (2, 37));
+}
+
+/// Mamba-2 with three groups of B and C on CUDA (the chunked SSD kernels)
+/// against the CPU reference, over a sequence past one 64-token chunk.
+#[test]
+fn cuda_logits_of_a_grouped_mamba2_match_the_cpu_model() {
+    cuda_scores_match_the_cpu(&mamba2_config(), (2, 70));
 }
 
 /// The `hf_logits` binary: beside `mamba-train` in a bundle (`bin/`), or

@@ -2,7 +2,7 @@
 //! `--n-groups`, `--chunk-size`): the model shape of a fresh run, the
 //! checks of those flags against a checkpoint's architecture (`--resume`,
 //! `--init-from`), and the one place that picks the model an architecture
-//! trains with on each device ([`cpu_model`], [`require_cuda_groups`]).
+//! trains with on the CPU ([`cpu_model`]).
 //!
 //! A run's architecture is `--arch`, else (with `--resume` or
 //! `--init-from`) the checkpoint's — its `config.json` `model_type`,
@@ -25,26 +25,6 @@ pub fn cpu_model(cfg: &ModelConfig) -> Result<Box<dyn HostModel + Send>> {
         Arch::Mamba1 => Box::new(CpuModel::new(cfg.clone())?),
         Arch::Mamba2(_) => Box::new(Mamba2Model::new(cfg.clone())?),
     })
-}
-
-/// Refuse a Mamba-2 model with more than one group of B and C
-/// (`groups`, from `source`, e.g. `--n-groups 2`) on `--device cuda`,
-/// whose Mamba-2 blocks share one B and C among all heads; `what` is the
-/// command's verb ("trains", "evaluates"). Mamba-1 models pass `groups` 1.
-pub fn require_cuda_groups(groups: usize, what: &str, source: &str) -> Result<()> {
-    if groups <= 1 {
-        return Ok(());
-    }
-    Err(TrainError::Config(format!(
-        "--device cuda {what} Mamba-2 models with one group of B and C only for now (--n-groups \
-         1), and this one has {groups} ({source}); use --device cpu, which runs any --n-groups \
-         with the same engine, reducer and checkpoints"
-    )))
-}
-
-/// The groups of B and C of `cfg` (1 for Mamba-1).
-pub fn groups_of(cfg: &ModelConfig) -> usize {
-    cfg.ssd().map_or(1, |s| s.n_groups)
 }
 
 /// "Mamba-1" or "Mamba-2", for messages.
@@ -370,21 +350,10 @@ mod tests {
     }
 
     #[test]
-    fn the_cpu_model_follows_the_architecture_and_cuda_refuses_several_groups() {
+    fn the_cpu_model_follows_the_architecture() {
         let m2 = ModelConfig::mamba2(6, 16, 1);
         assert_eq!(cpu_model(&m2).unwrap().config(), &m2);
         let m1 = ModelConfig::new(6, 16, 1);
         assert_eq!(cpu_model(&m1).unwrap().config(), &m1);
-        assert_eq!((groups_of(&m1), groups_of(&m2)), (1, 1));
-        require_cuda_groups(groups_of(&m2), "trains", "x").unwrap();
-        let e = require_cuda_groups(2, "trains", "--n-groups 2")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("--device cuda trains Mamba-2 models with one group of B and C only")
-                && e.contains("this one has 2 (--n-groups 2)")
-                && e.contains("use --device cpu"),
-            "{e}"
-        );
     }
 }

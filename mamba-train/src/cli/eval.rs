@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::arch::{cpu_model, groups_of, require_cuda_groups};
+use super::arch::cpu_model;
 use super::args::Device;
 use super::drive::EVAL_ROWS;
 use super::progress::stderr_line;
@@ -88,11 +88,6 @@ pub fn eval(args: &EvalArgs, out: &mut dyn Write) -> Result<EvalOutcome> {
     let report = match args.device {
         Device::Cpu => score(cpu_model(&run.model)?, &model.params, &data, &run, args)?,
         Device::Cuda => {
-            require_cuda_groups(
-                groups_of(&run.model),
-                "evaluates",
-                &format!("--checkpoint {}", model.dir.display()),
-            )?;
             let m = CudaModel::new(run.model.clone(), 0).map_err(|e| {
                 TrainError::Config(format!(
                     "--device cuda: {e}; on a machine without a GPU use --device cpu"

@@ -145,8 +145,7 @@ pub fn generate(args: &GenerateArgs, out: &mut dyn Write) -> Result<Generation> 
 
 /// The recurrent decoder of the model `cfg` (weights `params`, read from
 /// `dir`) on `device`: the one place a decoder is chosen, for either
-/// architecture (a Mamba-2 of several groups on CUDA is the CUDA model's
-/// refusal, naming `--n-groups`).
+/// architecture.
 fn decoder_for(
     cfg: &ModelConfig,
     params: Vec<f32>,

@@ -21,7 +21,7 @@ use std::time::Duration;
 use mamba_comm::bootstrap::{detect, overrides, ProcessEnv, WorldPlace};
 use mamba_comm::supervisor::{start_world, Role, SpawnOptions};
 
-use super::arch::{cpu_model, groups_of, require_cuda_groups};
+use super::arch::cpu_model;
 use super::args::{Device, TrainArgs};
 use super::context::RankContext;
 use super::drive::drive;
@@ -30,7 +30,6 @@ use super::progress::stderr_line;
 use super::rank_setup::{prepare_rank, start_trainer, RankSetup};
 use super::report::plural;
 use super::run_dir::{check_run_dir, run_dir_of, RunLock};
-use crate::checkpoint;
 use crate::config::Precision;
 use crate::dp::{self, DataParallel};
 use crate::error::{Result, TrainError};
@@ -195,10 +194,8 @@ pub fn check_cuda_only_flags(args: &TrainArgs) -> Result<()> {
     }
 }
 
-/// `--device cuda` trains Mamba-2 with one group of B and C only: a run
-/// with more (`--n-groups`, or the checkpoint of `--resume` /
-/// `--init-from`) is refused before anything starts, naming where the
-/// groups came from; so is a `--d-state` above the CUDA scan's limit.
+/// A `--d-state` above the CUDA scan's limit on `--device cuda` is refused
+/// before anything starts, naming the flag.
 pub fn check_arch_device(args: &TrainArgs) -> Result<()> {
     if args.device != Device::Cuda {
         return Ok(());
@@ -210,21 +207,7 @@ pub fn check_arch_device(args: &TrainArgs) -> Result<()> {
              smaller --d-state or --device cpu"
         )));
     }
-    let (groups, source) = match (args.n_groups, &args.resume, &args.init_from) {
-        (Some(g), ..) => (g, format!("--n-groups {g}")),
-        (None, Some(dir), _) => (
-            groups_of(&read_state(dir)?.1.run.model),
-            format!("the checkpoint of --resume {}", dir.display()),
-        ),
-        (None, None, Some(dir)) => (
-            groups_of(&checkpoint::load_hf_config(&checkpoint::hf_model_dir(
-                dir,
-            )?)?),
-            format!("the config.json of --init-from {}", dir.display()),
-        ),
-        (None, None, None) => return Ok(()),
-    };
-    require_cuda_groups(groups, "trains", &source)
+    Ok(())
 }
 
 /// One rank of a CPU world: the engine over the CPU model (host arenas),

@@ -13,11 +13,12 @@
 //! Numbers: within f32 rounding of the CPU step (`tests/cuda_decode.rs`
 //! states the tolerance), not bit for bit (cuBLAS's order, `expf`).
 //!
-//! Mamba-2 (one group of B and C, as the CUDA model): the same step with
-//! its block (`ssd_layer_step`): the conv over x, B, C, the per-head `dt`,
-//! `A`, `D` broadcast to channels for Mamba-1's scan step (its SSM state
-//! `[d_inner, d_state]` per layer is the CPU's per-head `[head_dim,
-//! d_state]` matrices in head order), and the gated RMSNorm.
+//! Mamba-2: the same step with its block (`ssd_layer_step`): the conv over
+//! x, B, C, the per-head `dt`, `A`, `D` broadcast to channels for Mamba-1's
+//! scan step (its SSM state `[d_inner, d_state]` per layer is the CPU's
+//! per-head `[head_dim, d_state]` matrices in head order; with several
+//! groups of B and C, one step per group over its heads' channels), and the
+//! gated RMSNorm.
 //!
 //! Over 450 lines: one decoder, its buffers and the step of each
 //! architecture's layer, which share the scan step and the residual +
@@ -442,23 +443,63 @@ fn ssd_layer_step(
         &mut b.dt.as_view_mut(),
         GroupShape::dense(1, h, hp),
     )?;
-    let (u, dt, bc, a_log, dpar, z) = (
-        b.u.slice(..e),
-        b.dt.as_view(),
-        b.u.slice(e..e + 2 * n),
-        b.a_log_e.slice(i * e * n..(i + 1) * e * n),
-        b.d_e.slice(i * e..(i + 1) * e),
-        b.xz.slice(..e),
-    );
-    let inputs = ScanStepInputs {
-        u: &u,
-        dt: &dt,
-        bc: &bc,
-        a_log: &a_log,
-        d: &dpar,
-        z: &z,
-    };
-    scan_step(dk, s, inputs, ssm, (&mut b.y, &mut b.g), (i, e, n))?;
+    let groups = cfg.ssd().map_or(1, |c| c.n_groups).max(1);
+    if groups == 1 {
+        let (u, dt, bc, a_log, dpar, z) = (
+            b.u.slice(..e),
+            b.dt.as_view(),
+            b.u.slice(e..e + 2 * n),
+            b.a_log_e.slice(i * e * n..(i + 1) * e * n),
+            b.d_e.slice(i * e..(i + 1) * e),
+            b.xz.slice(..e),
+        );
+        let inputs = ScanStepInputs {
+            u: &u,
+            dt: &dt,
+            bc: &bc,
+            a_log: &a_log,
+            d: &dpar,
+            z: &z,
+        };
+        scan_step(dk, s, inputs, ssm, (&mut b.y, &mut b.g), (i, e, n))?;
+    } else {
+        // Several groups: one scan step per group over its heads' channels,
+        // its B and C copied side by side first (the step reads B then C).
+        let per = e / groups;
+        for gi in 0..groups {
+            let ch = gi * per..(gi + 1) * per;
+            for (from, to) in [(e + gi * n, 0), (e + (groups + gi) * n, n)] {
+                s.memcpy_dtod(&b.u.slice(from..from + n), &mut b.dbc.slice_mut(to..to + n))
+                    .map_err(|err| cuda(&format!("staging group {gi}'s B and C"), err))?;
+            }
+            let state = i * e * n;
+            let (u, dt, bc, a_log, dpar, z) = (
+                b.u.slice(ch.clone()),
+                b.dt.slice(ch.clone()),
+                b.dbc.slice(..2 * n),
+                b.a_log_e.slice(state + ch.start * n..state + ch.end * n),
+                b.d_e.slice(i * e + ch.start..i * e + ch.end),
+                b.xz.slice(ch.clone()),
+            );
+            let inputs = ScanStepInputs {
+                u: &u,
+                dt: &dt,
+                bc: &bc,
+                a_log: &a_log,
+                d: &dpar,
+                z: &z,
+            };
+            dk.scan_step(
+                s,
+                inputs,
+                &mut ssm.slice_mut(state + ch.start * n..state + ch.end * n),
+                &mut b.y.slice_mut(ch.clone()),
+                &mut b.g.slice_mut(ch.clone()),
+                per,
+                n,
+            )?;
+        }
+    }
     kr.rmsnorm_fwd(
         s,
         &b.g.as_view(),

@@ -183,16 +183,6 @@ impl CudaModel {
         stream: Arc<CudaStream>,
     ) -> Result<Self> {
         cfg.validate()?;
-        if let Some(s) = cfg.ssd() {
-            if s.n_groups != 1 {
-                return Err(TrainError::Config(format!(
-                    "the CUDA Mamba-2 model shares one B and one C among all heads (n_groups 1), \
-                     and this model has n_groups {} (--n-groups, or config.json's n_groups); \
-                     train it with --device cpu, or use --n-groups 1",
-                    s.n_groups
-                )));
-            }
-        }
         if cfg.d_state > MAX_D_STATE {
             return Err(TrainError::Config(format!(
                 "d_state {} is above the CUDA scan's limit of {MAX_D_STATE}",

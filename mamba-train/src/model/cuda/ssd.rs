@@ -1,29 +1,28 @@
-//! Mamba-2 blocks on the device (`n_groups = 1`), forward and backward,
-//! inside the same pass as Mamba-1's ([`super::forward`],
-//! [`super::backward`]: the embedding, the final norm, the tied head and
-//! the loss are shared, and so are the pre-norm, its backward, the conv
-//! kernels, the gated RMSNorm's kernels and the selective scan).
+//! Mamba-2 blocks on the device (any number of groups of B and C),
+//! forward and backward, inside the same pass as Mamba-1's
+//! ([`super::forward`], [`super::backward`]: the embedding, the final norm,
+//! the tied head and the loss are shared, and so are the pre-norm, its
+//! backward, the conv kernels, the gated RMSNorm's kernels and the gate's
+//! backward).
 //!
-//! The scan is Mamba-1's per-channel selective scan
-//! ([`kernels::mamba::scan`]): a Mamba-2 head of `P` channels with one
-//! `dt`, `A` and `D` is that scan with the head's values broadcast to its
-//! channels ([`kernels::mamba::heads`], exact copies) and B, C shared by
-//! every channel (one group). Its gradients per channel are summed back per
-//! head in ascending channel order. So the CUDA Mamba-2 walks time
-//! sequentially, in f32, in every precision (the GEMMs take the precision,
-//! as for Mamba-1; every Mamba-2 activation is kept in f32); its
-//! association differs from the CPU reference's chunked SSD, so the two
-//! agree within tolerance (`tests/cuda_mamba2.rs`), and `chunk_size`, which
-//! decides the CPU's order, does not change its bits.
+//! The scan is the chunked SSD of [`kernels::mamba::ssd`]: per chunk of
+//! [`kernels::mamba::SSD_CHUNK`] tokens a diagonal block and the state the
+//! chunk enters with, the states passed from chunk to chunk; its backward
+//! recomputes the entry states and keeps every sum in a fixed order (no
+//! atomics). It runs in f32 in every precision (the GEMMs take the
+//! precision, as for Mamba-1; every Mamba-2 activation is kept in f32). Its
+//! chunk length is the kernels' constant, so the model's `chunk_size`
+//! (which decides the CPU reference's order) does not change its bits; the
+//! two agree within tolerance (`tests/cuda_mamba2.rs`).
 //!
-//! Per block (rows `M`, `E = d_inner`, `N = d_state`, `H` heads of `P`,
-//! `cd = E + 2N` conv channels, `w = E + cd + H`):
+//! Per block (rows `M`, `E = d_inner`, `N = d_state`, `G` groups, `H`
+//! heads of `P`, `cd = E + 2GN` conv channels, `w = E + cd + H`):
 //! ```text
 //! xn  = RMSNorm(x_in)                        kernel  [M, d]   (shared buffer)
 //! zx  = xn . W_in^T                          cuBLAS  [M, w]   (z | x B C | dt_raw)
 //! uc  = SiLU(conv1d(x B C) + b)              kernel  [M, cd]
 //! dt  = softplus(dt_raw + dt_bias)           kernels [M, H]
-//! y, g = scan(x of uc, dt per channel, B, C, A per channel, D per channel),
+//! y, g = ssd(x, dt, B, C of uc, A_log, D),
 //!        g = y SiLU(z)                       kernels [M, E]
 //! gn  = RMSNorm(g) * norm.weight             kernel  [M, E]   (shared buffer)
 //! x_out = x_in + gn . W_out^T                copy + cuBLAS (beta = 1)
@@ -32,25 +31,30 @@
 //! ```text
 //! dgn = dres . W_out   gn again   dW_out = dres^T . gn
 //! d norm.weight = colsum(dgn * g * rstd_g)   dg = RMSNorm_bwd(dgn)
-//! dy, dz = gate_bwd(dg, y, z)                dD = head sums of colsum(dy * u)
-//! d dt, du, dB, dC, dA_log = scan_bwd(...)   (per channel; d dt and dA_log summed per head)
-//! d dt_bias = colsum(d dt_raw)               duc = du | dB dC
+//! dy, dz = gate_bwd(dg, y, z)                dD = head sums of colsum(dy * x)
+//! dx dB dC (into duc), d dt_raw (into zx's dt columns), dA_log = ssd_bwd(...)
+//! d dt_bias = colsum(d dt_raw)
 //! conv backward -> dx dB dC of zx, d conv   dW_in, dxn   pre-norm backward
 //! ```
 //!
 //! Over 450 lines: one concept, the Mamba-2 block's forward and backward,
-//! which must stay in step (the backward remakes the forward's per-channel
-//! operands and gated norm with the same calls, `ChannelOps::make` and
-//! `ScanViews`, shared by both); split, the two halves of one block's
-//! buffer contract would sit in two files.
+//! which must stay in step (the backward's scan reads the forward's kept
+//! activations through the same `ssd_inputs`, and remakes the gated norm
+//! with the same call); split, the two halves of one block's buffer
+//! contract would sit in two files.
 
 use cudarc::driver::{CudaSlice, CudaView};
 use kernels::mamba::heads::GroupShape;
-use kernels::mamba::{ColSum, ScanBackward, ScanForward, ScanInputs, ScanShape, Store, Stored};
+use kernels::mamba::{
+    ColSum, ScanShape, SsdBackward, SsdForward, SsdInputs, SsdShape, Store, Stored,
+};
 
 use super::backward::block_norm_bwd;
 use super::forward::{again, block_norm, cast_copy, half, op, op_t, store_into, stored};
-use super::workspace::{ssd_conv_channels, ssd_in_width, ActBuf, SsdActs, SsdBufs, Workspace};
+use super::workspace::{
+    ssd_conv_channels, ssd_in_width, ActBuf, SsdActs, SsdBufs, SsdGradBufs, SsdScanScratch,
+    Workspace,
+};
 use super::Engine;
 use crate::config::{ModelConfig, RMS_EPS};
 use crate::error::{Result, TrainError};
@@ -62,120 +66,61 @@ struct Dims {
     /// Rows and sequence length.
     m: usize,
     t: usize,
-    /// d_model, d_inner, d_state, heads, head_dim, conv width.
+    /// d_model, d_inner, heads, conv width.
     d: usize,
     e: usize,
-    n: usize,
     h: usize,
-    p: usize,
     k: usize,
     /// Conv channels and in_proj width.
     cd: usize,
     w: usize,
+    /// The scan's shape.
+    ssd: SsdShape,
 }
 
 impl Dims {
-    fn of(cfg: &ModelConfig, shape: ScanShape) -> Result<Self> {
+    fn of(cfg: &ModelConfig, batch: usize, seq_len: usize) -> Result<Self> {
         let Some(s) = cfg.ssd() else {
             return Err(TrainError::Config(
                 "a Mamba-2 block needs a Mamba-2 config".into(),
             ));
         };
+        let h = cfg.num_heads();
         Ok(Dims {
-            m: shape.rows(),
-            t: shape.seq_len,
+            m: batch * seq_len,
+            t: seq_len,
             d: cfg.d_model,
             e: cfg.d_inner(),
-            n: cfg.d_state,
-            h: cfg.num_heads(),
-            p: s.head_dim,
+            h,
             k: cfg.d_conv,
             cd: ssd_conv_channels(cfg),
             w: ssd_in_width(cfg),
+            ssd: SsdShape {
+                batch,
+                seq_len,
+                heads: h,
+                head_dim: s.head_dim,
+                d_state: cfg.d_state,
+                groups: s.n_groups,
+            },
         })
     }
 }
 
-/// The scan's per-channel operands of one block ([`SsdBufs`]' docs).
-struct ChannelOps<'w> {
-    u_x: &'w mut CudaSlice<f32>,
-    dt_e: &'w mut CudaSlice<f32>,
-    a_log_e: &'w mut CudaSlice<f32>,
-    d_e: &'w mut CudaSlice<f32>,
-}
-
-impl ChannelOps<'_> {
-    /// Make them from the block's conv output `uc`, its per-head `dt` and
-    /// its `A_log` and `D`: exact broadcasts, so the forward and the
-    /// backward (which makes them again) see the same values.
-    fn make(
-        &mut self,
-        e: &Engine,
-        lo: &SsdLayerOffsets,
-        p: &CudaSlice<f32>,
-        dm: Dims,
-        (uc, dt): (&CudaSlice<f32>, &CudaSlice<f32>),
-    ) -> Result<()> {
-        let (s, kr) = (&e.stream, &e.kernels);
-        let x_cols = GroupShape {
-            rows: dm.m,
-            groups: dm.e,
-            per: 1,
-            ld_heads: dm.cd,
-            ld_channels: dm.e,
-        };
-        kr.group_bcast(s, &uc.as_view(), &mut self.u_x.as_view_mut(), x_cols)?;
-        let per_head = GroupShape::dense(dm.m, dm.h, dm.p);
-        kr.group_bcast(s, &dt.as_view(), &mut self.dt_e.as_view_mut(), per_head)?;
-        let a_log = GroupShape::dense(1, dm.h, dm.p * dm.n);
-        kr.group_bcast(
-            s,
-            &p.slice(lo.a_log.clone()),
-            &mut self.a_log_e.as_view_mut(),
-            a_log,
-        )?;
-        let d_skip = GroupShape::dense(1, dm.h, dm.p);
-        kr.group_bcast(
-            s,
-            &p.slice(lo.d.clone()),
-            &mut self.d_e.as_view_mut(),
-            d_skip,
-        )?;
-        Ok(())
-    }
-}
-
-/// Views of one block's scan inputs: the per-channel operands and the B, C
-/// columns of its conv output `uc` (from column `d_inner` on).
-struct ScanViews<'a> {
-    u: CudaView<'a, f32>,
-    dt: CudaView<'a, f32>,
-    bc: CudaView<'a, f32>,
-    a_log: CudaView<'a, f32>,
-    d: CudaView<'a, f32>,
-}
-
-impl<'a> ScanViews<'a> {
-    fn of(ops: &'a ChannelOps<'_>, uc: &'a CudaSlice<f32>, d_inner: usize) -> Self {
-        ScanViews {
-            u: ops.u_x.as_view(),
-            dt: ops.dt_e.as_view(),
-            bc: uc.slice(d_inner..),
-            a_log: ops.a_log_e.as_view(),
-            d: ops.d_e.as_view(),
-        }
-    }
-
-    /// The scan's inputs, B and C rows `ldbc` (the conv channels) apart.
-    fn inputs(&self, ldbc: usize) -> ScanInputs<'_> {
-        ScanInputs {
-            u: Stored::F32(&self.u),
-            dt: Stored::F32(&self.dt),
-            bc: &self.bc,
-            ldbc,
-            a_log: &self.a_log,
-            d: &self.d,
-        }
+/// The scan's inputs of one block: its kept conv output (x, B, C) and
+/// `dt`, and its `A_log` and `D` (the forward and the backward read them
+/// through this one function).
+fn ssd_inputs<'a>(
+    (uc, dt): (&'a CudaView<'a, f32>, &'a CudaView<'a, f32>),
+    (a_log, d): (&'a CudaView<'a, f32>, &'a CudaView<'a, f32>),
+    cd: usize,
+) -> SsdInputs<'a> {
+    SsdInputs {
+        xbc: uc,
+        ldu: cd,
+        dt,
+        a_log,
+        d,
     }
 }
 
@@ -189,42 +134,26 @@ pub(super) fn forward_blocks(
     shape: ScanShape,
     ws: &mut Workspace,
 ) -> Result<()> {
-    let dm = Dims::of(cfg, shape)?;
+    let dm = Dims::of(cfg, shape.batch, shape.seq_len)?;
     let Workspace {
         resid,
         xn,
         xn_of,
         g,
-        scan_seg,
         ssd,
         ..
     } = ws;
-    let SsdBufs {
-        acts,
-        u_x,
-        dt_e,
-        a_log_e,
-        d_e,
-        ..
-    } = ssd.as_mut().ok_or_else(missing_buffers)?;
+    let SsdBufs { acts, scan, .. } = ssd.as_mut().ok_or_else(missing_buffers)?;
     for (l, lo) in lay.ssd_layers.iter().enumerate() {
         let (before, after) = resid.split_at_mut(l + 1);
-        let mut ops = ChannelOps {
-            u_x,
-            dt_e,
-            a_log_e,
-            d_e,
-        };
         block_forward(
             e,
             lo,
             (p, pb),
-            (dm, shape),
-            &before[l],
-            Some(&mut after[0]),
-            acts.slot_mut(l),
-            &mut ops,
-            (xn, g, scan_seg),
+            dm,
+            (&before[l], Some(&mut after[0])),
+            (acts.slot_mut(l), scan),
+            (xn, g),
         )?;
         acts.resident = Some(l);
         *xn_of = Some(l);
@@ -233,22 +162,20 @@ pub(super) fn forward_blocks(
 }
 
 /// One Mamba-2 block's forward pass from `x_in` (the module docs): its
-/// activations into `a` and, when `x_out` is given, its output into
-/// `x_out`; without it, the recomputation of the activations alone
-/// (`--recompute`: the same kernels on the same input, the same bits).
-/// `xn` and `gn` are the shared norm output buffers ([`Workspace::xn`],
-/// [`Workspace::g`]).
+/// activations into `a` (the scan's scratch in `scan`) and, when `x_out` is
+/// given, its output into `x_out`; without it, the recomputation of the
+/// activations alone (`--recompute`: the same kernels on the same input,
+/// the same bits). `xn` and `gn` are the shared norm output buffers
+/// ([`Workspace::xn`], [`Workspace::g`]).
 #[allow(clippy::too_many_arguments)]
 fn block_forward(
     e: &Engine,
     lo: &SsdLayerOffsets,
     (p, pb): (&CudaSlice<f32>, Option<&CudaSlice<u16>>),
-    (dm, shape): (Dims, ScanShape),
-    x_in: &CudaSlice<f32>,
-    x_out: Option<&mut CudaSlice<f32>>,
-    a: &mut SsdActs,
-    ops: &mut ChannelOps<'_>,
-    (xn, gn, scan_seg): (&mut ActBuf, &mut ActBuf, &mut CudaSlice<f32>),
+    dm: Dims,
+    (x_in, x_out): (&CudaSlice<f32>, Option<&mut CudaSlice<f32>>),
+    (a, scan): (&mut SsdActs, &mut SsdScanScratch),
+    (xn, gn): (&mut ActBuf, &mut ActBuf),
 ) -> Result<()> {
     let Dims {
         m,
@@ -259,7 +186,7 @@ fn block_forward(
         k,
         cd,
         w,
-        ..
+        ssd: shape,
     } = dm;
     let (s, kr) = (&e.stream, &e.kernels);
     let wv = |range: &std::ops::Range<usize>| p.slice(range.clone());
@@ -298,21 +225,20 @@ fn block_forward(
     };
     kr.group_bcast(s, &a.zx.slice(di + cd..), &mut a.dt.as_view_mut(), dt_cols)?;
     kr.dt_softplus(s, &mut a.dt.as_view_mut(), None, &wv(&lo.dt_bias), m, h)?;
-    ops.make(e, lo, p, dm, (&a.uc, &a.dt))?;
 
-    let views = ScanViews::of(ops, &a.uc, di);
+    let (uc, dt) = (a.uc.as_view(), a.dt.as_view());
+    let (a_log, dskip) = (wv(&lo.a_log), wv(&lo.d));
     let z = a.zx.as_view();
-    kr.scan_forward(
+    kr.ssd_forward(
         s,
         shape,
-        views.inputs(cd),
-        ScanForward {
-            z: Stored::F32(&z),
+        ssd_inputs((&uc, &dt), (&a_log, &dskip), cd),
+        &mut scan.views(),
+        SsdForward {
+            z: &z,
             ldz: w,
-            hin: &mut a.hin.as_view_mut(),
-            y: Store::F32(a.y.as_view_mut()),
-            out: Store::F32(a.g.as_view_mut()),
-            scratch_seg: &mut scan_seg.as_view_mut(),
+            y: &mut a.y.as_view_mut(),
+            gate: &mut a.g.as_view_mut(),
         },
     )?;
     kr.rmsnorm_fwd(
@@ -360,19 +286,19 @@ pub(super) fn backward_blocks(
     ws: &mut Workspace,
     grads: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    let dm = Dims::of(cfg, shape)?;
+    let dm = Dims::of(cfg, shape.batch, shape.seq_len)?;
     let Dims {
         m,
         t,
         d,
         e: di,
-        n,
         h,
-        p: hp,
         k,
         cd,
         w,
+        ssd: sshape,
     } = dm;
+    let hp = di / h.max(1);
     let (s, kr) = (&e.stream, &e.kernels);
     let wv = |range: &std::ops::Range<usize>| p.slice(range.clone());
     let Workspace {
@@ -380,53 +306,39 @@ pub(super) fn backward_blocks(
         xn,
         xn_of,
         g: gn,
-        scan_seg,
         ssd,
         dres,
         dres_h,
         dout: dgn,
         dy,
-        du,
-        ddtr: ddt,
         dxn,
         colsum,
-        da_part,
-        dbc_part,
         ..
     } = ws;
     let SsdBufs {
         acts,
-        u_x,
-        dt_e,
-        a_log_e,
-        d_e,
+        scan,
+        grads: block_grads,
+    } = ssd.as_mut().ok_or_else(missing_buffers)?;
+    let SsdGradBufs {
         duc,
         dg,
         dd_e,
-        da_log_e,
         dzx,
         dzx_h,
         rstd_again,
-    } = ssd.as_mut().ok_or_else(missing_buffers)?;
+    } = block_grads;
     for (l, lo) in lay.ssd_layers.iter().enumerate().rev() {
-        let mut ops = ChannelOps {
-            u_x,
-            dt_e,
-            a_log_e,
-            d_e,
-        };
         if acts.shared() && acts.resident != Some(l) {
             // --recompute: this block's activations again, from its input.
             block_forward(
                 e,
                 lo,
                 (p, pb),
-                (dm, shape),
-                &resid[l],
-                None,
-                acts.slot_mut(l),
-                &mut ops,
-                (xn, gn, scan_seg),
+                dm,
+                (&resid[l], None),
+                (acts.slot_mut(l), scan),
+                (xn, gn),
             )?;
             acts.resident = Some(l);
             *xn_of = Some(l);
@@ -446,7 +358,6 @@ pub(super) fn backward_blocks(
         }
         let a = acts.slot(l);
         let g = |range: &std::ops::Range<usize>| range.clone();
-
         // out_proj: the input gradient, then gn again (its norm on the kept
         // g, the forward's bits) for the weight gradient.
         let dres_v = dres.as_view();
@@ -525,16 +436,17 @@ pub(super) fn backward_blocks(
             di,
         )?;
 
-        // The scan, per channel, and its per-head sums.
-        ops.make(e, lo, p, dm, (&a.uc, &a.dt))?;
-        let views = ScanViews::of(&ops, &a.uc, di);
+        // The scan: D's gradient per head (its column sums over x, then
+        // summed per head), then dx dB dC into duc, d dt_raw into zx's dt
+        // columns and dA_log.
+        let (uc, dtv) = (a.uc.as_view(), a.dt.as_view());
         kr.colsum(
             s,
             ColSum::Product {
                 a: &dy.as_view(),
                 lda: di,
-                b: Stored::F32(&views.u),
-                ldb: di,
+                b: Stored::F32(&uc),
+                ldb: cd,
             },
             m,
             di,
@@ -543,39 +455,22 @@ pub(super) fn backward_blocks(
         )?;
         let skip = GroupShape::dense(1, h, hp);
         kr.group_sum(s, &dd_e.as_view(), &mut grads.slice_mut(g(&lo.d)), skip)?;
-        kr.scan_backward(
+        let (a_log, dskip) = (wv(&lo.a_log), wv(&lo.d));
+        let dyv = dy.as_view();
+        kr.ssd_backward(
             s,
-            shape,
-            views.inputs(cd),
-            ScanBackward {
-                dy: &dy.as_view(),
-                hin: &a.hin.as_view(),
-                scratch_da: &mut da_part.as_view_mut(),
-                scratch_dbc: &mut dbc_part.as_view_mut(),
-                scratch_seg: &mut scan_seg.as_view_mut(),
-                ddt_raw: Store::F32(ddt.as_view_mut()),
-                du: &mut du.as_view_mut(),
-                dbc: &mut duc.slice_mut(di..),
-                da_log: &mut da_log_e.as_view_mut(),
+            sshape,
+            ssd_inputs((&uc, &dtv), (&a_log, &dskip), cd),
+            &mut scan.views(),
+            SsdBackward {
+                dy: &dyv,
+                dxbc: &mut duc.as_view_mut(),
+                lddx: cd,
+                ddt_raw: &mut dzx.slice_mut(di + cd..),
+                ld_ddt: w,
+                da_log: &mut grads.slice_mut(g(&lo.a_log)),
             },
         )?;
-        let a_log_heads = GroupShape::dense(1, h, hp * n);
-        kr.group_sum(
-            s,
-            &da_log_e.as_view(),
-            &mut grads.slice_mut(g(&lo.a_log)),
-            a_log_heads,
-        )?;
-        // d dt_raw per head (the scan's per-channel d dt already carries
-        // softplus'), into zx's dt columns; dt_bias's gradient is their sum.
-        let dt_heads = GroupShape {
-            rows: m,
-            groups: h,
-            per: hp,
-            ld_heads: w,
-            ld_channels: di,
-        };
-        kr.group_sum(s, &ddt.as_view(), &mut dzx.slice_mut(di + cd..), dt_heads)?;
         kr.colsum(
             s,
             ColSum::Plain {
@@ -588,17 +483,9 @@ pub(super) fn backward_blocks(
             &mut grads.slice_mut(g(&lo.dt_bias)),
         )?;
 
-        // Conv + SiLU over x, B, C: duc = du | dB dC, then through SiLU in
-        // place, then the input gradient into zx's conv columns and the
+        // Conv + SiLU over x, B, C: duc (the scan's dx | dB dC) through
+        // SiLU in place, then the input gradient into zx's conv columns and the
         // conv's weight and bias.
-        let x_cols = GroupShape {
-            rows: m,
-            groups: di,
-            per: 1,
-            ld_heads: di,
-            ld_channels: cd,
-        };
-        kr.group_bcast(s, &du.as_view(), &mut duc.as_view_mut(), x_cols)?;
         let xbc = a.zx.slice(di..);
         let (conv_w, conv_b) = (wv(&lo.conv_w), wv(&lo.conv_b));
         kr.conv_bwd_pre(

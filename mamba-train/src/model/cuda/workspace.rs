@@ -46,7 +46,10 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
-use kernels::mamba::{DeviceTokenCsr, LossScale, MambaKernels, ScanShape, Store, Stored, TokenCsr};
+use kernels::mamba::{
+    DeviceTokenCsr, LossScale, MambaKernels, ScanShape, SsdScratch, SsdScratchLens, SsdShape,
+    Store, Stored, TokenCsr,
+};
 
 use super::blas::{Elems, GemmOut};
 use super::graph::PassGraph;
@@ -202,60 +205,104 @@ impl<A> BlockActs<A> {
 }
 
 /// What one Mamba-2 block's backward pass needs from its forward pass
-/// (`n_groups = 1`: `cd = d_inner + 2 d_state` conv channels, in_proj
-/// width `w = d_inner + cd + heads`). Kept in f32 in every precision.
+/// (`cd = d_inner + 2 n_groups d_state` conv channels, in_proj width `w =
+/// d_inner + cd + heads`). Kept in f32 in every precision. The scan keeps
+/// nothing of its own: its backward recomputes the chunk states.
 pub(crate) struct SsdActs {
     /// 1/rms of each row of the block's input, `[rows]`.
     pub rstd: CudaSlice<f32>,
     /// in_proj output, `[rows, w]`: z, then x, B, C, then dt_raw.
     pub zx: CudaSlice<f32>,
-    /// `SiLU(conv(x | B | C))`, `[rows, cd]` (the scan's u, B and C).
+    /// `SiLU(conv(x | B | C))`, `[rows, cd]` (the scan's x, B and C).
     pub uc: CudaSlice<f32>,
     /// `softplus(dt_raw + dt_bias)` per head, `[rows, heads]`.
     pub dt: CudaSlice<f32>,
-    /// Scan output `C.h + D u`, `[rows, d_inner]` (the gate's backward).
+    /// Scan output `y` (with `D x`), `[rows, d_inner]` (the gate's backward).
     pub y: CudaSlice<f32>,
     /// `y SiLU(z)`, `[rows, d_inner]`: the gated norm's input.
     pub g: CudaSlice<f32>,
     /// 1/rms of each row of `g`, `[rows]`.
     pub rstd_g: CudaSlice<f32>,
-    /// The scan's chunk entry states ([`ScanShape::state_len`]).
-    pub hin: CudaSlice<f32>,
 }
 
-/// The Mamba-2 blocks' buffers beside the ones both architectures share
-/// ([`Workspace::ssd`]). The per-channel operands of the scan (`u_x`,
-/// `dt_e`, `a_log_e`, `d_e`) are made from the block's kept activations
-/// and parameters by [`kernels::mamba::heads`]' exact broadcasts, in the
-/// forward and again in the backward, so no block keeps them.
-pub(crate) struct SsdBufs {
-    pub acts: BlockActs<SsdActs>,
-    /// The x columns of `uc`, contiguous, `[rows, d_inner]` (the scan's u).
-    pub u_x: CudaSlice<f32>,
-    /// dt per channel, `[rows, d_inner]`.
-    pub dt_e: CudaSlice<f32>,
-    /// `A_log` per channel and state, `[d_inner, d_state]`.
-    pub a_log_e: CudaSlice<f32>,
-    /// `D` per channel, `[d_inner]`.
-    pub d_e: CudaSlice<f32>,
-    /// Backward: the gradient of `uc`, `[rows, cd]` (then of the conv's
-    /// pre-activation, in place).
+/// The SSD kernels' scratch ([`kernels::mamba::SsdScratch`]): shared by
+/// every block, rewritten by each scan call before it is read.
+pub(crate) struct SsdScanScratch {
+    cum: CudaSlice<f32>,
+    states: CudaSlice<f32>,
+    dstates: CudaSlice<f32>,
+    chunk_m: CudaSlice<f32>,
+    chunk_p: CudaSlice<f32>,
+    ds_in: CudaSlice<f32>,
+    ddt_in: CudaSlice<f32>,
+    rst: CudaSlice<f32>,
+    o_part: CudaSlice<f32>,
+    dsh_part: CudaSlice<f32>,
+    da_part: CudaSlice<f32>,
+}
+
+impl SsdScanScratch {
+    /// Buffers of the lengths `lens` gives.
+    fn new(a: &mut Alloc<'_>, lens: SsdScratchLens) -> Result<Self> {
+        Ok(SsdScanScratch {
+            cum: a.zeros("SSD decay sums", lens.row_heads)?,
+            states: a.zeros("SSD chunk states", lens.states)?,
+            dstates: a.zeros("SSD chunk state gradients", lens.states)?,
+            chunk_m: a.zeros("SSD chunk weights", lens.chunk_matrix)?,
+            chunk_p: a.zeros("SSD chunk B/C weights", lens.chunk_matrix)?,
+            ds_in: a.zeros("SSD decay-sum gradients", lens.row_heads)?,
+            ddt_in: a.zeros("SSD dt gradients (diagonal)", lens.row_heads)?,
+            rst: a.zeros("SSD dt gradients (state)", lens.row_heads)?,
+            o_part: a.zeros("SSD output-term partials", lens.state_sum_parts)?,
+            dsh_part: a.zeros("SSD state-decay partials", lens.chunk_sum_parts)?,
+            da_part: a.zeros("SSD dA partials", lens.chunk_heads)?,
+        })
+    }
+
+    /// The views one scan call takes.
+    pub fn views(&mut self) -> SsdScratch<'_> {
+        SsdScratch {
+            cum: self.cum.as_view_mut(),
+            states: self.states.as_view_mut(),
+            dstates: self.dstates.as_view_mut(),
+            chunk_m: self.chunk_m.as_view_mut(),
+            chunk_p: self.chunk_p.as_view_mut(),
+            ds_in: self.ds_in.as_view_mut(),
+            ddt_in: self.ddt_in.as_view_mut(),
+            rst: self.rst.as_view_mut(),
+            o_part: self.o_part.as_view_mut(),
+            dsh_part: self.dsh_part.as_view_mut(),
+            da_part: self.da_part.as_view_mut(),
+        }
+    }
+}
+
+/// The Mamba-2 backward's own gradient buffers, shared by every block.
+pub(crate) struct SsdGradBufs {
+    /// The gradient of `uc`, `[rows, cd]` (the scan writes its x, B and C
+    /// columns; then the conv's pre-activation gradient, in place).
     pub duc: CudaSlice<f32>,
-    /// Backward: the gradient of `g`, `[rows, d_inner]`.
+    /// The gradient of `g`, `[rows, d_inner]`.
     pub dg: CudaSlice<f32>,
-    /// Backward: d D and d A_log per channel, before their sums per head.
+    /// d D per channel, before its sums per head.
     pub dd_e: CudaSlice<f32>,
-    pub da_log_e: CudaSlice<f32>,
-    /// Backward: in_proj's output gradient, `[rows, w]`, f32 (its dt
-    /// columns are summed per head by a kernel, and read by dt_bias's
-    /// column sum).
+    /// in_proj's output gradient, `[rows, w]`, f32 (the scan writes its dt
+    /// columns, which dt_bias's column sum reads).
     pub dzx: CudaSlice<f32>,
     /// bf16 runs: `dzx`'s bf16 copy, which in_proj's two backward GEMMs
     /// share.
     pub dzx_h: Option<CudaSlice<u16>>,
-    /// Backward: the gated norm's 1/rms as the remade norm writes it (the
-    /// kept `rstd_g` bits again; the kept buffer is only read).
+    /// The gated norm's 1/rms as the remade norm writes it (the kept
+    /// `rstd_g` bits again; the kept buffer is only read).
     pub rstd_again: CudaSlice<f32>,
+}
+
+/// The Mamba-2 blocks' buffers beside the ones both architectures share
+/// ([`Workspace::ssd`]).
+pub(crate) struct SsdBufs {
+    pub acts: BlockActs<SsdActs>,
+    pub scan: SsdScanScratch,
+    pub grads: SsdGradBufs,
 }
 
 /// How a workspace is laid out, besides the batch shape (the model's
@@ -491,7 +538,7 @@ impl Workspace {
             Some(ssd_bufs(
                 &mut a,
                 cfg,
-                (rows, sl),
+                (batch, seq_len),
                 (sets, recompute),
                 bf16,
                 &label,
@@ -527,9 +574,9 @@ impl Workspace {
             dlogits_h: a.zeros_if(bf16, "logits gradient (bf16)", loss_rows * v)?,
             loss_rows,
             logits: a.zeros("logits of one loss chunk", loss_rows * v)?,
-            da_part: a.zeros("scan dA partials", shape.da_partial_len())?,
-            dbc_part: a.zeros("scan dB/dC partials", shape.dbc_partial_len())?,
-            scan_seg: a.zeros("scan segment scratch", shape.segment_scratch_len())?,
+            da_part: a.zeros("scan dA partials", m1(shape.da_partial_len()))?,
+            dbc_part: a.zeros("scan dB/dC partials", m1(shape.dbc_partial_len()))?,
+            scan_seg: a.zeros("scan segment scratch", m1(shape.segment_scratch_len()))?,
             colsum: a.zeros("column-sum partials", colsum)?,
             row_loss: a.zeros("row losses", rows)?,
             loss: a.zeros("loss", 1)?,
@@ -538,8 +585,8 @@ impl Workspace {
             dout: a.zeros("gated output gradient", rows * di)?,
             dy: a.zeros("scan output gradient", rows * di)?,
             dxz: a.act(bf16, "in_proj output gradient", m1(rows * 2 * di))?,
-            ddtr: a.zeros("dt_proj output gradient", rows * di)?,
-            du: a.zeros("conv output gradient", rows * di)?,
+            ddtr: a.zeros("dt_proj output gradient", m1(rows * di))?,
+            du: a.zeros("conv output gradient", m1(rows * di))?,
             ddbc: a.zeros("x_proj output gradient", m1(rows * ldbc))?,
             tokens: a.zeros("tokens", rows)?,
             targets: a.zeros("targets", rows)?,
@@ -555,30 +602,30 @@ impl Workspace {
     }
 }
 
-/// Conv channels of a Mamba-2 block (`n_groups = 1`): x, B and C.
+/// Conv channels of a Mamba-2 block: x, then B and C of every group.
 pub(crate) fn ssd_conv_channels(cfg: &ModelConfig) -> usize {
-    cfg.d_inner() + 2 * cfg.d_state
+    cfg.d_inner() + 2 * cfg.ssd().map_or(1, |s| s.n_groups) * cfg.d_state
 }
 
-/// in_proj's output width of a Mamba-2 block (`n_groups = 1`): z, the conv
-/// channels, dt.
+/// in_proj's output width of a Mamba-2 block: z, the conv channels, dt.
 pub(crate) fn ssd_in_width(cfg: &ModelConfig) -> usize {
     cfg.d_inner() + ssd_conv_channels(cfg) + cfg.num_heads()
 }
 
 /// The Mamba-2 buffers of a workspace: `sets` block activation sets
-/// (shared by all blocks when `shared`; `label` names them), and the
-/// per-channel operands and backward scratch ([`SsdBufs`]); `bf16`: the
-/// bf16 GEMM operand copies.
+/// (shared by all blocks when `shared`; `label` names them), the scan's
+/// scratch and the backward's buffers ([`SsdBufs`]); `bf16`: the bf16 GEMM
+/// operand copies.
 fn ssd_bufs(
     a: &mut Alloc<'_>,
     cfg: &ModelConfig,
-    (rows, state_len): (usize, usize),
+    (batch, seq_len): (usize, usize),
     (sets, shared): (usize, bool),
     bf16: bool,
     label: &dyn Fn(usize, &str) -> String,
 ) -> Result<SsdBufs> {
-    let (di, n, heads) = (cfg.d_inner(), cfg.d_state, cfg.num_heads());
+    let rows = batch * seq_len;
+    let (di, heads) = (cfg.d_inner(), cfg.num_heads());
     let (cd, w) = (ssd_conv_channels(cfg), ssd_in_width(cfg));
     let mut acts = Vec::with_capacity(sets);
     for l in 0..sets {
@@ -591,21 +638,26 @@ fn ssd_bufs(
             y: a.zeros(&w_("scan output"), rows * di)?,
             g: a.zeros(&w_("gated norm input"), rows * di)?,
             rstd_g: a.zeros(&w_("gated norm rstd"), rows)?,
-            hin: a.zeros(&w_("scan chunk states"), state_len)?,
         });
     }
+    let shape = SsdShape {
+        batch,
+        seq_len,
+        heads,
+        head_dim: cfg.ssd().map_or(1, |s| s.head_dim),
+        d_state: cfg.d_state,
+        groups: cfg.ssd().map_or(1, |s| s.n_groups),
+    };
     Ok(SsdBufs {
         acts: BlockActs::new(acts, shared),
-        u_x: a.zeros("scan input u", rows * di)?,
-        dt_e: a.zeros("dt per channel", rows * di)?,
-        a_log_e: a.zeros("A_log per channel", di * n)?,
-        d_e: a.zeros("D per channel", di)?,
-        duc: a.zeros("conv output gradient", rows * cd)?,
-        dg: a.zeros("gated norm input gradient", rows * di)?,
-        dd_e: a.zeros("D gradient per channel", di)?,
-        da_log_e: a.zeros("A_log gradient per channel", di * n)?,
-        dzx: a.zeros("in_proj output gradient", rows * w)?,
-        dzx_h: a.zeros_if(bf16, "in_proj output gradient (bf16)", rows * w)?,
-        rstd_again: a.zeros("gated norm rstd (remade)", rows)?,
+        scan: SsdScanScratch::new(a, shape.scratch_lens())?,
+        grads: SsdGradBufs {
+            duc: a.zeros("conv output gradient", rows * cd)?,
+            dg: a.zeros("gated norm input gradient", rows * di)?,
+            dd_e: a.zeros("D gradient per channel", di)?,
+            dzx: a.zeros("in_proj output gradient", rows * w)?,
+            dzx_h: a.zeros_if(bf16, "in_proj output gradient (bf16)", rows * w)?,
+            rstd_again: a.zeros("gated norm rstd (remade)", rows)?,
+        },
     })
 }
