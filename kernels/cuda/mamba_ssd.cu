@@ -23,14 +23,18 @@
 //   dB_j  = sum_h [sum_{i>=j} P_ij C_i + e_j (x_j^T dS)]       (mamba_ssd_bwd_dbc)
 //   dC_i  = sum_h [sum_{j<=i} P_ij B_j + exp(s_i) (dy_i^T H)],
 //           P_ij = (L_ij dt_j) (dy_i . x_j)
+// where B and C are shared by a group's heads, so the diagonal terms take
+// Psum = sum_h P (mamba_ssd_bwd_psum) and the state terms are one
+// contraction over the group's (h, p): two products per group, not four
+// per head, and no partial sums over heads to combine;
 //   d dt_j = sum_{i>=j} L_ij cb_ij (dy_i . x_j) + exp(s_last - s_j) x_j^T dS B_j
 //            + A da_j,  da_k = sum_{i>=k} ds_i                 (mamba_ssd_bwd_dt)
 // where ds_i is the gradient of s_i: the row sum minus the column sum of
 // w_ij = M_ij (dy_i . x_j) (mamba_ssd_bwd_qq), plus exp(s_i) dy_i . (H C_i),
-// minus exp(s_last - s_i) dt_i x_i^T dS B_i, and, at the last token, the
-// sum of those state terms plus exp(s_last) <dS, H>. dA_log = A sum over
-// chunks of sum_k da_k dt_k (mamba_ssd_dalog). The group sums of dB and dC
-// run over the group's heads in ascending order inside one thread.
+// minus exp(s_last - s_i) dt_i x_i^T dS B_i (both per head, from
+// mamba_ssd_bwd_dx), and, at the last token, the sum of those state terms
+// plus exp(s_last) <dS, H> (also bwd_dx). dA_log = A sum over chunks of
+// sum_k da_k dt_k (mamba_ssd_dalog).
 //
 // Layout: activations are row-major [M, .], row m = b*T + t. The conv
 // output holds x (columns h*P + p), B (b_off + g*N + n) and C (c_off + g*N
@@ -41,7 +45,9 @@
 // Tiles: the Q x Q and Q x P products give each of 256 threads a 4 x 4
 // register tile (rows 4*(tid/16) + a, columns tid%16 + 16*k), fed from
 // shared-memory tiles of kTk contraction steps padded by one column against
-// bank conflicts; the contraction is serial in ascending order per output.
+// bank conflicts (bwd_dbc: kDk steps, stored step-major so a thread reads
+// its four rows as one float4); the contraction is serial in ascending
+// order per output.
 // Zero padding past a chunk's length or a tile's edge adds exact zeros.
 //
 // Determinism: no atomics; every output is one thread's serial sum, or a
@@ -63,15 +69,18 @@ constexpr int kQ = 64;
 constexpr int kThreads = 256;
 // Contraction steps per shared-memory tile of the register-tiled products.
 constexpr int kTk = 16;
-constexpr int kTkPad = kTk + 1;
+// Rows of a staged tile, padded so every step's row of values starts
+// 16-byte aligned (a thread reads its four rows as one float4).
+constexpr int kQPad = kQ + 4;
+constexpr int kTile = kTk * kQPad;
 // Output columns (p) per pass of the Q x P products.
 constexpr int kTp = 64;
 // chunk_state's output tile: kSp channels x kSn states.
-constexpr int kSp = 32;
+constexpr int kSp = 64;
 constexpr int kSn = 64;
-// bwd_dbc: states per block, channels per staged tile.
-constexpr int kDn = 32;
-constexpr int kDp = 16;
+// bwd_dbc: states per block, contraction steps per staged tile.
+constexpr int kDn = 64;
+constexpr int kDk = 32;
 // Chunks whose loads mamba_ssd_state_pass issues before walking them.
 constexpr int kPass = 8;
 
@@ -95,8 +104,10 @@ __device__ __forceinline__ Chunk chunk_of(int bc, int nc, int T) {
 // acc[a][k] = sum over kk < K (ascending) of A[r_a][kk] * Bm[r_k][kk],
 // r_a = 4*(tid/16) + a, r_k = tid%16 + 16*k, where A has qa rows lda apart
 // and Bm qb rows ldb apart (both already offset to their first column);
-// rows past qa / qb and steps past K read as 0. sA, sB: kQ * kTkPad floats
-// each. Every thread of the block must call it (it synchronises).
+// rows past qa / qb and steps past K read as 0. sA, sB: kTile floats each,
+// 16-byte aligned, staged step-major (sA[kk * kQPad + r]) so the four rows
+// of a thread are one float4 load. Every thread of the block must call it
+// (it synchronises).
 __device__ __forceinline__ void rows_product(float acc[4][4], const float* __restrict__ A,
                                              long long lda, int qa,
                                              const float* __restrict__ Bm, long long ldb, int qb,
@@ -110,21 +121,23 @@ __device__ __forceinline__ void rows_product(float acc[4][4], const float* __res
         for (int idx = tid; idx < kQ * kTk; idx += kThreads) {
             const int r = idx / kTk, kk = idx % kTk;
             const bool in_k = k0 + kk < K;
-            sA[r * kTkPad + kk] = (r < qa && in_k) ? A[r * lda + k0 + kk] : 0.0f;
-            sB[r * kTkPad + kk] = (r < qb && in_k) ? Bm[r * ldb + k0 + kk] : 0.0f;
+            sA[kk * kQPad + r] = (r < qa && in_k) ? A[r * lda + k0 + kk] : 0.0f;
+            sB[kk * kQPad + r] = (r < qb && in_k) ? Bm[r * ldb + k0 + kk] : 0.0f;
         }
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < kTk; ++kk) {
-            float av[4], bv[4];
+            const float4 av = *reinterpret_cast<const float4*>(&sA[kk * kQPad + 4 * ti]);
+            float bv[4];
 #pragma unroll
-            for (int a = 0; a < 4; ++a) av[a] = sA[(4 * ti + a) * kTkPad + kk];
+            for (int k = 0; k < 4; ++k) bv[k] = sB[kk * kQPad + tj + 16 * k];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) bv[k] = sB[(tj + 16 * k) * kTkPad + kk];
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int k = 0; k < 4; ++k) acc[a][k] = acc[a][k] + av[a] * bv[k];
+            for (int k = 0; k < 4; ++k) {
+                acc[0][k] = acc[0][k] + av.x * bv[k];
+                acc[1][k] = acc[1][k] + av.y * bv[k];
+                acc[2][k] = acc[2][k] + av.z * bv[k];
+                acc[3][k] = acc[3][k] + av.w * bv[k];
+            }
         }
         __syncthreads();
     }
@@ -181,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                           const float* __restrict__ dt, const float* __restrict__ s,
                           float* __restrict__ out, int T, int H, int P, int N, int hpg, int nc,
                           int mode) {
-    __shared__ float sX[kQ * kSp];
+    __shared__ __align__(16) float sX[kQ * kSp];
     __shared__ float sY[kQ * kSn];
     __shared__ float sw[kQ];
     __shared__ float ss[kQ], sdt[kQ];
@@ -206,21 +219,24 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         sY[idx] = n0 + nn < N ? Y[(ck.m0 + j) * ldy + y_off + g * N + n0 + nn] : 0.0f;
     }
     __syncthreads();
+    // Thread (tp, tn) owns channels p0 + 4 tp + a and states n0 + tn + 16 k.
     const int tp = tid / 16, tn = tid % 16;
-    float acc[2][4] = {};
+    float acc[4][4] = {};
     for (int j = 0; j < ck.q; ++j) {
-        const float x0 = sX[j * kSp + 2 * tp], x1 = sX[j * kSp + 2 * tp + 1];
+        const float4 xv = *reinterpret_cast<const float4*>(&sX[j * kSp + 4 * tp]);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const float yv = sY[j * kSn + tn + 16 * k];
-            acc[0][k] = acc[0][k] + x0 * yv;
-            acc[1][k] = acc[1][k] + x1 * yv;
+            acc[0][k] = acc[0][k] + xv.x * yv;
+            acc[1][k] = acc[1][k] + xv.y * yv;
+            acc[2][k] = acc[2][k] + xv.z * yv;
+            acc[3][k] = acc[3][k] + xv.w * yv;
         }
     }
     float* o = out + ((long long)bc * H + h) * P * N;
 #pragma unroll
-    for (int a = 0; a < 2; ++a) {
-        const int p = p0 + 2 * tp + a;
+    for (int a = 0; a < 4; ++a) {
+        const int p = p0 + 4 * tp + a;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const int n = n0 + tn + 16 * k;
@@ -280,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                         const float* __restrict__ dpar, const float* __restrict__ st,
                         const float* __restrict__ z, long long ldz, float* __restrict__ y,
                         float* __restrict__ gate, int T, int H, int P, int N, int hpg, int nc) {
-    __shared__ float sA[kQ * kTkPad], sB[kQ * kTkPad];
+    __shared__ __align__(16) float sA[kTile], sB[kTile];
     __shared__ float sM[kQ * (kQ + 1)];
     __shared__ float sX[kQ * kTp];
     __shared__ float ss[kQ], sdt[kQ];
@@ -349,13 +365,13 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 // ([nbc][H][kQ][kQ]); ds_in[m, h] = sum_{j<=i} w_ij - sum_{k>=i} w_ki with
 // w = M (dy . x) (both ascending); ddt_in[m, h] = sum_{i>=j} L_ij cb_ij
 // (dy_i . x_j) (ascending i). dy is [M, H*P]. grid (nbc, H), block kThreads.
-extern "C" __global__ void __launch_bounds__(kThreads)
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
     mamba_ssd_bwd_qq(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                      const float* __restrict__ dt, const float* __restrict__ s,
                      const float* __restrict__ dy, float* __restrict__ Mq,
                      float* __restrict__ Pq, float* __restrict__ ds_in,
                      float* __restrict__ ddt_in, int T, int H, int P, int N, int hpg, int nc) {
-    __shared__ float sA[kQ * kTkPad], sB[kQ * kTkPad];
+    __shared__ __align__(16) float sA[kTile], sB[kTile];
     __shared__ float sW[kQ * (kQ + 1)], sV[kQ * (kQ + 1)];
     __shared__ float ss[kQ], sdt[kQ];
     const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
@@ -398,21 +414,26 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 }
 
 // dx_j[p] = (sum_{i>=j} M_ij dy_i[p] + e_j (dS B_j)[p]) + D dy_j[p] into the
-// x columns of dxbc (leading dimension lddx), and rst[m, h] = exp(s_last -
-// s_j) x_j . (dS B_j) (a per-lane serial sum over the lane's channels, then
-// a butterfly over the 16 lanes of a row). dS = dst[bc][h]. grid (nbc, H),
-// block kThreads.
-extern "C" __global__ void __launch_bounds__(kThreads)
-    mamba_ssd_bwd_dx(const float* __restrict__ xbc, long long ldu, int b_off,
+// x columns of dxbc (leading dimension lddx); and three per-head scalars of
+// d dt's state terms: rst[m, h] = exp(s_last - s_j) x_j . (dS B_j) and
+// o_row[m, h] = exp(s_i) dy_i . (H C_i) (per-lane serial sums over the
+// lane's channels, then a butterfly over the 16 lanes of a row), and
+// dsh[bc, h] = <dS, H> (per-thread serial, a butterfly per warp, then the
+// warps in order). dS = dst[bc][h], H = st[bc][h]. grid (nbc, H), block
+// kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    mamba_ssd_bwd_dx(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                      const float* __restrict__ dt, const float* __restrict__ s,
                      const float* __restrict__ dpar, const float* __restrict__ dy,
-                     const float* __restrict__ Mq, const float* __restrict__ dst,
-                     float* __restrict__ dxbc, long long lddx, float* __restrict__ rst, int T,
-                     int H, int P, int N, int hpg, int nc) {
-    __shared__ float sA[kQ * kTkPad], sB[kQ * kTkPad];
+                     const float* __restrict__ Mq, const float* __restrict__ st,
+                     const float* __restrict__ dst, float* __restrict__ dxbc, long long lddx,
+                     float* __restrict__ rst, float* __restrict__ o_row,
+                     float* __restrict__ dsh, int T, int H, int P, int N, int hpg, int nc) {
+    __shared__ __align__(16) float sA[kTile], sB[kTile];
     __shared__ float sM[kQ * (kQ + 1)];
     __shared__ float sY[kQ * kTp];
     __shared__ float ss[kQ], sdt[kQ];
+    __shared__ float sred[kThreads / 32];
     const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
     const Chunk ck = chunk_of(bc, nc, T);
     const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
@@ -425,8 +446,9 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     const float* rows = xbc + ck.m0 * ldu;
     const float* dyr = dy + ck.m0 * E + (long long)h * P;
     const float* ds = dst + ((long long)bc * H + h) * P * N;
+    const float* hst = st + ((long long)bc * H + h) * P * N;
     const float dh = dpar[h];
-    float part[4] = {};
+    float part[4] = {}, po[4] = {};
     for (int p0 = 0; p0 < P; p0 += kTp) {
         __syncthreads();
         for (int idx = tid; idx < kQ * kTp; idx += kThreads) {
@@ -464,180 +486,190 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                 part[a] = part[a] + rows[j * ldu + col] * sb[a][k];
             }
         }
+        // (H C_i)[p] of this tile's channels, dotted with dy_i.
+        float hc[4][4];
+        rows_product(hc, rows + c_off + g * N, ldu, ck.q, hst + (long long)p0 * N, N,
+                     min(kTp, P - p0), N, sA, sB);
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            if (4 * ti + a >= ck.q) continue;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int pp = tj + 16 * k;
+                if (p0 + pp < P) po[a] = po[a] + sY[(4 * ti + a) * kTp + pp] * hc[a][k];
+            }
+        }
     }
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
         const float r = group_sum(part[a], 16);
+        const float o = group_sum(po[a], 16);
         const int j = 4 * ti + a;
         if (tj == 0 && j < ck.q) {
             rst[(ck.m0 + j) * H + h] = expf(ss[ck.last_row] - ss[j]) * r;
+            o_row[(ck.m0 + j) * H + h] = expf(ss[j]) * o;
         }
+    }
+    float w = 0.0f;
+    for (long long e = tid; e < (long long)P * N; e += kThreads) w = w + ds[e] * hst[e];
+    w = group_sum(w, 32);
+    if (tid % 32 == 0) sred[tid / 32] = w;
+    __syncthreads();
+    if (tid == 0) {
+        float tot = 0.0f;
+        for (int k = 0; k < kThreads / 32; ++k) tot = tot + sred[k];
+        dsh[(long long)bc * H + h] = tot;
     }
 }
 
-// dB and dC of one (chunk, group, kDn states), summed over the group's
-// heads in ascending order (module docs), into dxbc's B and C columns; and
-// per head, this block's share of two sums over n that finish in
-// mamba_ssd_bwd_dt: o_part[nt][m, h] = exp(s_i) sum_{n in tile} (dy_i^T
-// H)[n] C_i[n] (a butterfly over the warp's 32 states) and
-// dsh_part[nt][bc, h] = sum over (p, n in tile) of dS H (per thread serial,
-// a butterfly per warp, then the 8 warps in order). grid (nbc, G,
-// ceil(N / kDn)), block kThreads: thread (ti = tid / 32, tn = tid % 32)
-// owns rows ti + 8 r, r < 8, of state n0 + tn.
+// psum[bc][g][i][j] = sum over the group's heads h (ascending) of
+// Pq[bc][h][i][j]: the diagonal block's dB / dC weights of a whole group,
+// since B and C are shared by its heads. One thread per element: nbc * G *
+// kQ * kQ threads.
+extern "C" __global__ void mamba_ssd_bwd_psum(const float* __restrict__ Pq,
+                                              float* __restrict__ psum, int H, int hpg,
+                                              long long n) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    const long long ij = idx % (kQ * kQ), bg = idx / (kQ * kQ);
+    const int G = H / hpg, g = (int)(bg % G);
+    const long long bc = bg / G;
+    float acc = 0.0f;
+    for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
+        acc = acc + Pq[((long long)bc * H + h) * kQ * kQ + ij];
+    }
+    psum[idx] = acc;
+}
+
+// dB (blockIdx.z even) or dC (odd) of one (chunk, group, kDn states):
+//   dB_j[n] = sum_i Psum_ij C_i[n] + sum_(h,p) (e^h_j x_j[hP+p]) dS^h[p][n]
+//   dC_i[n] = sum_j Psum_ij B_j[n] + sum_(h,p) (exp(s^h_i) dy_i[hP+p]) H^h[p][n]
+// with e^h_j = exp(s_last - s_j) dt_j of head h, and (h, p) over the
+// group's heads: one product of contraction kQ + hpg * P per output, the
+// Psum steps first, then (h, p) ascending, staged kDk steps at a time
+// (sA[k][row], sB[k][state]). Thread (ti, tj) owns rows 4 ti + a and states
+// n0 + tj + 16 k. Into dxbc's B / C columns. grid (nbc, G, 2 ceil(N / kDn)),
+// block kThreads.
 extern "C" __global__ void __launch_bounds__(kThreads)
     mamba_ssd_bwd_dbc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                       const float* __restrict__ dt, const float* __restrict__ s,
-                      const float* __restrict__ dy, const float* __restrict__ Pq,
+                      const float* __restrict__ dy, const float* __restrict__ psum,
                       const float* __restrict__ st, const float* __restrict__ dst,
-                      float* __restrict__ dxbc, long long lddx, float* __restrict__ o_part,
-                      float* __restrict__ dsh_part, int T, int H, int P, int N, int hpg, int nc,
-                      int nbc) {
-    __shared__ float sC[kQ * kDn], sBt[kQ * kDn];
-    __shared__ float sP[kQ * kQ];
-    __shared__ float sR[kQ * kDp];
-    __shared__ float sT[kDp * kDn], sU[kDp * kDn];
-    __shared__ float ss[kQ], sdt[kQ];
-    __shared__ float sred[kThreads / 32];
-    const int bc = blockIdx.x, g = blockIdx.y, nt = blockIdx.z;
-    const int n0 = nt * kDn;
+                      float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N,
+                      int hpg, int nc) {
+    __shared__ __align__(16) float sA[kDk][kQ + 4];
+    __shared__ float sB[kDk][kDn];
+    const int bc = blockIdx.x, g = blockIdx.y;
+    const bool want_c = (blockIdx.z & 1) != 0;
+    const int n0 = (int)(blockIdx.z >> 1) * kDn;
     const Chunk ck = chunk_of(bc, nc, T);
-    const int tid = threadIdx.x, ti = tid / 32, tn = tid % 32;
-    const int n = n0 + tn;
-    const bool n_in = n < N;
+    const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
     const long long E = (long long)H * P;
-    const long long M = (long long)nbc / nc * T;
+    const int G = H / hpg;
     const float* rows = xbc + ck.m0 * ldu;
-    for (int idx = tid; idx < kQ * kDn; idx += kThreads) {
-        const int i = idx / kDn, nn = idx % kDn;
-        const bool in = i < ck.q && n0 + nn < N;
-        sC[idx] = in ? rows[i * ldu + c_off + g * N + n0 + nn] : 0.0f;
-        sBt[idx] = in ? rows[i * ldu + b_off + g * N + n0 + nn] : 0.0f;
-    }
-    float accb[8] = {}, accc[8] = {};
-    for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
+    const float* ps = psum + ((long long)bc * G + g) * kQ * kQ;
+    // What the Psum steps multiply: C (for dB) or B (for dC), and the
+    // states the (h, p) steps multiply: dS (for dB) or H (for dC).
+    const int y_col = (want_c ? b_off : c_off) + g * N + n0;
+    const float* mats = want_c ? st : dst;
+    const int K = kQ + hpg * P;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += kDk) {
         __syncthreads();
-        stage_s_dt(s, dt, ck, H, h, ss, sdt);
-        const float* pq = Pq + ((long long)bc * H + h) * kQ * kQ;
-        for (int idx = tid; idx < kQ * kQ; idx += kThreads) sP[idx] = pq[idx];
-        __syncthreads();
-        float hb[8] = {}, hc[8] = {}, sb[8] = {}, sc[8] = {};
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-            const int j = ti + 8 * r;
-            for (int i = j; i < ck.q; ++i) hb[r] = hb[r] + sP[i * kQ + j] * sC[i * kDn + tn];
-            const int i = j;
-            for (int jj = 0; jj <= min(i, ck.q - 1); ++jj) {
-                hc[r] = hc[r] + sP[i * kQ + jj] * sBt[jj * kDn + tn];
+        if (k0 < kQ && !want_c) {
+            // sA[kk][j] = Psum[k][j]: rows of Psum, read along j.
+            for (int idx = tid; idx < kDk * kQ; idx += kThreads) {
+                const int kk = idx / kQ, r = idx % kQ;
+                sA[kk][r] = ps[(k0 + kk) * kQ + r];
+            }
+        } else {
+            for (int idx = tid; idx < kQ * kDk; idx += kThreads) {
+                const int r = idx / kDk, kk = idx % kDk, k = k0 + kk;
+                float v = 0.0f;
+                if (k < kQ) {
+                    v = ps[r * kQ + k];  // dC: Psum[i][j = k]
+                } else if (k < K && r < ck.q) {
+                    const int hp = k - kQ, h = g * hpg + hp / P, p = hp % P;
+                    const long long m = ck.m0 + r;
+                    if (want_c) {
+                        v = expf(s[m * H + h]) * dy[m * E + (long long)h * P + p];
+                    } else {
+                        const float e = expf(s[(ck.m0 + ck.last_row) * H + h] - s[m * H + h]) *
+                                        dt[m * H + h];
+                        v = e * rows[r * ldu + (long long)h * P + p];
+                    }
+                }
+                sA[kk][r] = v;
             }
         }
-        const float* hs = st + ((long long)bc * H + h) * P * N;
-        const float* ds = dst + ((long long)bc * H + h) * P * N;
-        float dsh = 0.0f;
-        for (int p0 = 0; p0 < P; p0 += kDp) {
-            __syncthreads();
-            for (int idx = tid; idx < kQ * kDp; idx += kThreads) {
-                const int j = idx / kDp, pp = idx % kDp;
-                sR[idx] = (j < ck.q && p0 + pp < P) ? rows[j * ldu + h * P + p0 + pp] : 0.0f;
-            }
-            for (int idx = tid; idx < kDp * kDn; idx += kThreads) {
-                const int pp = idx / kDn, nn = idx % kDn;
-                const bool in = p0 + pp < P && n0 + nn < N;
-                const long long e = (long long)(p0 + pp) * N + n0 + nn;
-                sT[idx] = in ? ds[e] : 0.0f;
-                sU[idx] = in ? hs[e] : 0.0f;
-            }
-            __syncthreads();
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                const int j = ti + 8 * r;
-#pragma unroll
-                for (int pp = 0; pp < kDp; ++pp) {
-                    sb[r] = sb[r] + sR[j * kDp + pp] * sT[pp * kDn + tn];
+        for (int idx = tid; idx < kDk * kDn; idx += kThreads) {
+            const int kk = idx / kDn, nn = idx % kDn, k = k0 + kk;
+            float v = 0.0f;
+            if (k < K && n0 + nn < N) {
+                if (k < kQ) {
+                    if (k < ck.q) v = rows[k * ldu + y_col + nn];
+                } else {
+                    const int hp = k - kQ, h = g * hpg + hp / P, p = hp % P;
+                    v = mats[(((long long)bc * H + h) * P + p) * N + n0 + nn];
                 }
             }
-#pragma unroll
-            for (int rr = 0; rr < kDp / 8; ++rr) {
-                const int pp = ti + 8 * rr;
-                dsh = dsh + sT[pp * kDn + tn] * sU[pp * kDn + tn];
-            }
-            __syncthreads();
-            for (int idx = tid; idx < kQ * kDp; idx += kThreads) {
-                const int i = idx / kDp, pp = idx % kDp;
-                sR[idx] = (i < ck.q && p0 + pp < P) ? dy[(ck.m0 + i) * E + h * P + p0 + pp]
-                                                    : 0.0f;
-            }
-            __syncthreads();
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                const int i = ti + 8 * r;
-#pragma unroll
-                for (int pp = 0; pp < kDp; ++pp) {
-                    sc[r] = sc[r] + sR[i * kDp + pp] * sU[pp * kDn + tn];
-                }
-            }
+            sB[kk][nn] = v;
         }
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-            const int i = ti + 8 * r;
-            const bool in = i < ck.q;
-            const float es = in ? expf(ss[i]) : 0.0f;
-            const float e = in ? expf(ss[ck.last_row] - ss[i]) * sdt[i] : 0.0f;
-            accb[r] = accb[r] + (hb[r] + e * sb[r]);
-            accc[r] = accc[r] + (hc[r] + es * sc[r]);
-            const float o = group_sum(sc[r] * sC[i * kDn + tn], 32);
-            if (tn == 0 && in) o_part[((long long)nt * M + ck.m0 + i) * H + h] = es * o;
-        }
-        const float w = group_sum(dsh, 32);
-        if (tn == 0) sred[ti] = w;
         __syncthreads();
-        if (tid == 0) {
-            float tot = 0.0f;
-            for (int k = 0; k < kThreads / 32; ++k) tot = tot + sred[k];
-            dsh_part[((long long)nt * nbc + bc) * H + h] = tot;
+#pragma unroll 8
+        for (int kk = 0; kk < kDk; ++kk) {
+            const float4 av = *reinterpret_cast<const float4*>(&sA[kk][4 * ti]);
+            float bv[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) bv[k] = sB[kk][tj + 16 * k];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                acc[0][k] = acc[0][k] + av.x * bv[k];
+                acc[1][k] = acc[1][k] + av.y * bv[k];
+                acc[2][k] = acc[2][k] + av.z * bv[k];
+                acc[3][k] = acc[3][k] + av.w * bv[k];
+            }
         }
     }
+    const int col0 = (want_c ? c_off : b_off) + g * N + n0;
 #pragma unroll
-    for (int r = 0; r < 8; ++r) {
-        const int i = ti + 8 * r;
-        if (i < ck.q && n_in) {
-            dxbc[(ck.m0 + i) * lddx + b_off + g * N + n] = accb[r];
-            dxbc[(ck.m0 + i) * lddx + c_off + g * N + n] = accc[r];
+    for (int a = 0; a < 4; ++a) {
+        const int r = 4 * ti + a;
+        if (r >= ck.q) continue;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int nn = tj + 16 * k;
+            if (n0 + nn < N) dxbc[(ck.m0 + r) * lddx + col0 + nn] = acc[a][k];
         }
     }
 }
 
 // d dt of one (chunk, head) (module docs), times softplus' from dt itself
 // (sigmoid(pre) = -expm1(-dt)), into ddt_raw[m * ld_ddt + h]; and
-// da_part[bc, h] = sum_k da_k dt_k (descending k). o_part and dsh_part's
-// ntn shares are summed in ascending tile order. One thread per (chunk,
+// da_part[bc, h] = sum_k da_k dt_k (descending k). One thread per (chunk,
 // head): nbc * H threads.
 extern "C" __global__ void mamba_ssd_bwd_dt(
     const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ a_log,
     const float* __restrict__ ds_in, const float* __restrict__ ddt_in,
-    const float* __restrict__ rst, const float* __restrict__ o_part,
-    const float* __restrict__ dsh_part, float* __restrict__ ddt_raw, long long ld_ddt,
-    float* __restrict__ da_part, int T, int H, int nc, int nbc, int ntn) {
+    const float* __restrict__ rst, const float* __restrict__ o_row,
+    const float* __restrict__ dsh, float* __restrict__ ddt_raw, long long ld_ddt,
+    float* __restrict__ da_part, int T, int H, int nc, int nbc) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)nbc * H) return;
     const int h = (int)(idx % H), bc = (int)(idx / H);
     const Chunk ck = chunk_of(bc, nc, T);
-    const long long M = (long long)nbc / nc * T;
     const float A = -expf(a_log[h]);
     float tot_r = 0.0f;
     for (int j = 0; j < ck.q; ++j) {
         const long long r = (ck.m0 + j) * H + h;
         tot_r = tot_r + rst[r] * dt[r];
     }
-    float dsh = 0.0f;
-    for (int nt = 0; nt < ntn; ++nt) dsh = dsh + dsh_part[((long long)nt * nbc + bc) * H + h];
     const long long rl = (ck.m0 + ck.last_row) * H + h;
-    const float last_extra = tot_r + expf(s[rl]) * dsh;
+    const float last_extra = tot_r + expf(s[rl]) * dsh[(long long)bc * H + h];
     float suffix = 0.0f, da = 0.0f;
     for (int k = ck.q - 1; k >= 0; --k) {
         const long long r = (ck.m0 + k) * H + h;
-        float o = 0.0f;
-        for (int nt = 0; nt < ntn; ++nt) o = o + o_part[(long long)nt * M * H + r];
-        float ds = (ds_in[r] + o) - rst[r] * dt[r];
+        float ds = (ds_in[r] + o_row[r]) - rst[r] * dt[r];
         if (k == ck.last_row) ds = ds + last_extra;
         suffix = suffix + ds;
         const float ddt = (ddt_in[r] + rst[r]) + suffix * A;

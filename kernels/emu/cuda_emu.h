@@ -40,6 +40,7 @@ inline std::vector<float> g_dyn_smem;
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
 #define EMU_SMEM (g_dyn_smem.data())
 

@@ -124,6 +124,7 @@ int main() {
         const long long st_len = (long long)nbc * H * P * N, qq_len = (long long)nbc * H * kQ * kQ;
         const int tiles_state = ((P + kSp - 1) / kSp) * ((N + kSn - 1) / kSn);
         const int ntn = (N + kDn - 1) / kDn;
+        const long long psum_len = (long long)nbc * G * kQ * kQ;
         std::vector<float> s((size_t)M * H, nan), st(st_len, nan), y((size_t)M * E, nan),
             gate((size_t)M * E, nan);
         // Forward.
@@ -150,8 +151,8 @@ int main() {
         // entry states recomputed).
         std::vector<float> s2((size_t)M * H, nan), st2(st_len, nan), dst(st_len, nan),
             mq(qq_len, nan), pq(qq_len, nan), ds_in((size_t)M * H, nan), ddt_in((size_t)M * H, nan),
-            rst((size_t)M * H, nan), o_part((size_t)ntn * M * H, nan),
-            dsh_part((size_t)ntn * nbc * H, nan), dxbc((size_t)M * ldu, nan),
+            rst((size_t)M * H, nan), o_row((size_t)M * H, nan), dsh((size_t)nbc * H, nan),
+            psum(psum_len, nan), dxbc((size_t)M * ldu, nan),
             ddt_raw((size_t)M * ld_ddt, nan), da_part((size_t)nbc * H, nan), da_log(H, nan);
         emu_launch({blocks((long long)nbc * H), 1, 1}, 256, 0, [&] {
             mamba_ssd_cumsum(fdt.data(), fal.data(), s2.data(), T, H, nc, nbc);
@@ -171,19 +172,22 @@ int main() {
                              nc);
         });
         emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
-            mamba_ssd_bwd_dx(fx.data(), ldu, b_off, fdt.data(), s.data(), fdp.data(), fdy.data(),
-                             mq.data(), dst.data(), dxbc.data(), ldu, rst.data(), T, H, P, N, hpg,
-                             nc);
+            mamba_ssd_bwd_dx(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdp.data(),
+                             fdy.data(), mq.data(), st2.data(), dst.data(), dxbc.data(), ldu,
+                             rst.data(), o_row.data(), dsh.data(), T, H, P, N, hpg, nc);
         });
-        emu_launch({(unsigned)nbc, (unsigned)G, (unsigned)ntn}, kThreads, 0, [&] {
+        emu_launch({blocks(psum_len), 1, 1}, 256, 0, [&] {
+            mamba_ssd_bwd_psum(pq.data(), psum.data(), H, hpg, psum_len);
+        });
+        emu_launch({(unsigned)nbc, (unsigned)G, (unsigned)(2 * ntn)}, kThreads, 0, [&] {
             mamba_ssd_bwd_dbc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdy.data(),
-                              pq.data(), st2.data(), dst.data(), dxbc.data(), ldu, o_part.data(),
-                              dsh_part.data(), T, H, P, N, hpg, nc, nbc);
+                              psum.data(), st2.data(), dst.data(), dxbc.data(), ldu, T, H, P, N,
+                              hpg, nc);
         });
         emu_launch({blocks((long long)nbc * H), 1, 1}, 256, 0, [&] {
             mamba_ssd_bwd_dt(fdt.data(), s.data(), fal.data(), ds_in.data(), ddt_in.data(),
-                             rst.data(), o_part.data(), dsh_part.data(), ddt_raw.data(), ld_ddt,
-                             da_part.data(), T, H, nc, nbc, ntn);
+                             rst.data(), o_row.data(), dsh.data(), ddt_raw.data(), ld_ddt,
+                             da_part.data(), T, H, nc, nbc);
         });
         emu_launch({blocks(H), 1, 1}, 256, 0, [&] {
             mamba_ssd_dalog(da_part.data(), fal.data(), da_log.data(), H, nbc);

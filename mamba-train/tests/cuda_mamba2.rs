@@ -15,9 +15,10 @@
 //!   with nothing written.
 //! - `cuda_f32_matches_the_cpu_f64_program`: logits, loss and every gradient
 //!   tensor by name against `Mamba2Model`'s f64 program on perturbed
-//!   parameters, over seven shapes (d_state 16, 64, 128, 32, 8, 16, 20; T
-//!   37, 20, 1, 150, 33, 70, 130, so one to three 64-token chunks, ragged
-//!   or not; one head; expand 1; conv 1..4; 2 and 4 groups of B and C);
+//!   parameters, over eight shapes (d_state 16, 64, 128, 32, 8, 16, 20,
+//!   128; T 37, 20, 1, 150, 33, 70, 130, 130, so one to three 64-token
+//!   chunks, ragged or not; one head; expand 1; conv 1..4; 2 and 4 groups
+//!   of B and C; heads of 64 channels and 128 states, the 130m shapes);
 //!   `loss_host` and `forward_backward_host` give one bit pattern.
 //! - `the_comparison_catches_one_head_moved`: one head's `A_log` moved by
 //!   0.2 in the parameters the GPU runs is flagged on that layer's `A_log`
@@ -156,6 +157,12 @@ fn cases() -> Vec<(&'static str, ModelConfig, usize, usize)> {
         (
             "8 heads of 4 in 4 groups, d_state 20, T 130",
             grouped(m2(30, 16, 1, 20, 3, 4, 32), 4),
+            1,
+            130,
+        ),
+        (
+            "4 heads of 64, d_state 128 (the 130m head), T 130",
+            m2(30, 128, 1, 128, 4, 64, 64),
             1,
             130,
         ),

@@ -82,7 +82,7 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 34] = [
+const SYMBOLS: [(usize, &str); 35] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -114,6 +114,7 @@ const SYMBOLS: [(usize, &str); 34] = [
     (3, "mamba_ssd_chunk_out"),
     (3, "mamba_ssd_bwd_qq"),
     (3, "mamba_ssd_bwd_dx"),
+    (3, "mamba_ssd_bwd_psum"),
     (3, "mamba_ssd_bwd_dbc"),
     (3, "mamba_ssd_bwd_dt"),
     (3, "mamba_ssd_dalog"),
@@ -152,6 +153,7 @@ struct Functions {
     ssd_chunk_out: CudaFunction,
     ssd_bwd_qq: CudaFunction,
     ssd_bwd_dx: CudaFunction,
+    ssd_bwd_psum: CudaFunction,
     ssd_bwd_dbc: CudaFunction,
     ssd_bwd_dt: CudaFunction,
     ssd_dalog: CudaFunction,
@@ -221,6 +223,7 @@ impl MambaKernels {
             ssd_chunk_out: next()?,
             ssd_bwd_qq: next()?,
             ssd_bwd_dx: next()?,
+            ssd_bwd_psum: next()?,
             ssd_bwd_dbc: next()?,
             ssd_bwd_dt: next()?,
             ssd_dalog: next()?,

@@ -30,10 +30,10 @@ pub const SSD_CHUNK: usize = 64;
 /// Threads of the per-chunk blocks (`kThreads`).
 const THREADS: u32 = 256;
 /// chunk_state's tile: channels and states (`kSp`, `kSn`).
-const STATE_TILE_P: usize = 32;
+const STATE_TILE_P: usize = 64;
 const STATE_TILE_N: usize = 64;
 /// States per block of the dB / dC kernel (`kDn`).
-const DBC_TILE_N: usize = 32;
+const DBC_TILE_N: usize = 64;
 
 /// The extents of one SSD scan call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +93,11 @@ impl SsdShape {
         self.d_state.div_ceil(DBC_TILE_N)
     }
 
+    /// Elements of the per-group diagonal weights (`psum`).
+    fn group_matrix_len(&self) -> usize {
+        self.chunk_blocks() * self.groups * SSD_CHUNK * SSD_CHUNK
+    }
+
     /// The element counts of [`SsdScratch`]'s buffers.
     pub fn scratch_lens(&self) -> SsdScratchLens {
         let nbc = self.chunk_blocks();
@@ -100,9 +105,8 @@ impl SsdShape {
         SsdScratchLens {
             states: nbc * self.heads * self.head_dim * self.d_state,
             chunk_matrix: nbc * self.heads * SSD_CHUNK * SSD_CHUNK,
+            group_matrix: self.group_matrix_len(),
             row_heads: rh,
-            state_sum_parts: self.dbc_tiles() * rh,
-            chunk_sum_parts: self.dbc_tiles() * nbc * self.heads,
             chunk_heads: nbc * self.heads,
         }
     }
@@ -143,7 +147,8 @@ impl SsdShape {
         check::int(kernel, "chunks of the batch", self.chunk_blocks())?;
         check::int(kernel, "conv channels", self.conv_channels())?;
         let lens = self.scratch_lens();
-        check::int(kernel, "state-tile partials", lens.state_sum_parts)?;
+        check::int(kernel, "dB / dC blocks", 2 * self.dbc_tiles())?;
+        check::long(kernel, "group matrices", lens.group_matrix)?;
         check::long(kernel, "chunk states", lens.states)?;
         check::long(kernel, "chunk matrices", lens.chunk_matrix)?;
         Ok(())
@@ -159,13 +164,11 @@ pub struct SsdScratchLens {
     /// [`SsdScratch::chunk_m`] and [`SsdScratch::chunk_p`]:
     /// `[batch * chunks][heads][SSD_CHUNK][SSD_CHUNK]`.
     pub chunk_matrix: usize,
-    /// `cum`, `ds_in`, `ddt_in`, `rst`: `[rows, heads]`.
+    /// [`SsdScratch::chunk_psum`]: `[batch * chunks][groups][SSD_CHUNK][SSD_CHUNK]`.
+    pub group_matrix: usize,
+    /// `cum`, `ds_in`, `ddt_in`, `rst`, `o_row`: `[rows, heads]`.
     pub row_heads: usize,
-    /// `o_part`: one `[rows, heads]` per state tile.
-    pub state_sum_parts: usize,
-    /// `dsh_part`: one `[batch * chunks, heads]` per state tile.
-    pub chunk_sum_parts: usize,
-    /// `da_part`: `[batch * chunks, heads]`.
+    /// `dsh`, `da_part`: `[batch * chunks, heads]`.
     pub chunk_heads: usize,
 }
 
@@ -197,15 +200,17 @@ pub struct SsdScratch<'a> {
     pub dstates: CudaViewMut<'a, f32>,
     /// Backward: the diagonal block's weights per chunk.
     pub chunk_m: CudaViewMut<'a, f32>,
-    /// Backward: the diagonal block's dB / dC weights per chunk.
+    /// Backward: the diagonal block's dB / dC weights per chunk and head.
     pub chunk_p: CudaViewMut<'a, f32>,
-    /// Backward: per-token partial sums of d dt (`[rows, heads]` each).
+    /// Backward: those weights summed over each group's heads.
+    pub chunk_psum: CudaViewMut<'a, f32>,
+    /// Backward: per-token terms of d dt (`[rows, heads]` each).
     pub ds_in: CudaViewMut<'a, f32>,
     pub ddt_in: CudaViewMut<'a, f32>,
     pub rst: CudaViewMut<'a, f32>,
-    /// Backward: partial sums over state tiles.
-    pub o_part: CudaViewMut<'a, f32>,
-    pub dsh_part: CudaViewMut<'a, f32>,
+    pub o_row: CudaViewMut<'a, f32>,
+    /// Backward: `<dS, H>` per chunk and head.
+    pub dsh: CudaViewMut<'a, f32>,
     /// Backward: d A partials per chunk.
     pub da_part: CudaViewMut<'a, f32>,
 }
@@ -258,11 +263,12 @@ impl SsdScratch<'_> {
             ("dstates", self.dstates.len(), l.states),
             ("chunk_m", self.chunk_m.len(), l.chunk_matrix),
             ("chunk_p", self.chunk_p.len(), l.chunk_matrix),
+            ("chunk_psum", self.chunk_psum.len(), l.group_matrix),
             ("ds_in", self.ds_in.len(), l.row_heads),
             ("ddt_in", self.ddt_in.len(), l.row_heads),
             ("rst", self.rst.len(), l.row_heads),
-            ("o_part", self.o_part.len(), l.state_sum_parts),
-            ("dsh_part", self.dsh_part.len(), l.chunk_sum_parts),
+            ("o_row", self.o_row.len(), l.row_heads),
+            ("dsh", self.dsh.len(), l.chunk_heads),
             ("da_part", self.da_part.len(), l.chunk_heads),
         ] {
             check::len(kernel, what, have, need)?;
@@ -521,11 +527,12 @@ impl MambaKernels {
             dstates,
             chunk_m,
             chunk_p,
+            chunk_psum,
             ds_in,
             ddt_in,
             rst,
-            o_part,
-            dsh_part,
+            o_row,
+            dsh,
             da_part,
         } = scratch;
         let (cum, states) = (cum.as_view(), states.as_view());
@@ -583,23 +590,30 @@ impl MambaKernels {
             Arg::In(inp.xbc),
             Arg::Long("ldu", inp.ldu),
             Arg::Int("b_off", shape.b_off()),
+            Arg::Int("c_off", shape.c_off()),
             Arg::In(inp.dt),
             Arg::In(&cum),
             Arg::In(inp.d),
             Arg::In(out.dy),
             Arg::In(&chunk_m),
+            Arg::In(&states),
             Arg::In(&dstates),
             Arg::Out(out.dxbc),
             Arg::Long("lddx", out.lddx),
             Arg::Out(rst),
+            Arg::Out(o_row),
+            Arg::Out(dsh),
         ];
         args.extend(chunk_dims(&shape));
         // SAFETY: matches mamba_ssd_bwd_dx(const float* xbc, long long ldu,
-        // int b_off, const float* dt, const float* s, const float* dpar,
-        // const float* dy, const float* Mq, const float* dst, float* dxbc,
-        // long long lddx, float* rst, int T, int H, int P, int N, int hpg,
-        // int nc); block (bc, h) writes dxbc's x columns h*P + p of its rows
-        // and rst at [row, h], reading the buffers checked above.
+        // int b_off, int c_off, const float* dt, const float* s, const
+        // float* dpar, const float* dy, const float* Mq, const float* st,
+        // const float* dst, float* dxbc, long long lddx, float* rst, float*
+        // o_row, float* dsh, int T, int H, int P, int N, int hpg, int nc);
+        // block (bc, h) reads its chunk's rows of xbc (B and C columns of
+        // group h / hpg), dy, dt and s, Mq[bc][h], st / dst[bc][h], and
+        // writes dxbc's x columns h*P + p of its rows, rst / o_row at [row,
+        // h] and dsh[bc, h]: all checked above.
         unsafe {
             self.launch(
                 stream,
@@ -607,8 +621,28 @@ impl MambaKernels {
                 &mut args,
             )?
         };
-        let ntn = shape.dbc_tiles();
         let chunk_p = chunk_p.as_view();
+        let psum_len = shape.group_matrix_len();
+        let mut args = [
+            Arg::In(&chunk_p),
+            Arg::Out(chunk_psum),
+            Arg::Int("heads", heads),
+            Arg::Int("heads per group", heads / shape.groups),
+            Arg::Long("group matrix elements", psum_len),
+        ];
+        let launch = Launch {
+            kernel: "mamba_ssd_bwd_psum",
+            func: &self.f.ssd_bwd_psum,
+            grid: Grid::Flat { n: psum_len },
+            block: THREADS,
+        };
+        // SAFETY: matches mamba_ssd_bwd_psum(const float* Pq, float* psum,
+        // int H, int hpg, long long n); a thread per element idx < n of
+        // psum ([nbc][G][Q][Q], checked) reads Pq[bc][h][i][j] for the
+        // group's heads, inside chunk_p's checked [nbc][H][Q][Q].
+        unsafe { self.launch(stream, launch, &mut args)? };
+        let ntn = shape.dbc_tiles();
+        let chunk_psum = chunk_psum.as_view();
         let mut args = vec![
             Arg::In(inp.xbc),
             Arg::Long("ldu", inp.ldu),
@@ -617,33 +651,31 @@ impl MambaKernels {
             Arg::In(inp.dt),
             Arg::In(&cum),
             Arg::In(out.dy),
-            Arg::In(&chunk_p),
+            Arg::In(&chunk_psum),
             Arg::In(&states),
             Arg::In(&dstates),
             Arg::Out(out.dxbc),
             Arg::Long("lddx", out.lddx),
-            Arg::Out(o_part),
-            Arg::Out(dsh_part),
         ];
         args.extend(chunk_dims(&shape));
-        args.push(Arg::Int("chunks of the batch", nbc));
         let launch = Launch {
             kernel: "mamba_ssd_bwd_dbc",
             func: &self.f.ssd_bwd_dbc,
-            grid: Grid::Dims(nbc, shape.groups, ntn),
+            grid: Grid::Dims(nbc, shape.groups, 2 * ntn),
             block: THREADS,
         };
         // SAFETY: matches mamba_ssd_bwd_dbc(const float* xbc, long long
         // ldu, int b_off, int c_off, const float* dt, const float* s, const
-        // float* dy, const float* Pq, const float* st, const float* dst,
-        // float* dxbc, long long lddx, float* o_part, float* dsh_part, int
-        // T, int H, int P, int N, int hpg, int nc, int nbc); block (bc, g,
-        // tile) writes dxbc's B / C columns of group g (states of its tile)
-        // at its chunk's rows, o_part[tile][row, h] and dsh_part[tile][bc,
-        // h] for the group's heads: inside the lengths checked above.
+        // float* dy, const float* psum, const float* st, const float* dst,
+        // float* dxbc, long long lddx, int T, int H, int P, int N, int hpg,
+        // int nc); block (bc, g, z) reads its chunk's rows of xbc, dy, dt
+        // and s, psum[bc][g], and st / dst[bc][h] of the group's heads, and
+        // writes dxbc's B (z even) or C (z odd) columns of group g, states
+        // of tile z / 2, at its chunk's rows: inside the lengths checked
+        // above.
         unsafe { self.launch(stream, launch, &mut args)? };
         let (ds_in, ddt_in, rst) = (ds_in.as_view(), ddt_in.as_view(), rst.as_view());
-        let (o_part, dsh_part) = (o_part.as_view(), dsh_part.as_view());
+        let (o_row, dsh) = (o_row.as_view(), dsh.as_view());
         let mut args = [
             Arg::In(inp.dt),
             Arg::In(&cum),
@@ -651,8 +683,8 @@ impl MambaKernels {
             Arg::In(&ds_in),
             Arg::In(&ddt_in),
             Arg::In(&rst),
-            Arg::In(&o_part),
-            Arg::In(&dsh_part),
+            Arg::In(&o_row),
+            Arg::In(&dsh),
             Arg::Out(out.ddt_raw),
             Arg::Long("ld_ddt", out.ld_ddt),
             Arg::Out(da_part),
@@ -660,7 +692,6 @@ impl MambaKernels {
             Arg::Int("heads", heads),
             Arg::Int("chunks", nc),
             Arg::Int("chunks of the batch", nbc),
-            Arg::Int("state tiles", ntn),
         ];
         let launch = Launch {
             kernel: "mamba_ssd_bwd_dt",
@@ -670,11 +701,11 @@ impl MambaKernels {
         };
         // SAFETY: matches mamba_ssd_bwd_dt(const float* dt, const float* s,
         // const float* a_log, const float* ds_in, const float* ddt_in, const
-        // float* rst, const float* o_part, const float* dsh_part, float*
-        // ddt_raw, long long ld_ddt, float* da_part, int T, int H, int nc,
-        // int nbc, int ntn); a thread per (chunk, head) reads and writes at
-        // [row, h] of its chunk's rows, the ntn tile partials, and
-        // da_part[bc, h]: all checked above.
+        // float* rst, const float* o_row, const float* dsh, float* ddt_raw,
+        // long long ld_ddt, float* da_part, int T, int H, int nc, int nbc);
+        // a thread per (chunk, head) reads and writes at [row, h] of its
+        // chunk's rows, and reads dsh / writes da_part at [bc, h]: all
+        // checked above.
         unsafe { self.launch(stream, launch, &mut args)? };
         let da_part = da_part.as_view();
         let mut args = [

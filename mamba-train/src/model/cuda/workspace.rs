@@ -233,11 +233,12 @@ pub(crate) struct SsdScanScratch {
     dstates: CudaSlice<f32>,
     chunk_m: CudaSlice<f32>,
     chunk_p: CudaSlice<f32>,
+    chunk_psum: CudaSlice<f32>,
     ds_in: CudaSlice<f32>,
     ddt_in: CudaSlice<f32>,
     rst: CudaSlice<f32>,
-    o_part: CudaSlice<f32>,
-    dsh_part: CudaSlice<f32>,
+    o_row: CudaSlice<f32>,
+    dsh: CudaSlice<f32>,
     da_part: CudaSlice<f32>,
 }
 
@@ -250,11 +251,12 @@ impl SsdScanScratch {
             dstates: a.zeros("SSD chunk state gradients", lens.states)?,
             chunk_m: a.zeros("SSD chunk weights", lens.chunk_matrix)?,
             chunk_p: a.zeros("SSD chunk B/C weights", lens.chunk_matrix)?,
+            chunk_psum: a.zeros("SSD chunk B/C weights per group", lens.group_matrix)?,
             ds_in: a.zeros("SSD decay-sum gradients", lens.row_heads)?,
             ddt_in: a.zeros("SSD dt gradients (diagonal)", lens.row_heads)?,
             rst: a.zeros("SSD dt gradients (state)", lens.row_heads)?,
-            o_part: a.zeros("SSD output-term partials", lens.state_sum_parts)?,
-            dsh_part: a.zeros("SSD state-decay partials", lens.chunk_sum_parts)?,
+            o_row: a.zeros("SSD dt gradients (output state)", lens.row_heads)?,
+            dsh: a.zeros("SSD state-decay sums", lens.chunk_heads)?,
             da_part: a.zeros("SSD dA partials", lens.chunk_heads)?,
         })
     }
@@ -267,11 +269,12 @@ impl SsdScanScratch {
             dstates: self.dstates.as_view_mut(),
             chunk_m: self.chunk_m.as_view_mut(),
             chunk_p: self.chunk_p.as_view_mut(),
+            chunk_psum: self.chunk_psum.as_view_mut(),
             ds_in: self.ds_in.as_view_mut(),
             ddt_in: self.ddt_in.as_view_mut(),
             rst: self.rst.as_view_mut(),
-            o_part: self.o_part.as_view_mut(),
-            dsh_part: self.dsh_part.as_view_mut(),
+            o_row: self.o_row.as_view_mut(),
+            dsh: self.dsh.as_view_mut(),
             da_part: self.da_part.as_view_mut(),
         }
     }
