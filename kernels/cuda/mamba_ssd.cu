@@ -541,24 +541,46 @@ extern "C" __global__ void mamba_ssd_bwd_psum(const float* __restrict__ Pq,
     psum[idx] = acc;
 }
 
+// acc[a][k] += sum over kk < kDk (ascending) of sA[kk][4 ti + a] sB[kk][tj +
+// 16 k]: one staged tile of mamba_ssd_bwd_dbc's product.
+__device__ __forceinline__ void dbc_tile(float acc[4][4], const float (*sA)[kQPad],
+                                         const float (*sB)[kDn], int ti, int tj) {
+#pragma unroll 8
+    for (int kk = 0; kk < kDk; ++kk) {
+        const float4 av = *reinterpret_cast<const float4*>(&sA[kk][4 * ti]);
+        float bv[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) bv[k] = sB[kk][tj + 16 * k];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            acc[0][k] = acc[0][k] + av.x * bv[k];
+            acc[1][k] = acc[1][k] + av.y * bv[k];
+            acc[2][k] = acc[2][k] + av.z * bv[k];
+            acc[3][k] = acc[3][k] + av.w * bv[k];
+        }
+    }
+}
+
 // dB (blockIdx.z even) or dC (odd) of one (chunk, group, kDn states):
 //   dB_j[n] = sum_i Psum_ij C_i[n] + sum_(h,p) (e^h_j x_j[hP+p]) dS^h[p][n]
 //   dC_i[n] = sum_j Psum_ij B_j[n] + sum_(h,p) (exp(s^h_i) dy_i[hP+p]) H^h[p][n]
 // with e^h_j = exp(s_last - s_j) dt_j of head h, and (h, p) over the
-// group's heads: one product of contraction kQ + hpg * P per output, the
-// Psum steps first, then (h, p) ascending, staged kDk steps at a time
-// (sA[k][row], sB[k][state]). Thread (ti, tj) owns rows 4 ti + a and states
-// n0 + tj + 16 k. Into dxbc's B / C columns. grid (nbc, G, 2 ceil(N / kDn)),
-// block kThreads.
-extern "C" __global__ void __launch_bounds__(kThreads)
+// group's heads: one product per output, the Psum steps first, then (h,
+// p) ascending, staged kDk steps at a time (sA[k][row], sB[k][state]; a
+// head's channels in tiles of their own, so each row's factor is made once
+// a head). Thread (ti, tj) owns rows 4 ti + a and states n0 + tj + 16 k.
+// Into dxbc's B / C columns. grid (nbc, G, 2 ceil(N / kDn)), block
+// kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mamba_ssd_bwd_dbc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                       const float* __restrict__ dt, const float* __restrict__ s,
                       const float* __restrict__ dy, const float* __restrict__ psum,
                       const float* __restrict__ st, const float* __restrict__ dst,
                       float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N,
                       int hpg, int nc) {
-    __shared__ __align__(16) float sA[kDk][kQ + 4];
+    __shared__ __align__(16) float sA[kDk][kQPad];
     __shared__ float sB[kDk][kDn];
+    __shared__ float sfac[kQ];
     const int bc = blockIdx.x, g = blockIdx.y;
     const bool want_c = (blockIdx.z & 1) != 0;
     const int n0 = (int)(blockIdx.z >> 1) * kDn;
@@ -568,67 +590,59 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     const int G = H / hpg;
     const float* rows = xbc + ck.m0 * ldu;
     const float* ps = psum + ((long long)bc * G + g) * kQ * kQ;
-    // What the Psum steps multiply: C (for dB) or B (for dC), and the
-    // states the (h, p) steps multiply: dS (for dB) or H (for dC).
-    const int y_col = (want_c ? b_off : c_off) + g * N + n0;
-    const float* mats = want_c ? st : dst;
-    const int K = kQ + hpg * P;
     float acc[4][4] = {};
-    for (int k0 = 0; k0 < K; k0 += kDk) {
+    // The Psum steps: times C (for dB) or B (for dC).
+    const int y_col = (want_c ? b_off : c_off) + g * N + n0;
+    for (int k0 = 0; k0 < kQ; k0 += kDk) {
         __syncthreads();
-        if (k0 < kQ && !want_c) {
+        if (!want_c) {
             // sA[kk][j] = Psum[k][j]: rows of Psum, read along j.
             for (int idx = tid; idx < kDk * kQ; idx += kThreads) {
                 const int kk = idx / kQ, r = idx % kQ;
                 sA[kk][r] = ps[(k0 + kk) * kQ + r];
             }
         } else {
+            // sA[kk][i] = Psum[i][k].
             for (int idx = tid; idx < kQ * kDk; idx += kThreads) {
-                const int r = idx / kDk, kk = idx % kDk, k = k0 + kk;
-                float v = 0.0f;
-                if (k < kQ) {
-                    v = ps[r * kQ + k];  // dC: Psum[i][j = k]
-                } else if (k < K && r < ck.q) {
-                    const int hp = k - kQ, h = g * hpg + hp / P, p = hp % P;
-                    const long long m = ck.m0 + r;
-                    if (want_c) {
-                        v = expf(s[m * H + h]) * dy[m * E + (long long)h * P + p];
-                    } else {
-                        const float e = expf(s[(ck.m0 + ck.last_row) * H + h] - s[m * H + h]) *
-                                        dt[m * H + h];
-                        v = e * rows[r * ldu + (long long)h * P + p];
-                    }
-                }
-                sA[kk][r] = v;
+                const int r = idx / kDk, kk = idx % kDk;
+                sA[kk][r] = ps[r * kQ + k0 + kk];
             }
         }
         for (int idx = tid; idx < kDk * kDn; idx += kThreads) {
             const int kk = idx / kDn, nn = idx % kDn, k = k0 + kk;
-            float v = 0.0f;
-            if (k < K && n0 + nn < N) {
-                if (k < kQ) {
-                    if (k < ck.q) v = rows[k * ldu + y_col + nn];
-                } else {
-                    const int hp = k - kQ, h = g * hpg + hp / P, p = hp % P;
-                    v = mats[(((long long)bc * H + h) * P + p) * N + n0 + nn];
-                }
-            }
-            sB[kk][nn] = v;
+            sB[kk][nn] = (k < ck.q && n0 + nn < N) ? rows[k * ldu + y_col + nn] : 0.0f;
         }
         __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < kDk; ++kk) {
-            const float4 av = *reinterpret_cast<const float4*>(&sA[kk][4 * ti]);
-            float bv[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) bv[k] = sB[kk][tj + 16 * k];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                acc[0][k] = acc[0][k] + av.x * bv[k];
-                acc[1][k] = acc[1][k] + av.y * bv[k];
-                acc[2][k] = acc[2][k] + av.z * bv[k];
-                acc[3][k] = acc[3][k] + av.w * bv[k];
+        dbc_tile(acc, sA, sB, ti, tj);
+    }
+    // The (h, p) steps: (e x) times dS (for dB), or (exp(s) dy) times H (for dC).
+    for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
+        __syncthreads();
+        if (tid < kQ) {
+            const long long m = ck.m0 + tid;
+            float f = 0.0f;
+            if (tid < ck.q) {
+                f = want_c ? expf(s[m * H + h])
+                           : expf(s[(ck.m0 + ck.last_row) * H + h] - s[m * H + h]) * dt[m * H + h];
             }
+            sfac[tid] = f;
+        }
+        const float* arow = want_c ? dy + ck.m0 * E + (long long)h * P : rows + (long long)h * P;
+        const long long lda = want_c ? E : ldu;
+        const float* mat = (want_c ? st : dst) + ((long long)bc * H + h) * P * N + n0;
+        for (int p0 = 0; p0 < P; p0 += kDk) {
+            __syncthreads();
+            for (int idx = tid; idx < kQ * kDk; idx += kThreads) {
+                const int r = idx / kDk, kk = idx % kDk;
+                sA[kk][r] = (r < ck.q && p0 + kk < P) ? sfac[r] * arow[r * lda + p0 + kk] : 0.0f;
+            }
+            for (int idx = tid; idx < kDk * kDn; idx += kThreads) {
+                const int kk = idx / kDn, nn = idx % kDn;
+                sB[kk][nn] =
+                    (p0 + kk < P && n0 + nn < N) ? mat[(long long)(p0 + kk) * N + nn] : 0.0f;
+            }
+            __syncthreads();
+            dbc_tile(acc, sA, sB, ti, tj);
         }
     }
     const int col0 = (want_c ? c_off : b_off) + g * N + n0;
@@ -646,37 +660,65 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 
 // d dt of one (chunk, head) (module docs), times softplus' from dt itself
 // (sigmoid(pre) = -expm1(-dt)), into ddt_raw[m * ld_ddt + h]; and
-// da_part[bc, h] = sum_k da_k dt_k (descending k). One thread per (chunk,
-// head): nbc * H threads.
+// da_part[bc, h] = sum_k da_k dt_k. One warp per (chunk, head), lane l
+// holding rows 2l and 2l + 1: the sums over the chunk are a butterfly
+// (group_sum), the suffix sums da_k a fixed shuffle scan over the lanes'
+// pair sums (kQ = 64 rows, two a lane). nbc * H warps, blocks of kThreads.
 extern "C" __global__ void mamba_ssd_bwd_dt(
     const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ a_log,
     const float* __restrict__ ds_in, const float* __restrict__ ddt_in,
     const float* __restrict__ rst, const float* __restrict__ o_row,
     const float* __restrict__ dsh, float* __restrict__ ddt_raw, long long ld_ddt,
     float* __restrict__ da_part, int T, int H, int nc, int nbc) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)nbc * H) return;
-    const int h = (int)(idx % H), bc = (int)(idx / H);
+    static_assert(kQ == 64, "two rows a lane");
+    const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (w >= (long long)nbc * H) return;  // the whole warp: w is the warp's
+    const int h = (int)(w % H), bc = (int)(w / H);
     const Chunk ck = chunk_of(bc, nc, T);
     const float A = -expf(a_log[h]);
-    float tot_r = 0.0f;
-    for (int j = 0; j < ck.q; ++j) {
-        const long long r = (ck.m0 + j) * H + h;
-        tot_r = tot_r + rst[r] * dt[r];
+    float rdt[2], ds[2], dtv[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int k = 2 * lane + u;
+        rdt[u] = ds[u] = dtv[u] = 0.0f;
+        if (k < ck.q) {
+            const long long r = (ck.m0 + k) * H + h;
+            dtv[u] = dt[r];
+            rdt[u] = rst[r] * dtv[u];
+            ds[u] = (ds_in[r] + o_row[r]) - rdt[u];
+        }
     }
+    const float tot_r = group_sum(rdt[0] + rdt[1], 32);
     const long long rl = (ck.m0 + ck.last_row) * H + h;
     const float last_extra = tot_r + expf(s[rl]) * dsh[(long long)bc * H + h];
-    float suffix = 0.0f, da = 0.0f;
-    for (int k = ck.q - 1; k >= 0; --k) {
-        const long long r = (ck.m0 + k) * H + h;
-        float ds = (ds_in[r] + o_row[r]) - rst[r] * dt[r];
-        if (k == ck.last_row) ds = ds + last_extra;
-        suffix = suffix + ds;
-        const float ddt = (ddt_in[r] + rst[r]) + suffix * A;
-        ddt_raw[(ck.m0 + k) * ld_ddt + h] = ddt * -expm1f(-dt[r]);
-        da = da + suffix * dt[r];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        if (2 * lane + u == ck.last_row) ds[u] = ds[u] + last_extra;
     }
-    da_part[(long long)bc * H + h] = da;
+    // Inclusive suffix sums over lanes of the pairs, then each row's own.
+    float suf = ds[0] + ds[1];
+    for (int off = 1; off < 32; off <<= 1) {
+        const float v = __shfl_down_sync(0xffffffffu, suf, off);
+        if (lane + off < 32) suf = suf + v;
+    }
+    float after = __shfl_down_sync(0xffffffffu, suf, 1);
+    if (lane == 31) after = 0.0f;
+    float suffix[2];
+    suffix[1] = after + ds[1];
+    suffix[0] = suffix[1] + ds[0];
+    float da = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int k = 2 * lane + u;
+        if (k >= ck.q) continue;
+        const long long r = (ck.m0 + k) * H + h;
+        const float ddt = (ddt_in[r] + rst[r]) + suffix[u] * A;
+        ddt_raw[(ck.m0 + k) * ld_ddt + h] = ddt * -expm1f(-dtv[u]);
+        da = da + suffix[u] * dtv[u];
+    }
+    da = group_sum(da, 32);
+    if (lane == 0) da_part[(long long)bc * H + h] = da;
 }
 
 // da_log[h] = A_h * sum over chunks (ascending) of da_part[bc, h]. One

@@ -55,6 +55,16 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     return r;
 }
 
+// Lane + delta's value, or the lane's own past the warp's end.
+inline float __shfl_down_sync(unsigned, float v, unsigned delta) {
+    const unsigned t = threadIdx.x, w = t / 32;
+    g_shfl[t] = v;
+    g_warp_barriers[w]->arrive_and_wait();
+    const float r = t % 32 + delta < 32 ? g_shfl[t + delta] : v;
+    g_warp_barriers[w]->arrive_and_wait();
+    return r;
+}
+
 struct alignas(16) float4 {
     float x, y, z, w;
 };

@@ -184,7 +184,7 @@ int main() {
                               psum.data(), st2.data(), dst.data(), dxbc.data(), ldu, T, H, P, N,
                               hpg, nc);
         });
-        emu_launch({blocks((long long)nbc * H), 1, 1}, 256, 0, [&] {
+        emu_launch({blocks((long long)nbc * H * 32), 1, 1}, 256, 0, [&] {
             mamba_ssd_bwd_dt(fdt.data(), s.data(), fal.data(), ds_in.data(), ddt_in.data(),
                              rst.data(), o_row.data(), dsh.data(), ddt_raw.data(), ld_ddt,
                              da_part.data(), T, H, nc, nbc);

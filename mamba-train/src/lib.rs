@@ -1,5 +1,5 @@
 //! `mamba-train`: Mamba-1 (CPU reference, CUDA path) and Mamba-2 (SSD; CPU
-//! reference, and a CUDA path for one group of B and C) language models,
+//! reference, and a CUDA path over the chunked SSD kernels) language models,
 //! AdamW,
 //! data (synthetic tasks, byte-level or tokenized text, memory-mapped token
 //! files, with held-out splits), checkpoints with Hugging Face names, the

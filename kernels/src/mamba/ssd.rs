@@ -696,14 +696,17 @@ impl MambaKernels {
         let launch = Launch {
             kernel: "mamba_ssd_bwd_dt",
             func: &self.f.ssd_bwd_dt,
-            grid: Grid::Flat { n: nbc * heads },
+            // One warp per (chunk, head).
+            grid: Grid::Flat {
+                n: nbc * heads * 32,
+            },
             block: THREADS,
         };
         // SAFETY: matches mamba_ssd_bwd_dt(const float* dt, const float* s,
         // const float* a_log, const float* ds_in, const float* ddt_in, const
         // float* rst, const float* o_row, const float* dsh, float* ddt_raw,
         // long long ld_ddt, float* da_part, int T, int H, int nc, int nbc);
-        // a thread per (chunk, head) reads and writes at [row, h] of its
+        // a warp per (chunk, head) reads and writes at [row, h] of its
         // chunk's rows, and reads dsh / writes da_part at [bc, h]: all
         // checked above.
         unsafe { self.launch(stream, launch, &mut args)? };
