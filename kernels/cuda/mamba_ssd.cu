@@ -57,6 +57,11 @@
 // The file is built with --fmad=true (kernels/build/nvcc.rs): its contract
 // is a tolerance against the CPU reference (tests/cuda_mamba2.rs) and the
 // emulated check against a sequential f64 oracle (kernels/emu/ssd_check.cpp).
+//
+// Over 450 lines: one module (one fatbin, loaded as one of MambaKernels'
+// modules) whose forward and backward kernels share the chunk helpers and
+// the tiled products above them; split, the backward's file would include
+// the forward's helpers, and the emulated check compiles the pair as one.
 #include "mamba_common.cuh"
 
 using namespace mamba;

@@ -1,0 +1,280 @@
+//! The SSD scan's extents ([`SsdShape`]), the buffers one call takes
+//! (inputs, scratch, outputs) and the checks of their lengths that the
+//! launches in `ssd.rs` rest on; the launch geometry's constants mirror
+//! `mamba_ssd.cu`'s.
+
+use cudarc::driver::{CudaView, CudaViewMut};
+
+use super::check;
+use crate::error::KernelError;
+
+/// Tokens per chunk of the SSD kernels (`kQ` in `mamba_ssd.cu`).
+pub const SSD_CHUNK: usize = 64;
+/// Threads of the per-chunk blocks (`kThreads`).
+pub(super) const THREADS: u32 = 256;
+/// chunk_state's tile: channels and states (`kSp`, `kSn`).
+pub(super) const STATE_TILE_P: usize = 64;
+pub(super) const STATE_TILE_N: usize = 64;
+/// States per block of the dB / dC kernel (`kDn`).
+const DBC_TILE_N: usize = 64;
+
+/// The extents of one SSD scan call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SsdShape {
+    /// Sequences.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Heads (`d_inner / head_dim`).
+    pub heads: usize,
+    /// Channels per head (`head_dim`).
+    pub head_dim: usize,
+    /// State size per group (`d_state`).
+    pub d_state: usize,
+    /// Groups of heads sharing B and C (`n_groups`; divides `heads`).
+    pub groups: usize,
+}
+
+impl SsdShape {
+    /// Rows of the activations (`batch * seq_len`).
+    pub fn rows(&self) -> usize {
+        self.batch * self.seq_len
+    }
+
+    /// Chunks per sequence.
+    pub fn chunks(&self) -> usize {
+        self.seq_len.div_ceil(SSD_CHUNK)
+    }
+
+    /// Chunks of the whole batch.
+    pub(super) fn chunk_blocks(&self) -> usize {
+        self.batch * self.chunks()
+    }
+
+    /// `d_inner = heads * head_dim`.
+    pub fn inner(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Columns of the conv output the scan reads: x, then B, then C.
+    pub fn conv_channels(&self) -> usize {
+        self.inner() + 2 * self.groups * self.d_state
+    }
+
+    /// First column of B (of group 0) in a conv output row.
+    pub(super) fn b_off(&self) -> usize {
+        self.inner()
+    }
+
+    /// First column of C (of group 0) in a conv output row.
+    pub(super) fn c_off(&self) -> usize {
+        self.inner() + self.groups * self.d_state
+    }
+
+    /// State tiles of the dB / dC kernel.
+    pub(super) fn dbc_tiles(&self) -> usize {
+        self.d_state.div_ceil(DBC_TILE_N)
+    }
+
+    /// Elements of the per-group diagonal weights (`psum`).
+    pub(super) fn group_matrix_len(&self) -> usize {
+        self.chunk_blocks() * self.groups * SSD_CHUNK * SSD_CHUNK
+    }
+
+    /// The element counts of [`SsdScratch`]'s buffers.
+    pub fn scratch_lens(&self) -> SsdScratchLens {
+        let nbc = self.chunk_blocks();
+        let rh = self.rows() * self.heads;
+        SsdScratchLens {
+            states: nbc * self.heads * self.head_dim * self.d_state,
+            chunk_matrix: nbc * self.heads * SSD_CHUNK * SSD_CHUNK,
+            group_matrix: self.group_matrix_len(),
+            row_heads: rh,
+            chunk_heads: nbc * self.heads,
+        }
+    }
+
+    /// Every extent non-zero, `groups` dividing `heads`, and every size
+    /// the kernels take as an `int` fitting one.
+    pub(super) fn check(&self, kernel: &'static str) -> Result<(), KernelError> {
+        let SsdShape {
+            batch,
+            seq_len,
+            heads,
+            head_dim,
+            d_state,
+            groups,
+        } = *self;
+        for (what, v) in [
+            ("batch", batch),
+            ("seq_len", seq_len),
+            ("heads", heads),
+            ("head_dim", head_dim),
+            ("d_state", d_state),
+            ("groups", groups),
+        ] {
+            if v == 0 {
+                return Err(KernelError::invalid(
+                    kernel,
+                    format!("{what} is 0; every SSD extent is at least 1"),
+                ));
+            }
+        }
+        if heads % groups != 0 {
+            return Err(KernelError::invalid(
+                kernel,
+                format!("{groups} groups do not divide {heads} heads"),
+            ));
+        }
+        check::int(kernel, "rows", self.rows())?;
+        check::int(kernel, "chunks of the batch", self.chunk_blocks())?;
+        check::int(kernel, "conv channels", self.conv_channels())?;
+        let lens = self.scratch_lens();
+        check::int(kernel, "dB / dC blocks", 2 * self.dbc_tiles())?;
+        check::long(kernel, "group matrices", lens.group_matrix)?;
+        check::long(kernel, "chunk states", lens.states)?;
+        check::long(kernel, "chunk matrices", lens.chunk_matrix)?;
+        Ok(())
+    }
+}
+
+/// Element counts of the scratch buffers one shape needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SsdScratchLens {
+    /// [`SsdScratch::states`] and [`SsdScratch::dstates`]:
+    /// `[batch * chunks][heads][head_dim][d_state]`.
+    pub states: usize,
+    /// [`SsdScratch::chunk_m`] and [`SsdScratch::chunk_p`]:
+    /// `[batch * chunks][heads][SSD_CHUNK][SSD_CHUNK]`.
+    pub chunk_matrix: usize,
+    /// [`SsdScratch::chunk_psum`]: `[batch * chunks][groups][SSD_CHUNK][SSD_CHUNK]`.
+    pub group_matrix: usize,
+    /// `cum`, `ds_in`, `ddt_in`, `rst`, `o_row`: `[rows, heads]`.
+    pub row_heads: usize,
+    /// `dsh`, `da_part`: `[batch * chunks, heads]`.
+    pub chunk_heads: usize,
+}
+
+/// The scan's inputs, read by the forward and the backward alike.
+#[derive(Clone, Copy)]
+pub struct SsdInputs<'a> {
+    /// The conv output `[rows, ldu]`: x (`inner` columns), then B and C
+    /// (`groups * d_state` columns each), from column 0.
+    pub xbc: &'a CudaView<'a, f32>,
+    /// Leading dimension of `xbc` (at least [`SsdShape::conv_channels`]).
+    pub ldu: usize,
+    /// `dt = softplus(dt_raw + dt_bias)`, `[rows, heads]`.
+    pub dt: &'a CudaView<'a, f32>,
+    /// `A_log`, `[heads]`.
+    pub a_log: &'a CudaView<'a, f32>,
+    /// The skip `D`, `[heads]`.
+    pub d: &'a CudaView<'a, f32>,
+}
+
+/// Scratch of one call, overwritten by it ([`SsdShape::scratch_lens`] gives
+/// each length; the forward uses `cum` and `states` alone). Nothing in it
+/// is read before the call writes it, so it need not survive between calls.
+pub struct SsdScratch<'a> {
+    /// The decays' running sums per chunk, `[rows, heads]`.
+    pub cum: CudaViewMut<'a, f32>,
+    /// Chunk entry states.
+    pub states: CudaViewMut<'a, f32>,
+    /// Backward: the gradients of the states each chunk passes on.
+    pub dstates: CudaViewMut<'a, f32>,
+    /// Backward: the diagonal block's weights per chunk.
+    pub chunk_m: CudaViewMut<'a, f32>,
+    /// Backward: the diagonal block's dB / dC weights per chunk and head.
+    pub chunk_p: CudaViewMut<'a, f32>,
+    /// Backward: those weights summed over each group's heads.
+    pub chunk_psum: CudaViewMut<'a, f32>,
+    /// Backward: per-token terms of d dt (`[rows, heads]` each).
+    pub ds_in: CudaViewMut<'a, f32>,
+    pub ddt_in: CudaViewMut<'a, f32>,
+    pub rst: CudaViewMut<'a, f32>,
+    pub o_row: CudaViewMut<'a, f32>,
+    /// Backward: `<dS, H>` per chunk and head.
+    pub dsh: CudaViewMut<'a, f32>,
+    /// Backward: d A partials per chunk.
+    pub da_part: CudaViewMut<'a, f32>,
+}
+
+/// Outputs of [`MambaKernels::ssd_forward`](super::MambaKernels::ssd_forward).
+pub struct SsdForward<'a> {
+    /// The gate `z`, `[rows, inner]` with leading dimension `ldz`.
+    pub z: &'a CudaView<'a, f32>,
+    pub ldz: usize,
+    /// Out: `y`, `[rows, inner]` (kept for the gate's backward).
+    pub y: &'a mut CudaViewMut<'a, f32>,
+    /// Out: `y SiLU(z)`, `[rows, inner]`
+    /// ([`MambaKernels::gate_bwd`](super::MambaKernels::gate_bwd) recomputes
+    /// the same bits from `y` and `z`).
+    pub gate: &'a mut CudaViewMut<'a, f32>,
+}
+
+/// Inputs and outputs of [`MambaKernels::ssd_backward`](super::MambaKernels::ssd_backward).
+pub struct SsdBackward<'a> {
+    /// `dL/dy`, `[rows, inner]` (the skip's share included: `dx` gets `D
+    /// dy`; `dL/dD` is not computed here).
+    pub dy: &'a CudaView<'a, f32>,
+    /// Out: the x, B and C columns of the conv output's gradient (the same
+    /// layout as `xbc`, leading dimension `lddx`); other columns untouched.
+    pub dxbc: &'a mut CudaViewMut<'a, f32>,
+    pub lddx: usize,
+    /// Out: `dL/d dt_raw` (through softplus, from `dt` itself), `[rows,
+    /// heads]` with leading dimension `ld_ddt`.
+    pub ddt_raw: &'a mut CudaViewMut<'a, f32>,
+    pub ld_ddt: usize,
+    /// Out: `dL/dA_log`, `[heads]`.
+    pub da_log: &'a mut CudaViewMut<'a, f32>,
+}
+
+impl SsdScratch<'_> {
+    /// Every buffer as long as `shape` needs (`forward_only`: the forward's
+    /// two).
+    pub(super) fn check(
+        &self,
+        kernel: &'static str,
+        shape: &SsdShape,
+        forward_only: bool,
+    ) -> Result<(), KernelError> {
+        let l = shape.scratch_lens();
+        check::len(kernel, "cum", self.cum.len(), l.row_heads)?;
+        check::len(kernel, "states", self.states.len(), l.states)?;
+        if forward_only {
+            return Ok(());
+        }
+        for (what, have, need) in [
+            ("dstates", self.dstates.len(), l.states),
+            ("chunk_m", self.chunk_m.len(), l.chunk_matrix),
+            ("chunk_p", self.chunk_p.len(), l.chunk_matrix),
+            ("chunk_psum", self.chunk_psum.len(), l.group_matrix),
+            ("ds_in", self.ds_in.len(), l.row_heads),
+            ("ddt_in", self.ddt_in.len(), l.row_heads),
+            ("rst", self.rst.len(), l.row_heads),
+            ("o_row", self.o_row.len(), l.row_heads),
+            ("dsh", self.dsh.len(), l.chunk_heads),
+            ("da_part", self.da_part.len(), l.chunk_heads),
+        ] {
+            check::len(kernel, what, have, need)?;
+        }
+        Ok(())
+    }
+}
+
+impl SsdInputs<'_> {
+    pub(super) fn check(&self, kernel: &'static str, shape: &SsdShape) -> Result<(), KernelError> {
+        let rows = shape.rows();
+        check::matrix(
+            kernel,
+            "xbc (the conv output)",
+            self.xbc.len(),
+            rows,
+            shape.conv_channels(),
+            self.ldu,
+        )?;
+        check::matrix(kernel, "dt", self.dt.len(), rows, shape.heads, shape.heads)?;
+        check::len(kernel, "A_log", self.a_log.len(), shape.heads)?;
+        check::len(kernel, "D", self.d.len(), shape.heads)?;
+        Ok(())
+    }
+}
