@@ -1,4 +1,4 @@
-// A CPU emulation of the small CUDA subset the scan kernels use, so their
+// A CPU emulation of the small CUDA subset the scan and SSD kernels use, so their
 // logic (indices, barriers, shuffles, staging) can be checked against an
 // oracle on a machine without a GPU (kernels/src/mamba/scan_emu_tests.rs).
 // Not for timing, and not for bits: the math library is the host's.

@@ -10,6 +10,7 @@
 // quantity of every shape is within tolerance.
 #include <cstdio>
 #include <random>
+#include "check_report.h"
 #include "mamba_scan.cu"
 
 #if !defined(EMU_BLOCK) || !defined(EMU_LANE_STATES)
@@ -22,28 +23,6 @@
 struct Case { int b, t, d, n, r; };
 
 static int next_pow2(int x) { int p = 1; while (p < x) p <<= 1; return p; }
-
-// FNV-1a over the bits of every output, so a change meant to keep the bits
-// can be compared against the previous revision of the kernels compiled
-// here (the host's math library is the same for both; not the GPU's bits).
-static uint64_t bits_digest(uint64_t h, const std::vector<float>& v) {
-    for (float x : v) {
-        uint32_t b;
-        std::memcpy(&b, &x, 4);
-        for (int i = 0; i < 4; ++i) h = (h ^ ((b >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
-    }
-    return h;
-}
-
-static double rel_l2(const std::vector<float>& got, const std::vector<double>& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-        double e = got[i] - want[i];
-        num += e * e; den += want[i] * want[i];
-        if (!std::isfinite(got[i])) return INFINITY;
-    }
-    return std::sqrt(num / (den > 0 ? den : 1));
-}
 
 int main() {
     // {batch, T, d_inner, d_state, dt_rank}
@@ -237,10 +216,6 @@ int main() {
         std::vector<float> dbc_cols;
         for (int mm = 0; mm < M; ++mm)
             for (int j = 0; j < 2 * N; ++j) dbc_cols.push_back(ddbc[(size_t)mm * ld + R + j]);
-        struct { const char* what; double err, tol; } checks[] = {
-            {"y", rel_l2(y, ey), 2e-6},       {"out", rel_l2(out, eout), 2e-6},
-            {"ddt_raw", rel_l2(ddtr, eddtr), 1e-5}, {"du", rel_l2(du, edu), 1e-5},
-            {"dB|dC", rel_l2(dbc_cols, edbc), 1e-5}, {"dA_log", rel_l2(da, eda), 1e-5}};
         // Each bf16 copy must be the cast of its f32 value, bit for bit.
         int copy_bad = 0;
         for (int i = 0; i < M * D; ++i) {
@@ -252,15 +227,13 @@ int main() {
                "bf16 u/dt/z %s,",
                B, T, D, N, sp, cpb, rounds, groups, seg, nseg, copy_bad ? "DIFFER" : "exact",
                !half_case ? "not run" : half_ok ? "same bits" : "DIFFER");
-        for (auto& k : checks) {
-            bool bad = !(k.err <= k.tol);
-            fails += bad;
-            printf(" %s %.1e%s", k.what, k.err, bad ? " FAIL" : "");
-        }
-        uint64_t h = 0xcbf29ce484222325ULL;
-        for (const auto* v : {&hin, &y, &out, &ddtr, &du, &ddbc, &dapart}) h = bits_digest(h, *v);
-        printf(" bits %016llx\n", (unsigned long long)h);
-        fflush(stdout);
+        fails += report({{"y", rel_l2(y, ey), 2e-6},
+                         {"out", rel_l2(out, eout), 2e-6},
+                         {"ddt_raw", rel_l2(ddtr, eddtr), 1e-5},
+                         {"du", rel_l2(du, edu), 1e-5},
+                         {"dB|dC", rel_l2(dbc_cols, edbc), 1e-5},
+                         {"dA_log", rel_l2(da, eda), 1e-5}},
+                        {&hin, &y, &out, &ddtr, &du, &ddbc, &dapart});
         }
     }
     printf("%s\n", fails ? "FAILED" : "all within tolerance");

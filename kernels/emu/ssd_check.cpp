@@ -10,6 +10,7 @@
 // quantity of every shape is within tolerance.
 #include <cstdio>
 #include <random>
+#include "check_report.h"
 #include "mamba_ssd.cu"
 
 #ifndef EMU_NEGATIVE
@@ -17,26 +18,6 @@
 #endif
 
 struct Case { int b, t, h, p, n, g; };
-
-static double rel_l2(const std::vector<float>& got, const std::vector<double>& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        double e = got[i] - want[i];
-        num += e * e;
-        den += want[i] * want[i];
-    }
-    return std::sqrt(num / (den > 0 ? den : 1));
-}
-
-static uint64_t bits_digest(uint64_t h, const std::vector<float>& v) {
-    for (float x : v) {
-        uint32_t b;
-        std::memcpy(&b, &x, 4);
-        for (int i = 0; i < 4; ++i) h = (h ^ ((b >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
-    }
-    return h;
-}
 
 static unsigned blocks(long long n) { return (unsigned)((n + 255) / 256); }
 
@@ -202,21 +183,15 @@ int main() {
             }
             for (int h = 0; h < H; ++h) gddt.push_back(ddt_raw[(size_t)m * ld_ddt + h]);
         }
-        struct { const char* what; double err, tol; } checks[] = {
-            {"y", rel_l2(y, ey), 2e-6},           {"gate", rel_l2(gate, egate), 2e-6},
-            {"dx", rel_l2(gdx, edx), 1e-5},       {"dB", rel_l2(gdb, edb), 1e-5},
-            {"dC", rel_l2(gdc, edc), 1e-5},       {"ddt_raw", rel_l2(gddt, eddt), 1e-5},
-            {"dA_log", rel_l2(da_log, eda), 1e-5}};
         printf("B %d T %d H %d P %d N %d G %d (chunks %d):", B, T, H, P, N, G, nc);
-        for (auto& k : checks) {
-            const bool bad = !(k.err <= k.tol);
-            fails += bad;
-            printf(" %s %.1e%s", k.what, k.err, bad ? " FAIL" : "");
-        }
-        uint64_t h = 0xcbf29ce484222325ULL;
-        for (const auto* v : {&y, &gate, &gdx, &gdb, &gdc, &gddt, &da_log}) h = bits_digest(h, *v);
-        printf(" bits %016llx\n", (unsigned long long)h);
-        fflush(stdout);
+        fails += report({{"y", rel_l2(y, ey), 2e-6},
+                         {"gate", rel_l2(gate, egate), 2e-6},
+                         {"dx", rel_l2(gdx, edx), 1e-5},
+                         {"dB", rel_l2(gdb, edb), 1e-5},
+                         {"dC", rel_l2(gdc, edc), 1e-5},
+                         {"ddt_raw", rel_l2(gddt, eddt), 1e-5},
+                         {"dA_log", rel_l2(da_log, eda), 1e-5}},
+                        {&y, &gate, &gdx, &gdb, &gdc, &gddt, &da_log});
     }
     printf("%s\n", fails ? "FAILED" : "all within tolerance");
     return fails ? 1 : 0;
