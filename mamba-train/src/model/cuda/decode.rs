@@ -250,7 +250,7 @@ impl CudaDecoder {
                 d: &dpar,
                 z: &z,
             };
-            scan_step(dk, s, inputs, ssm, (&mut b.y, &mut b.g), (i, e, n))?;
+            scan_step(dk, s, inputs, ssm, (&mut b.y, &mut b.g), (i, e, n), 0..e)?;
             residual_out_proj(model, (&b.x, &mut b.x_next), &b.g, &w(&lo.out_proj), i)?;
             std::mem::swap(&mut b.x, &mut b.x_next);
         }
@@ -443,16 +443,32 @@ fn ssd_layer_step(
         &mut b.dt.as_view_mut(),
         GroupShape::dense(1, h, hp),
     )?;
+    // One scan step per group of B and C over its heads' channels; with
+    // several groups, the group's B and C are copied side by side first
+    // (the step reads B then C; with one they already are).
     let groups = cfg.ssd().map_or(1, |c| c.n_groups).max(1);
-    if groups == 1 {
-        let (u, dt, bc, a_log, dpar, z) = (
-            b.u.slice(..e),
-            b.dt.as_view(),
-            b.u.slice(e..e + 2 * n),
-            b.a_log_e.slice(i * e * n..(i + 1) * e * n),
-            b.d_e.slice(i * e..(i + 1) * e),
-            b.xz.slice(..e),
+    let per = e / groups;
+    for gi in 0..groups {
+        let ch = gi * per..(gi + 1) * per;
+        if groups > 1 {
+            for (from, to) in [(e + gi * n, 0), (e + (groups + gi) * n, n)] {
+                s.memcpy_dtod(&b.u.slice(from..from + n), &mut b.dbc.slice_mut(to..to + n))
+                    .map_err(|err| cuda(&format!("staging group {gi}'s B and C"), err))?;
+            }
+        }
+        let (u, dt, a_log, dpar, z) = (
+            b.u.slice(ch.clone()),
+            b.dt.slice(ch.clone()),
+            b.a_log_e
+                .slice(i * e * n + ch.start * n..i * e * n + ch.end * n),
+            b.d_e.slice(i * e + ch.start..i * e + ch.end),
+            b.xz.slice(ch.clone()),
         );
+        let bc = if groups > 1 {
+            b.dbc.slice(..2 * n)
+        } else {
+            b.u.slice(e..e + 2 * n)
+        };
         let inputs = ScanStepInputs {
             u: &u,
             dt: &dt,
@@ -461,44 +477,7 @@ fn ssd_layer_step(
             d: &dpar,
             z: &z,
         };
-        scan_step(dk, s, inputs, ssm, (&mut b.y, &mut b.g), (i, e, n))?;
-    } else {
-        // Several groups: one scan step per group over its heads' channels,
-        // its B and C copied side by side first (the step reads B then C).
-        let per = e / groups;
-        for gi in 0..groups {
-            let ch = gi * per..(gi + 1) * per;
-            for (from, to) in [(e + gi * n, 0), (e + (groups + gi) * n, n)] {
-                s.memcpy_dtod(&b.u.slice(from..from + n), &mut b.dbc.slice_mut(to..to + n))
-                    .map_err(|err| cuda(&format!("staging group {gi}'s B and C"), err))?;
-            }
-            let state = i * e * n;
-            let (u, dt, bc, a_log, dpar, z) = (
-                b.u.slice(ch.clone()),
-                b.dt.slice(ch.clone()),
-                b.dbc.slice(..2 * n),
-                b.a_log_e.slice(state + ch.start * n..state + ch.end * n),
-                b.d_e.slice(i * e + ch.start..i * e + ch.end),
-                b.xz.slice(ch.clone()),
-            );
-            let inputs = ScanStepInputs {
-                u: &u,
-                dt: &dt,
-                bc: &bc,
-                a_log: &a_log,
-                d: &dpar,
-                z: &z,
-            };
-            dk.scan_step(
-                s,
-                inputs,
-                &mut ssm.slice_mut(state + ch.start * n..state + ch.end * n),
-                &mut b.y.slice_mut(ch.clone()),
-                &mut b.g.slice_mut(ch.clone()),
-                per,
-                n,
-            )?;
-        }
+        scan_step(dk, s, inputs, ssm, (&mut b.y, &mut b.g), (i, e, n), ch)?;
     }
     kr.rmsnorm_fwd(
         s,
@@ -515,9 +494,9 @@ fn ssd_layer_step(
     Ok(())
 }
 
-/// Layer `i`'s scan step of either architecture: advances its slice of
-/// the SSM state `ssm` (`[n_layer, e, n]`) and writes `y` and the gated
-/// output `g`.
+/// Layer `i`'s scan step of either architecture over the channels `ch`
+/// (`inputs` holds theirs): advances their slice of the SSM state `ssm`
+/// (`[n_layer, e, n]`) and writes their `y` and gated output `g`.
 fn scan_step(
     dk: &DecodeKernels,
     s: &cudarc::driver::CudaStream,
@@ -525,14 +504,16 @@ fn scan_step(
     ssm: &mut CudaSlice<f32>,
     (y, g): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     (i, e, n): (usize, usize, usize),
+    ch: std::ops::Range<usize>,
 ) -> Result<()> {
+    let state = i * e * n;
     dk.scan_step(
         s,
         inputs,
-        &mut ssm.slice_mut(i * e * n..(i + 1) * e * n),
-        &mut y.as_view_mut(),
-        &mut g.as_view_mut(),
-        e,
+        &mut ssm.slice_mut(state + ch.start * n..state + ch.end * n),
+        &mut y.slice_mut(ch.clone()),
+        &mut g.slice_mut(ch.clone()),
+        ch.len(),
         n,
     )?;
     Ok(())
