@@ -1,13 +1,24 @@
 // What the emulated kernel checks (scan_check.cpp, ssd_check.cpp) share:
-// the error measure against their f64 oracles, a digest of the bits they
-// produce, and the line each shape prints.
+// their random inputs, the error measure against their f64 oracles, a
+// digest of the bits they produce, and the line each shape prints.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
+#include <random>
 #include <vector>
+
+// `len` values uniform in [lo, hi) from `rng`, each exactly a float (the
+// kernels get the float, the oracle the same value in f64).
+static std::vector<double> uniform_floats(std::mt19937_64& rng, double lo, double hi,
+                                          size_t len) {
+    std::vector<double> v(len);
+    std::uniform_real_distribution<double> u(lo, hi);
+    for (auto& x : v) x = (double)(float)u(rng);
+    return v;
+}
 
 // ||got - want|| / ||want|| (relative L2; the plain norm when want is 0);
 // infinite when got holds a value that is not finite.

@@ -34,12 +34,7 @@ int main() {
     for (const Case& c : cases) {
         const int B = c.b, T = c.t, D = c.d, N = c.n, R = c.r, M = B * T, ld = R + 2 * N;
         std::mt19937_64 rng(seed++);
-        auto uni = [&](double lo, double hi, size_t len) {
-            std::vector<double> v(len);
-            std::uniform_real_distribution<double> u(lo, hi);
-            for (auto& x : v) x = (double)(float)u(rng);
-            return v;
-        };
+        auto uni = [&](double lo, double hi, size_t len) { return uniform_floats(rng, lo, hi, len); };
         auto u = uni(-1, 1, (size_t)M * D), dt = uni(0.001, 0.6, (size_t)M * D),
              dbc = uni(-1, 1, (size_t)M * ld), dp = uni(0.5, 1.5, D),
              xz = uni(-2, 2, (size_t)M * 2 * D), dy = uni(-1, 1, (size_t)M * D);

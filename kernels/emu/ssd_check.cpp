@@ -32,12 +32,7 @@ int main() {
         const int b_off = E, c_off = E + G * N, ldu = E + 2 * G * N + 3, ldz = E + 5,
                   ld_ddt = H + 2;
         std::mt19937_64 rng(seed++);
-        auto uni = [&](double lo, double hi, size_t len) {
-            std::vector<double> v(len);
-            std::uniform_real_distribution<double> u(lo, hi);
-            for (auto& x : v) x = (double)(float)u(rng);
-            return v;
-        };
+        auto uni = [&](double lo, double hi, size_t len) { return uniform_floats(rng, lo, hi, len); };
         auto xbc = uni(-1, 1, (size_t)M * ldu), dt = uni(0.001, 0.6, (size_t)M * H),
              a_log = uni(-1, 1.5, H), dp = uni(0.5, 1.5, H), z = uni(-2, 2, (size_t)M * ldz),
              dy = uni(-1, 1, (size_t)M * E);
