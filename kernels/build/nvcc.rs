@@ -216,17 +216,23 @@ pub enum Contract {
 /// The kernel files whose contract is [`Contract::Tolerance`]; every other
 /// file (a new one included) is [`Contract::BitEqualToHost`], so a file
 /// gains contraction only by being listed here:
-/// - `mamba_ops`, `mamba_scan`, `mamba_ssd`: the CUDA model's forward and
-///   backward, pinned to the CPU f32/f64 model by the
-///   `cuda_parity`/`cuda_scan`/`cuda_mamba2` tolerances (and `mamba_ssd` by
-///   its emulated check against an f64 recurrence);
+/// - `mamba_ops`, `mamba_scan`, `mamba_ssd`, `mamba_ssd_tc`: the CUDA
+///   model's forward and backward, pinned to the CPU f32/f64 model by the
+///   `cuda_parity`/`cuda_scan`/`cuda_mamba2` tolerances (and the SSD files
+///   by their emulated check against an f64 recurrence);
 /// - `mamba_decode`: the recurrent decoder, pinned by `cuda_decode`'s
 ///   tolerance against the CPU decoder.
 ///
 /// `fold` (the reducer's fold, bit-equal to the host fold and the emulated
 /// oracle) and `mamba_optim` (AdamW and the gradient-norm sums, bit-equal to
 /// the CPU optimizer) are not listed.
-pub const FMA_CONTRACTED: &[&str] = &["mamba_ops", "mamba_scan", "mamba_ssd", "mamba_decode"];
+pub const FMA_CONTRACTED: &[&str] = &[
+    "mamba_ops",
+    "mamba_scan",
+    "mamba_ssd",
+    "mamba_ssd_tc",
+    "mamba_decode",
+];
 
 /// The contract of the kernel file with stem `module` (file name without
 /// `.cu`).

@@ -62,16 +62,13 @@
 // modules) whose forward and backward kernels share the chunk helpers and
 // the tiled products above them; split, the backward's file would include
 // the forward's helpers, and the emulated check compiles the pair as one.
-#include "mamba_common.cuh"
+#include "ssd_chunk.cuh"
 
 using namespace mamba;
+using namespace mamba_ssd;
 
 namespace {
 
-// Chunk length: the Q x Q blocks' size (SsdShape::CHUNK on the host).
-constexpr int kQ = 64;
-// Threads of every per-chunk block (SsdShape's launches use it).
-constexpr int kThreads = 256;
 // Contraction steps per shared-memory tile of the register-tiled products.
 constexpr int kTk = 16;
 // Rows of a staged tile, padded so every step's row of values starts
@@ -88,23 +85,6 @@ constexpr int kDn = 64;
 constexpr int kDk = 32;
 // Chunks whose loads mamba_ssd_state_pass issues before walking them.
 constexpr int kPass = 8;
-
-struct Chunk {
-    long long m0;  // first row of the chunk
-    int t0;        // first token within the sequence
-    int q;         // tokens in the chunk (1..kQ)
-    int last_row;  // m0 + q - 1 as an offset from m0
-};
-
-__device__ __forceinline__ Chunk chunk_of(int bc, int nc, int T) {
-    const int b = bc / nc, c = bc % nc;
-    Chunk k;
-    k.t0 = c * kQ;
-    k.q = min(kQ, T - k.t0);
-    k.m0 = (long long)b * T + k.t0;
-    k.last_row = k.q - 1;
-    return k;
-}
 
 // acc[a][k] = sum over kk < K (ascending) of A[r_a][kk] * Bm[r_k][kk],
 // r_a = 4*(tid/16) + a, r_k = tid%16 + 16*k, where A has qa rows lda apart
@@ -146,25 +126,6 @@ __device__ __forceinline__ void rows_product(float acc[4][4], const float* __res
         }
         __syncthreads();
     }
-}
-
-// s and dt of one (chunk, head) into shared memory (zeros past q).
-__device__ __forceinline__ void stage_s_dt(const float* __restrict__ s,
-                                           const float* __restrict__ dt, const Chunk& ck,
-                                           int H, int h, float* ss, float* sdt) {
-    const int tid = threadIdx.x;
-    if (tid < kQ) {
-        const bool in = tid < ck.q;
-        ss[tid] = in ? s[(ck.m0 + tid) * H + h] : 0.0f;
-        sdt[tid] = in ? dt[(ck.m0 + tid) * H + h] : 0.0f;
-    }
-}
-
-// M_ij = exp(s_i - s_j) cb_ij dt_j of this thread's 4 x 4 tile, 0 outside
-// j <= i < q: the diagonal block's weights (forward and backward alike).
-__device__ __forceinline__ float weight_m(float cb, const float* ss, const float* sdt, int i,
-                                          int j, int q) {
-    return (j <= i && i < q) ? (expf(ss[i] - ss[j]) * cb) * sdt[j] : 0.0f;
 }
 
 }  // namespace

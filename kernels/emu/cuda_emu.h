@@ -65,6 +65,38 @@ inline float __shfl_down_sync(unsigned, float v, unsigned delta) {
     return r;
 }
 
+// mma.sync m16n8k8 tf32 (kernels/cuda/mma_tf32.cuh), the warp's
+// fragments exchanged as the PTX layout places them: each lane publishes
+// its a / b registers, then computes its four outputs from the whole
+// warp's, each summed over k in ascending order in f32 onto the lane's
+// accumulator (the products of tf32 values are exact in f32).
+inline unsigned g_mma_a[1024][4], g_mma_b[1024][2];
+inline void emu_mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    const unsigned t = threadIdx.x, w = t / 32, base = 32 * w, lane = t % 32;
+    for (int i = 0; i < 4; ++i) g_mma_a[t][i] = a[i];
+    for (int i = 0; i < 2; ++i) g_mma_b[t][i] = b[i];
+    g_warp_barriers[w]->arrive_and_wait();
+    auto fa = [&](unsigned r, unsigned k) {  // A(r, k): lane 4 (r % 8) + k % 4
+        const unsigned reg = r / 8 + 2 * (k / 4);
+        float v;
+        std::memcpy(&v, &g_mma_a[base + 4 * (r % 8) + k % 4][reg], 4);
+        return v;
+    };
+    auto fb = [&](unsigned k, unsigned c) {  // B(k, c): lane 4 c + k % 4
+        float v;
+        std::memcpy(&v, &g_mma_b[base + 4 * c + k % 4][k / 4], 4);
+        return v;
+    };
+    const unsigned g = lane / 4, tq = lane % 4;
+    for (int e = 0; e < 4; ++e) {
+        const unsigned r = g + 8 * (e >> 1), c = 2 * tq + (e & 1);
+        float s = d[e];
+        for (unsigned k = 0; k < 8; ++k) s = s + fa(r, k) * fb(k, c);
+        d[e] = s;
+    }
+    g_warp_barriers[w]->arrive_and_wait();
+}
+
 struct alignas(16) float4 {
     float x, y, z, w;
 };

@@ -6,16 +6,34 @@
 // past one, groups of one and several heads, and padded leading
 // dimensions. The launches are the host's (kernels/src/mamba/ssd.rs), in
 // its order. EMU_NEGATIVE=1 feeds the kernels one wrong dt (the oracle keeps
-// the right one): the check must then fail. Exit status 0 only when every
-// quantity of every shape is within tolerance.
+// the right one): the check must then fail. EMU_TC=1 runs the tensor-core
+// kernels (mamba_ssd_tc.cu, tf32 operands) where they replace the SIMT ones,
+// against the same oracle at tf32's tolerances. Exit status 0 only when
+// every quantity of every shape is within tolerance.
 #include <cstdio>
 #include <random>
 #include "check_report.h"
 #include "mamba_ssd.cu"
+#include "mamba_ssd_tc.cu"
 
 #ifndef EMU_NEGATIVE
 #define EMU_NEGATIVE 0
 #endif
+#ifndef EMU_TC
+#define EMU_TC 0
+#endif
+
+// The product kernels of the run: SIMT (f32 runs) or tensor cores (tf32 /
+// bf16 runs); the two sets take the same arguments.
+static const auto chunk_state = EMU_TC ? mamba_ssd_chunk_state_tc : mamba_ssd_chunk_state;
+static const auto chunk_out = EMU_TC ? mamba_ssd_chunk_out_tc : mamba_ssd_chunk_out;
+static const auto bwd_qq = EMU_TC ? mamba_ssd_bwd_qq_tc : mamba_ssd_bwd_qq;
+static const auto bwd_dx = EMU_TC ? mamba_ssd_bwd_dx_tc : mamba_ssd_bwd_dx;
+static const auto bwd_dbc = EMU_TC ? mamba_ssd_bwd_dbc_tc : mamba_ssd_bwd_dbc;
+// tf32 operands carry 2^-11 relative rounding: a product's error is about
+// 3e-4 relative, the gradients' about twice that.
+static const double kTolFwd = EMU_TC ? 1e-3 : 2e-6;
+static const double kTolBwd = EMU_TC ? 2e-3 : 1e-5;
 
 struct Case { int b, t, h, p, n, g; };
 
@@ -110,7 +128,7 @@ int main() {
         auto states = [&](std::vector<float>& out, const float* Xp, long long ldx, const float* Yp,
                           int y_off, int mode, int reverse) {
             emu_launch({(unsigned)nbc, (unsigned)H, (unsigned)tiles_state}, kThreads, 0, [&] {
-                mamba_ssd_chunk_state(Xp, ldx, Yp, ldu, y_off, fdt.data(), s.data(), out.data(), T,
+                chunk_state(Xp, ldx, Yp, ldu, y_off, fdt.data(), s.data(), out.data(), T,
                                       H, P, N, hpg, nc, mode);
             });
             emu_launch({blocks((long long)B * H * P * N), 1, 1}, 256, 0, [&] {
@@ -119,7 +137,7 @@ int main() {
         };
         states(st, fx.data(), ldu, fx.data(), b_off, 0, 0);
         emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
-            mamba_ssd_chunk_out(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdp.data(),
+            chunk_out(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdp.data(),
                                 st.data(), fz.data(), ldz, y.data(), gate.data(), T, H, P, N, hpg,
                                 nc);
         });
@@ -136,19 +154,19 @@ int main() {
         s = s2;
         states(st2, fx.data(), ldu, fx.data(), b_off, 0, 0);
         emu_launch({(unsigned)nbc, (unsigned)H, (unsigned)tiles_state}, kThreads, 0, [&] {
-            mamba_ssd_chunk_state(fdy.data(), E, fx.data(), ldu, c_off, fdt.data(), s.data(),
+            chunk_state(fdy.data(), E, fx.data(), ldu, c_off, fdt.data(), s.data(),
                                   dst.data(), T, H, P, N, hpg, nc, 1);
         });
         emu_launch({blocks((long long)B * H * P * N), 1, 1}, 256, 0, [&] {
             mamba_ssd_state_pass(dst.data(), s.data(), T, H, (long long)P * N, nc, B, 1);
         });
         emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
-            mamba_ssd_bwd_qq(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdy.data(),
+            bwd_qq(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdy.data(),
                              mq.data(), pq.data(), ds_in.data(), ddt_in.data(), T, H, P, N, hpg,
                              nc);
         });
         emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
-            mamba_ssd_bwd_dx(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdp.data(),
+            bwd_dx(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdp.data(),
                              fdy.data(), mq.data(), st2.data(), dst.data(), dxbc.data(), ldu,
                              rst.data(), o_row.data(), dsh.data(), T, H, P, N, hpg, nc);
         });
@@ -156,7 +174,7 @@ int main() {
             mamba_ssd_bwd_psum(pq.data(), psum.data(), H, hpg, psum_len);
         });
         emu_launch({(unsigned)nbc, (unsigned)G, (unsigned)(2 * ntn)}, kThreads, 0, [&] {
-            mamba_ssd_bwd_dbc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdy.data(),
+            bwd_dbc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdy.data(),
                               psum.data(), st2.data(), dst.data(), dxbc.data(), ldu, T, H, P, N,
                               hpg, nc);
         });
@@ -179,13 +197,13 @@ int main() {
             for (int h = 0; h < H; ++h) gddt.push_back(ddt_raw[(size_t)m * ld_ddt + h]);
         }
         printf("B %d T %d H %d P %d N %d G %d (chunks %d):", B, T, H, P, N, G, nc);
-        fails += report({{"y", rel_l2(y, ey), 2e-6},
-                         {"gate", rel_l2(gate, egate), 2e-6},
-                         {"dx", rel_l2(gdx, edx), 1e-5},
-                         {"dB", rel_l2(gdb, edb), 1e-5},
-                         {"dC", rel_l2(gdc, edc), 1e-5},
-                         {"ddt_raw", rel_l2(gddt, eddt), 1e-5},
-                         {"dA_log", rel_l2(da_log, eda), 1e-5}},
+        fails += report({{"y", rel_l2(y, ey), kTolFwd},
+                         {"gate", rel_l2(gate, egate), kTolFwd},
+                         {"dx", rel_l2(gdx, edx), kTolBwd},
+                         {"dB", rel_l2(gdb, edb), kTolBwd},
+                         {"dC", rel_l2(gdc, edc), kTolBwd},
+                         {"ddt_raw", rel_l2(gddt, eddt), kTolBwd},
+                         {"dA_log", rel_l2(da_log, eda), kTolBwd}},
                         {&y, &gate, &gdx, &gdb, &gdc, &gddt, &da_log});
     }
     printf("%s\n", fails ? "FAILED" : "all within tolerance");

@@ -175,6 +175,7 @@ fn flags_are_deterministic_and_cover_the_architectures() {
         ("mamba_ops", "--fmad=true"),
         ("mamba_scan", "--fmad=true"),
         ("mamba_ssd", "--fmad=true"),
+        ("mamba_ssd_tc", "--fmad=true"),
         ("mamba_decode", "--fmad=true"),
     ] {
         let flags = flags_of(module);

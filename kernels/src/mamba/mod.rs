@@ -59,7 +59,8 @@ pub use scan::{
     ScanBackward, ScanForward, ScanInputs, ScanShape, MAX_D_STATE, SCAN_CHUNK, SEGMENT_CHUNKS,
 };
 pub use ssd::{
-    SsdBackward, SsdForward, SsdInputs, SsdScratch, SsdScratchLens, SsdShape, SSD_CHUNK,
+    SsdBackward, SsdForward, SsdInputs, SsdProducts, SsdScratch, SsdScratchLens, SsdShape,
+    SSD_CHUNK,
 };
 pub use store::{Store, Stored};
 pub use tokens::{DeviceTokenCsr, TokenCsr};
@@ -77,13 +78,13 @@ pub const COL_SLAB: usize = 256;
 #[derive(Debug, Clone)]
 pub struct MambaKernels {
     ctx: Arc<CudaContext>,
-    modules: [Arc<CudaModule>; 4],
+    modules: [Arc<CudaModule>; 5],
     f: Functions,
 }
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 35] = [
+const SYMBOLS: [(usize, &str); 40] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -119,6 +120,11 @@ const SYMBOLS: [(usize, &str); 35] = [
     (3, "mamba_ssd_bwd_dbc"),
     (3, "mamba_ssd_bwd_dt"),
     (3, "mamba_ssd_dalog"),
+    (4, "mamba_ssd_chunk_state_tc"),
+    (4, "mamba_ssd_chunk_out_tc"),
+    (4, "mamba_ssd_bwd_qq_tc"),
+    (4, "mamba_ssd_bwd_dx_tc"),
+    (4, "mamba_ssd_bwd_dbc_tc"),
 ];
 
 #[derive(Debug, Clone)]
@@ -158,13 +164,24 @@ struct Functions {
     ssd_bwd_dbc: CudaFunction,
     ssd_bwd_dt: CudaFunction,
     ssd_dalog: CudaFunction,
+    ssd_chunk_state_tc: CudaFunction,
+    ssd_chunk_out_tc: CudaFunction,
+    ssd_bwd_qq_tc: CudaFunction,
+    ssd_bwd_dx_tc: CudaFunction,
+    ssd_bwd_dbc_tc: CudaFunction,
 }
 
 impl MambaKernels {
     /// Module names (`kernels/cuda/<name>.cu`).
-    pub const MODULES: [&'static str; 4] = ["mamba_ops", "mamba_scan", "mamba_optim", "mamba_ssd"];
+    pub const MODULES: [&'static str; 5] = [
+        "mamba_ops",
+        "mamba_scan",
+        "mamba_optim",
+        "mamba_ssd",
+        "mamba_ssd_tc",
+    ];
 
-    /// Load the three Mamba modules into `ctx` and look up every kernel.
+    /// Load the Mamba modules into `ctx` and look up every kernel.
     ///
     /// Errors: [`KernelError::NotBuilt`] in a build without nvcc (the message
     /// says how to get kernels), [`KernelError::Driver`] naming the module or
@@ -175,6 +192,7 @@ impl MambaKernels {
             load_module(ctx, Self::MODULES[1])?,
             load_module(ctx, Self::MODULES[2])?,
             load_module(ctx, Self::MODULES[3])?,
+            load_module(ctx, Self::MODULES[4])?,
         ];
         let mut found = Vec::with_capacity(SYMBOLS.len());
         for &(m, symbol) in SYMBOLS.iter() {
@@ -228,6 +246,11 @@ impl MambaKernels {
             ssd_bwd_dbc: next()?,
             ssd_bwd_dt: next()?,
             ssd_dalog: next()?,
+            ssd_chunk_state_tc: next()?,
+            ssd_chunk_out_tc: next()?,
+            ssd_bwd_qq_tc: next()?,
+            ssd_bwd_dx_tc: next()?,
+            ssd_bwd_dbc_tc: next()?,
         };
         // The scan kernels take their staging buffers as dynamic shared
         // memory, above the 48 KiB a launch gets without opting in.
@@ -262,7 +285,7 @@ impl MambaKernels {
     }
 
     /// The loaded modules, in [`Self::MODULES`] order.
-    pub fn modules(&self) -> &[Arc<CudaModule>; 4] {
+    pub fn modules(&self) -> &[Arc<CudaModule>; 5] {
         &self.modules
     }
 

@@ -13,16 +13,23 @@
 //! atomics, and the chunk length is a constant of the kernels (not the
 //! model's `chunk_size`), so the bits depend on the shapes and values alone.
 //!
+//! The chunk products (the chunk states, the chunk outputs and the
+//! backward's Q x Q, d x and d B / d C kernels) come in two sets, chosen per
+//! call by [`SsdProducts`]: SIMT f32 (`mamba_ssd.cu`) and tf32 tensor cores
+//! (`mamba_ssd_tc.cu`, the same arguments and outputs). The kernels without
+//! a product are shared.
+//!
 //! The kernels' twin on the host is `kernels/emu/ssd_check.cpp` (the same
-//! source compiled as C++ and checked against a sequential f64 recurrence,
-//! `ssd_emu_tests.rs`); on the device, `mamba-train/tests/cuda_mamba2.rs`
-//! pins the trainer's use of them to the CPU model.
+//! sources compiled as C++ and checked against a sequential f64 recurrence,
+//! each set at its tolerances, `ssd_emu_tests.rs`); on the device,
+//! `mamba-train/tests/cuda_mamba2.rs` pins the trainer's use of them to the
+//! CPU model.
 //!
 //! The shapes and buffers the launches take, and their checks, are in
 //! `ssd_shape.rs`. Over 450 lines: the launches of one algorithm in their
 //! order, each with the SAFETY argument it rests on.
 
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::{CudaFunction, CudaStream, CudaView, CudaViewMut};
 
 use super::check;
 use super::launcher::{Arg, Grid, Launch};
@@ -34,7 +41,51 @@ pub use super::ssd_shape::{
     SsdBackward, SsdForward, SsdInputs, SsdScratch, SsdScratchLens, SsdShape, SSD_CHUNK,
 };
 
+/// Which kernels compute the SSD's chunk products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SsdProducts {
+    /// f32 fused multiply-adds on the SIMT units (`mamba_ssd.cu`): within
+    /// 5e-5 of the f64 program, what f32 runs promise.
+    F32,
+    /// Tensor cores with operands rounded to tf32 and f32 accumulators
+    /// (`mamba_ssd_tc.cu`): about 3e-4 relative, inside the tf32 and bf16
+    /// runs' tolerances, and several times faster.
+    Tf32,
+}
+
+/// The kernels of one set of products ([`SsdProducts`]), with their names
+/// for errors. Each `_tc` kernel has its SIMT twin's signature, argument
+/// for argument, and the same extents of reads and writes, so the SAFETY
+/// arguments below, which name the SIMT kernels, hold for either set.
+struct Products<'a> {
+    chunk_state: (&'static str, &'a CudaFunction),
+    chunk_out: (&'static str, &'a CudaFunction),
+    bwd_qq: (&'static str, &'a CudaFunction),
+    bwd_dx: (&'static str, &'a CudaFunction),
+    bwd_dbc: (&'static str, &'a CudaFunction),
+}
+
 impl MambaKernels {
+    fn products(&self, which: SsdProducts) -> Products<'_> {
+        let f = &self.f;
+        match which {
+            SsdProducts::F32 => Products {
+                chunk_state: ("mamba_ssd_chunk_state", &f.ssd_chunk_state),
+                chunk_out: ("mamba_ssd_chunk_out", &f.ssd_chunk_out),
+                bwd_qq: ("mamba_ssd_bwd_qq", &f.ssd_bwd_qq),
+                bwd_dx: ("mamba_ssd_bwd_dx", &f.ssd_bwd_dx),
+                bwd_dbc: ("mamba_ssd_bwd_dbc", &f.ssd_bwd_dbc),
+            },
+            SsdProducts::Tf32 => Products {
+                chunk_state: ("mamba_ssd_chunk_state_tc", &f.ssd_chunk_state_tc),
+                chunk_out: ("mamba_ssd_chunk_out_tc", &f.ssd_chunk_out_tc),
+                bwd_qq: ("mamba_ssd_bwd_qq_tc", &f.ssd_bwd_qq_tc),
+                bwd_dx: ("mamba_ssd_bwd_dx_tc", &f.ssd_bwd_dx_tc),
+                bwd_dbc: ("mamba_ssd_bwd_dbc_tc", &f.ssd_bwd_dbc_tc),
+            },
+        }
+    }
+
     /// The running sums of `dt A` per chunk, then every chunk's entry state
     /// into `scratch.states` (the forward and the backward's recompute:
     /// the same launches, the same bits).
@@ -45,6 +96,7 @@ impl MambaKernels {
     unsafe fn ssd_entry_states(
         &self,
         stream: &CudaStream,
+        products: &Products<'_>,
         shape: &SsdShape,
         inp: &SsdInputs<'_>,
         scratch: &mut SsdScratch<'_>,
@@ -80,6 +132,7 @@ impl MambaKernels {
         unsafe {
             self.ssd_chunk_states(
                 stream,
+                products,
                 shape,
                 (x, inp.ldu),
                 (x, shape.b_off()),
@@ -104,6 +157,7 @@ impl MambaKernels {
     unsafe fn ssd_chunk_states(
         &self,
         stream: &CudaStream,
+        products: &Products<'_>,
         shape: &SsdShape,
         (x, ldx): (&CudaView<'_, f32>, usize),
         (y, y_off): (&CudaView<'_, f32>, usize),
@@ -115,8 +169,8 @@ impl MambaKernels {
         let (nbc, nc) = (shape.chunk_blocks(), shape.chunks());
         let tiles = shape.head_dim.div_ceil(STATE_TILE_P) * shape.d_state.div_ceil(STATE_TILE_N);
         let launch = Launch {
-            kernel: "mamba_ssd_chunk_state",
-            func: &self.f.ssd_chunk_state,
+            kernel: products.chunk_state.0,
+            func: products.chunk_state.1,
             grid: Grid::Dims(nbc, shape.heads, tiles),
             block: THREADS,
         };
@@ -172,10 +226,12 @@ impl MambaKernels {
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
-    /// The SSD forward: `y` and `gate` from `inp` (module docs).
+    /// The SSD forward: `y` and `gate` from `inp` (module docs), its
+    /// products by `products`.
     pub fn ssd_forward(
         &self,
         stream: &CudaStream,
+        products: SsdProducts,
         shape: SsdShape,
         inp: SsdInputs<'_>,
         scratch: &mut SsdScratch<'_>,
@@ -190,13 +246,14 @@ impl MambaKernels {
         check::matrix(K, "z", out.z.len(), rows, inner, out.ldz)?;
         check::matrix(K, "y", out.y.len(), rows, inner, inner)?;
         check::matrix(K, "gate", out.gate.len(), rows, inner, inner)?;
+        let products = self.products(products);
         // SAFETY: all three were checked above.
-        unsafe { self.ssd_entry_states(stream, &shape, &inp, scratch)? };
+        unsafe { self.ssd_entry_states(stream, &products, &shape, &inp, scratch)? };
         let cum = scratch.cum.as_view();
         let states = scratch.states.as_view();
         let launch = Launch {
-            kernel: K,
-            func: &self.f.ssd_chunk_out,
+            kernel: products.chunk_out.0,
+            func: products.chunk_out.1,
             grid: Grid::Dims(shape.chunk_blocks(), shape.heads, 1),
             block: THREADS,
         };
@@ -232,10 +289,12 @@ impl MambaKernels {
     }
 
     /// The SSD backward (module docs): d x, d B, d C into `out.dxbc`,
-    /// `dL/d dt_raw` and `dL/dA_log`.
+    /// `dL/d dt_raw` and `dL/dA_log`, its products by `products` (those of
+    /// the forward whose gradients these are).
     pub fn ssd_backward(
         &self,
         stream: &CudaStream,
+        products: SsdProducts,
         shape: SsdShape,
         inp: SsdInputs<'_>,
         scratch: &mut SsdScratch<'_>,
@@ -258,8 +317,9 @@ impl MambaKernels {
         )?;
         check::matrix(K, "ddt_raw", out.ddt_raw.len(), rows, heads, out.ld_ddt)?;
         check::len(K, "dA_log", out.da_log.len(), heads)?;
+        let products = self.products(products);
         // SAFETY: all three were checked above.
-        unsafe { self.ssd_entry_states(stream, &shape, &inp, scratch)? };
+        unsafe { self.ssd_entry_states(stream, &products, &shape, &inp, scratch)? };
         let SsdScratch {
             cum,
             states,
@@ -280,6 +340,7 @@ impl MambaKernels {
         unsafe {
             self.ssd_chunk_states(
                 stream,
+                &products,
                 &shape,
                 (out.dy, inner),
                 (inp.xbc, shape.c_off()),
@@ -291,12 +352,17 @@ impl MambaKernels {
         };
         let dstates = dstates.as_view();
         let (nbc, nc) = (shape.chunk_blocks(), shape.chunks());
-        let per_chunk = |kernel, func| Launch {
-            kernel,
-            func,
-            grid: Grid::Dims(nbc, heads, 1),
-            block: THREADS,
-        };
+        fn per_chunk<'f>(
+            (kernel, func): (&'static str, &'f CudaFunction),
+            (nbc, heads): (usize, usize),
+        ) -> Launch<'f> {
+            Launch {
+                kernel,
+                func,
+                grid: Grid::Dims(nbc, heads, 1),
+                block: THREADS,
+            }
+        }
         let mut args = vec![
             Arg::In(inp.xbc),
             Arg::Long("ldu", inp.ldu),
@@ -317,13 +383,7 @@ impl MambaKernels {
         // T, int H, int P, int N, int hpg, int nc); block (bc, h) reads its
         // chunk's rows of xbc, dy ([rows, inner]), dt and s, and writes
         // Mq / Pq[bc][h][Q][Q] and ds_in / ddt_in at [row, h]: checked.
-        unsafe {
-            self.launch(
-                stream,
-                per_chunk("mamba_ssd_bwd_qq", &self.f.ssd_bwd_qq),
-                &mut args,
-            )?
-        };
+        unsafe { self.launch(stream, per_chunk(products.bwd_qq, (nbc, heads)), &mut args)? };
         let chunk_m = chunk_m.as_view();
         let mut args = vec![
             Arg::In(inp.xbc),
@@ -353,13 +413,7 @@ impl MambaKernels {
         // group h / hpg), dy, dt and s, Mq[bc][h], st / dst[bc][h], and
         // writes dxbc's x columns h*P + p of its rows, rst / o_row at [row,
         // h] and dsh[bc, h]: all checked above.
-        unsafe {
-            self.launch(
-                stream,
-                per_chunk("mamba_ssd_bwd_dx", &self.f.ssd_bwd_dx),
-                &mut args,
-            )?
-        };
+        unsafe { self.launch(stream, per_chunk(products.bwd_dx, (nbc, heads)), &mut args)? };
         let chunk_p = chunk_p.as_view();
         let psum_len = shape.group_matrix_len();
         let mut args = [
@@ -398,8 +452,8 @@ impl MambaKernels {
         ];
         args.extend(chunk_dims(&shape));
         let launch = Launch {
-            kernel: "mamba_ssd_bwd_dbc",
-            func: &self.f.ssd_bwd_dbc,
+            kernel: products.bwd_dbc.0,
+            func: products.bwd_dbc.1,
             grid: Grid::Dims(nbc, shape.groups, 2 * ntn),
             block: THREADS,
         };

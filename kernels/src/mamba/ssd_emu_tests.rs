@@ -1,30 +1,52 @@
-//! The SSD kernels' logic on the CPU: `kernels/cuda/mamba_ssd.cu` compiled
-//! as C++ under `kernels/emu/cuda_emu.h` and checked by
-//! `kernels/emu/ssd_check.cpp` against the sequential recurrence in f64,
-//! forward and backward, with the host launchers' grids and order. Runs on
+//! The SSD kernels' logic on the CPU: `kernels/cuda/mamba_ssd.cu` and
+//! `mamba_ssd_tc.cu` compiled as C++ under `kernels/emu/cuda_emu.h` (whose
+//! tensor-core mma exchanges the fragments through the warp as the PTX
+//! layout places them) and checked by `kernels/emu/ssd_check.cpp` against
+//! the sequential recurrence in f64, forward and backward, with the host
+//! launchers' grids and order: once with the SIMT products (f32 runs), once
+//! with the tensor-core ones (tf32 / bf16 runs, at tf32's tolerances). Runs on
 //! every machine with a C++20 compiler, so an index, barrier or formula bug
 //! in the SSD kernels fails CI before any GPU run. Skips, printing why, when
 //! no C++20 compiler is found.
 
 use super::scan_emu_tests::{compile_and_run, compiler, probe};
 
-#[test]
-fn the_ssd_kernels_under_the_cpu_emulator_match_the_sequential_recurrence_in_f64() {
+/// The check with the SIMT (`tc = 0`) or tensor-core (`tc = 1`) products,
+/// then its negative control.
+fn check(tc: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
     let cxx = compiler();
     if let Err(why) = probe(&cxx, dir.path()) {
         eprintln!("skipping: {why}");
         return;
     }
-    let (ok, text) = compile_and_run(&cxx, dir.path(), "ssd_check", &[("EMU_NEGATIVE", 0)]);
+    let run = |negative| {
+        compile_and_run(
+            &cxx,
+            dir.path(),
+            "ssd_check",
+            &[("EMU_NEGATIVE", negative), ("EMU_TC", tc)],
+        )
+    };
+    let (ok, text) = run(0);
     println!("{text}");
     assert!(ok && text.contains("all within tolerance"), "{text}");
     // Every shape ran (a crash or an early exit would print fewer lines).
     assert_eq!(text.matches(" bits ").count(), 5, "{text}");
     // Negative control: one wrong dt fed to the kernels must be caught.
-    let (ok, text) = compile_and_run(&cxx, dir.path(), "ssd_check", &[("EMU_NEGATIVE", 1)]);
+    let (ok, text) = run(1);
     assert!(
         !ok && text.contains("FAIL"),
         "the wrong input was not caught:\n{text}"
     );
+}
+
+#[test]
+fn the_ssd_kernels_under_the_cpu_emulator_match_the_sequential_recurrence_in_f64() {
+    check(0);
+}
+
+#[test]
+fn the_tensor_core_ssd_kernels_under_the_cpu_emulator_match_it_at_tf32_tolerances() {
+    check(1);
 }

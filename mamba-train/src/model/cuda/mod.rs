@@ -48,15 +48,15 @@
 //!   (the same bits as each GEMM casting its own:
 //!   [`CudaModel::set_bf16_copies`]).
 //!
-//! Mamba-2 ([`crate::config::Arch::Mamba2`], one group of B and C) runs
-//! through the same passes, workspace, graph and optimizer: its blocks are
-//! `ssd`'s, over Mamba-1's selective scan with the per-head `dt`, `A` and
-//! `D` broadcast to the head's channels. Its activations stay f32 in every
-//! precision (the GEMMs take the precision), and its scan walks time
-//! sequentially, so it agrees with the CPU's chunked SSD within tolerance
-//! and its bits do not depend on `chunk_size`; [`CudaDecoder`] decodes it
-//! too. A Mamba-2 model with several groups is refused, naming
-//! `--n-groups`.
+//! Mamba-2 ([`crate::config::Arch::Mamba2`], any number of groups of B and
+//! C) runs through the same passes, workspace, graph and optimizer: its
+//! blocks are `ssd`'s, over the chunked SSD kernels
+//! ([`kernels::mamba::ssd`]). Its activations stay f32 in every precision;
+//! the GEMMs take the precision, and so do the scan's chunk products: f32
+//! FMAs in f32 runs, tf32 tensor cores in tf32 and bf16 runs
+//! ([`SsdProducts`]). Its chunk length is the kernels' constant, so it
+//! agrees with the CPU's chunked SSD within tolerance and its bits do not
+//! depend on `chunk_size`; [`CudaDecoder`] decodes it too.
 //!
 //! Memory: every block's activations are kept for the backward pass unless
 //! [`CudaModel::set_recompute`] (`--recompute`) keeps one block's and
@@ -104,7 +104,7 @@ mod workspace;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use kernels::mamba::{LossScale, MambaKernels, TokenCsr, MAX_CONV_WIDTH, MAX_D_STATE};
+use kernels::mamba::{LossScale, MambaKernels, SsdProducts, TokenCsr, MAX_CONV_WIDTH, MAX_D_STATE};
 
 use crate::config::ModelConfig;
 pub use crate::config::Precision;
@@ -116,12 +116,15 @@ pub use decode::CudaDecoder;
 pub use graph::GraphStats;
 use workspace::{Workspace, WorkspaceOptions};
 
-/// What every pass needs: the stream all work is ordered on, the kernels
-/// and the cuBLAS handle bound to that stream.
+/// What every pass needs: the stream all work is ordered on, the kernels,
+/// the cuBLAS handle bound to that stream and the Mamba-2 scan's products
+/// of the run's precision.
 pub(crate) struct Engine {
     pub stream: Arc<CudaStream>,
     pub kernels: MambaKernels,
     pub blas: Blas,
+    /// SIMT f32 in f32 runs; tf32 tensor cores in tf32 and bf16 runs.
+    pub ssd_products: SsdProducts,
 }
 
 /// The f32 Mamba model on a CUDA device.
@@ -206,6 +209,10 @@ impl CudaModel {
                 stream,
                 kernels,
                 blas,
+                ssd_products: match precision {
+                    Precision::F32 => SsdProducts::F32,
+                    Precision::Tf32 | Precision::Bf16 => SsdProducts::Tf32,
+                },
             },
             ws: None,
             optim: None,

@@ -9,8 +9,10 @@
 //! [`kernels::mamba::SSD_CHUNK`] tokens a diagonal block and the state the
 //! chunk enters with, the states passed from chunk to chunk; its backward
 //! recomputes the entry states and keeps every sum in a fixed order (no
-//! atomics). It runs in f32 in every precision (the GEMMs take the
-//! precision, as for Mamba-1; every Mamba-2 activation is kept in f32). Its
+//! atomics). Its activations are f32 in every precision; the GEMMs take
+//! the precision, as for Mamba-1, and so do the scan's chunk products (f32
+//! FMAs in f32 runs, tf32 tensor cores in tf32 and bf16 runs:
+//! [`kernels::mamba::SsdProducts`], the engine's choice). Its
 //! chunk length is the kernels' constant, so the model's `chunk_size`
 //! (which decides the CPU reference's order) does not change its bits; the
 //! two agree within tolerance (`tests/cuda_mamba2.rs`).
@@ -231,6 +233,7 @@ fn block_forward(
     let z = a.zx.as_view();
     kr.ssd_forward(
         s,
+        e.ssd_products,
         shape,
         ssd_inputs((&uc, &dt), (&a_log, &dskip), cd),
         &mut scan.views(),
@@ -459,6 +462,7 @@ pub(super) fn backward_blocks(
         let dyv = dy.as_view();
         kr.ssd_backward(
             s,
+            e.ssd_products,
             sshape,
             ssd_inputs((&uc, &dtv), (&a_log, &dskip), cd),
             &mut scan.views(),

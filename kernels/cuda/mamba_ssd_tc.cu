@@ -1,0 +1,502 @@
+// The SSD scan's chunk products on tensor cores (tf32 mma.sync, f32
+// accumulators): the kernels of tf32 and bf16 runs that replace
+// mamba_ssd.cu's SIMT chunk_state, chunk_out, bwd_qq, bwd_dx and bwd_dbc,
+// with the same arguments, the same outputs and the same algorithm
+// (mamba_ssd.cu's module docs derive it). The other SSD kernels (running
+// sums, the state pass, psum, d dt, dA_log) have no product and are shared.
+// f32 runs keep the SIMT kernels: their contract is 5e-5 of the f64
+// program, which tf32 operands (2^-11 relative) cannot keep.
+//
+// Layout: every product is a 64 x 64 output tile of a 256-thread block,
+// warp w owning rows 16 (w % 4) .. + 16 and columns 32 (w / 4) .. + 32 as
+// four m16n8 accumulators (mma_tf32.cuh's WarpTile<4>). Operands are
+// staged in shared memory a tile of KT contraction steps at a time, either
+// row-major ([64 rows][KT + 4], for operands whose contraction index runs
+// along a global row) or step-major ([KT steps][72], for operands whose
+// output index runs along a global row): both strides put a warp's
+// fragment reads in 32 distinct banks, and both keep the global reads
+// along a row. Each block's contraction runs its tiles in ascending order
+// and a warp's mma steps in ascending k, so every output's sum has a fixed
+// association that depends on the shapes alone. Where the SIMT kernel
+// scales a product afterwards (exp(s_i) C_i H, e_j dS B_j), this one
+// scales an operand or the accumulator before the next product: the same
+// quantity, different rounding, inside the tf32 tolerance.
+//
+// Determinism: no atomics; the same bits run to run on one GPU model (the
+// tensor core's order inside an mma is the hardware's). Contract: the
+// tolerance of tests/cuda_mamba2.rs' tf32 / bf16 cases against the f64
+// program, and the emulated check (kernels/emu/ssd_check.cpp with
+// EMU_TC=1) against the sequential f64 recurrence.
+#include "mma_tf32.cuh"
+#include "ssd_chunk.cuh"
+
+using namespace mamba;
+using namespace mamba_ssd;
+
+namespace {
+
+// Row stride of a step-major staged tile: steps t and columns g of a
+// fragment read land in banks 8 t + g.
+constexpr int kKm = kQ + 8;
+
+// The warp's share of the block's 64 x 64 output tile.
+struct Share {
+    int r0, c0;  // first row, first column
+};
+
+__device__ __forceinline__ Share share() {
+    const int w = threadIdx.x / 32;
+    return Share{16 * (w % 4), 32 * (w / 4)};
+}
+
+using Tile = WarpTile<4>;
+
+// s[r * (KT + 4) + kk] = v(r, kk) for 64 rows and KT steps (row-major).
+template <int KT, class F>
+__device__ __forceinline__ void stage_rows(float* s, F v) {
+    for (int idx = threadIdx.x; idx < kQ * KT; idx += kThreads) {
+        const int r = idx / KT, kk = idx % KT;
+        s[r * (KT + 4) + kk] = v(r, kk);
+    }
+}
+
+// s[kk * kKm + c] = v(kk, c) for KT steps and 64 columns (step-major).
+template <int KT, class F>
+__device__ __forceinline__ void stage_steps(float* s, F v) {
+    for (int idx = threadIdx.x; idx < KT * kQ; idx += kThreads) {
+        const int kk = idx / kQ, c = idx % kQ;
+        s[kk * kKm + c] = v(kk, c);
+    }
+}
+
+// Tile steps of the row-major products (KT = 32: stride 36, banks 4 g + t).
+constexpr int kKt = 32;
+constexpr int kRm = kKt + 4;
+// Floats of one staging buffer: a row-major [64][36] or a step-major
+// [32][72] tile, the same size.
+constexpr int kStage = kQ * kRm;
+static_assert(kStage == kKt * kKm, "the two staged layouts share one buffer");
+
+// t += sum over the 32 steps of the tiles staged row-major in sA (rows) and
+// sB (columns): A(r, k) = sA[r][k], B(k, c) = sB[c][k].
+__device__ __forceinline__ void mma_rows(Tile& t, const Share& w, const float* sA,
+                                         const float* sB) {
+    t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0 * kRm, 1, kRm, kKt / 8);
+}
+
+// C_i . B_j of one (chunk, group) over d_state into t (rows i, columns j),
+// staged 32 states at a time. Every thread of the block calls it.
+__device__ __forceinline__ void cb_product(Tile& t, const Share& w, const float* Cr,
+                                           const float* Br, long long ldu, int q, int N,
+                                           float* sA, float* sB) {
+    t.zero();
+    for (int n0 = 0; n0 < N; n0 += kKt) {
+        __syncthreads();
+        stage_rows<kKt>(sA, [&](int r, int kk) {
+            return r < q && n0 + kk < N ? Cr[r * ldu + n0 + kk] : 0.0f;
+        });
+        stage_rows<kKt>(sB, [&](int r, int kk) {
+            return r < q && n0 + kk < N ? Br[r * ldu + n0 + kk] : 0.0f;
+        });
+        __syncthreads();
+        mma_rows(t, w, sA, sB);
+    }
+}
+
+// t += (f_r A_r) . Mt_c over N states (rows r < q of A, `rows` of them ld
+// apart; Mt is [P][N] state-major, columns c = p0 + c < P): the products
+// with a chunk's entry state or its gradient.
+__device__ __forceinline__ void state_product(Tile& t, const Share& w, const float* Ar,
+                                              long long ld, const float* fac, int q,
+                                              const float* Mt, int p0, int P, int N, float* sA,
+                                              float* sB) {
+    for (int n0 = 0; n0 < N; n0 += kKt) {
+        __syncthreads();
+        stage_rows<kKt>(sA, [&](int r, int kk) {
+            return r < q && n0 + kk < N ? (fac ? fac[r] : 1.0f) * Ar[r * ld + n0 + kk] : 0.0f;
+        });
+        stage_rows<kKt>(sB, [&](int c, int kk) {
+            return p0 + c < P && n0 + kk < N ? Mt[(long long)(p0 + c) * N + n0 + kk] : 0.0f;
+        });
+        __syncthreads();
+        mma_rows(t, w, sA, sB);
+    }
+}
+
+}  // namespace
+
+// mamba_ssd_chunk_state on tensor cores (same arguments and outputs):
+// out[bc][h][p][n] = sum_j (w_j X_j[p]) Y_j[n], the whole chunk staged
+// step-major. grid (nbc, H, ceil(P / 64) * ceil(N / 64)), block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    mamba_ssd_chunk_state_tc(const float* __restrict__ X, long long ldx,
+                             const float* __restrict__ Y, long long ldy, int y_off,
+                             const float* __restrict__ dt, const float* __restrict__ s,
+                             float* __restrict__ out, int T, int H, int P, int N, int hpg,
+                             int nc, int mode) {
+    __shared__ float sX[kQ * kKm], sY[kQ * kKm];
+    __shared__ float sw[kQ], ss[kQ], sdt[kQ];
+    const int bc = blockIdx.x, h = blockIdx.y;
+    const int tiles_n = (N + kQ - 1) / kQ;
+    const int p0 = (blockIdx.z / tiles_n) * kQ, n0 = (blockIdx.z % tiles_n) * kQ;
+    const int g = h / hpg;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const int tid = threadIdx.x;
+    stage_s_dt(s, dt, ck, H, h, ss, sdt);
+    __syncthreads();
+    if (tid < kQ) {
+        sw[tid] = tid >= ck.q ? 0.0f
+                  : mode == 0 ? expf(ss[ck.last_row] - ss[tid]) * sdt[tid]
+                              : expf(ss[tid]);
+    }
+    __syncthreads();
+    stage_steps<kQ>(sX, [&](int j, int pp) {
+        return j < ck.q && p0 + pp < P ? sw[j] * X[(ck.m0 + j) * ldx + h * P + p0 + pp] : 0.0f;
+    });
+    stage_steps<kQ>(sY, [&](int j, int nn) {
+        return j < ck.q && n0 + nn < N ? Y[(ck.m0 + j) * ldy + y_off + g * N + n0 + nn] : 0.0f;
+    });
+    __syncthreads();
+    const Share w = share();
+    Tile t;
+    t.zero();
+    t.mma(sX + w.r0, 1, kKm, sY + w.c0, kKm, 1, (ck.q + 7) / 8);
+    float* o = out + ((long long)bc * H + h) * P * N;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int p = p0 + w.r0 + Tile::row(e), n = n0 + w.c0 + Tile::col(nt, e);
+            if (p < P && n < N) o[(long long)p * N + n] = t.acc[nt][e];
+        }
+}
+
+// mamba_ssd_chunk_out on tensor cores (same arguments and outputs): per
+// 64 channels, y = M x + (exp(s_i) C_i) H^T, accumulated in that order,
+// plus D x. grid (nbc, H), block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    mamba_ssd_chunk_out_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                           const float* __restrict__ dt, const float* __restrict__ s,
+                           const float* __restrict__ dpar, const float* __restrict__ st,
+                           const float* __restrict__ z, long long ldz, float* __restrict__ y,
+                           float* __restrict__ gate, int T, int H, int P, int N, int hpg,
+                           int nc) {
+    // sM's stride of 68 puts a fragment's rows g and steps t in banks 4 g + t.
+    constexpr int kMs = kQ + 4;
+    __shared__ float sA[kStage], sB[kStage];
+    __shared__ float sM[kQ * kMs];
+    __shared__ float ss[kQ], sdt[kQ], ses[kQ];
+    const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const int tid = threadIdx.x;
+    const long long E = (long long)H * P;
+    stage_s_dt(s, dt, ck, H, h, ss, sdt);
+    const float* rows = xbc + ck.m0 * ldu;
+    const float* Cr = rows + c_off + g * N;
+    const Share w = share();
+    Tile t;
+    cb_product(t, w, Cr, rows + b_off + g * N, ldu, ck.q, N, sA, sB);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = w.r0 + Tile::row(e), j = w.c0 + Tile::col(nt, e);
+            sM[i * kMs + j] = weight_m(t.acc[nt][e], ss, sdt, i, j, ck.q);
+        }
+    if (tid < kQ) ses[tid] = tid < ck.q ? expf(ss[tid]) : 0.0f;
+    const float dh = dpar[h];
+    const float* hst = st + ((long long)bc * H + h) * P * N;
+    for (int p0 = 0; p0 < P; p0 += kQ) {
+        t.zero();
+        // M x over j, 32 at a time; a warp skips the tiles past its last
+        // row (M is zero above the diagonal).
+        for (int j0 = 0; j0 < ck.q; j0 += kKt) {
+            __syncthreads();
+            stage_steps<kKt>(sB, [&](int kk, int pp) {
+                const int j = j0 + kk;
+                return j < ck.q && p0 + pp < P ? rows[j * ldu + h * P + p0 + pp] : 0.0f;
+            });
+            __syncthreads();
+            if (j0 <= w.r0 + 15) t.mma(sM + w.r0 * kMs + j0, kMs, 1, sB + w.c0, kKm, 1, kKt / 8);
+        }
+        state_product(t, w, Cr, ldu, ses, ck.q, hst, p0, P, N, sA, sB);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(nt, e);
+                if (i >= ck.q || p0 + pp >= P) continue;
+                const long long r = ck.m0 + i;
+                const long long col = (long long)h * P + p0 + pp;
+                const float yv = t.acc[nt][e] + dh * rows[i * ldu + col];
+                y[r * E + col] = yv;
+                gate[r * E + col] = gate_out(yv, z[r * ldz + col]);
+            }
+    }
+}
+
+// mamba_ssd_bwd_qq on tensor cores (same arguments and outputs): cb = C B^T
+// and dd = dy x^T by mma, then the same weights and the same serial row /
+// column sums. grid (nbc, H), block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    mamba_ssd_bwd_qq_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                        const float* __restrict__ dt, const float* __restrict__ s,
+                        const float* __restrict__ dy, float* __restrict__ Mq,
+                        float* __restrict__ Pq, float* __restrict__ ds_in,
+                        float* __restrict__ ddt_in, int T, int H, int P, int N, int hpg,
+                        int nc) {
+    // 16-step tiles (stride 20: banks 20 g + t, distinct) leave room for
+    // the two 64 x 65 weight matrices under the 48 KiB of static memory.
+    constexpr int kT = 16, kR = kT + 4;
+    __shared__ float sA[kQ * kR], sB[kQ * kR];
+    __shared__ float sW[kQ * (kQ + 1)], sV[kQ * (kQ + 1)];
+    __shared__ float ss[kQ], sdt[kQ];
+    const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const int tid = threadIdx.x;
+    const long long E = (long long)H * P;
+    stage_s_dt(s, dt, ck, H, h, ss, sdt);
+    const float* rows = xbc + ck.m0 * ldu;
+    const Share w = share();
+    // Both products stage rows r < q of two matrices, kT steps at a time.
+    auto product = [&](Tile& t, const float* Ar, long long lda, const float* Br, long long ldb,
+                       int K) {
+        t.zero();
+        for (int k0 = 0; k0 < K; k0 += kT) {
+            __syncthreads();
+            stage_rows<kT>(sA, [&](int r, int kk) {
+                return r < ck.q && k0 + kk < K ? Ar[r * lda + k0 + kk] : 0.0f;
+            });
+            stage_rows<kT>(sB, [&](int r, int kk) {
+                return r < ck.q && k0 + kk < K ? Br[r * ldb + k0 + kk] : 0.0f;
+            });
+            __syncthreads();
+            t.mma(sA + w.r0 * kR, kR, 1, sB + w.c0 * kR, 1, kR, kT / 8);
+        }
+    };
+    Tile cb, dd;
+    product(cb, rows + c_off + g * N, ldu, rows + b_off + g * N, ldu, N);
+    product(dd, dy + ck.m0 * E + (long long)h * P, E, rows + h * P, ldu, P);
+    float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
+    float* pq = Pq + ((long long)bc * H + h) * kQ * kQ;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = w.r0 + Tile::row(e), j = w.c0 + Tile::col(nt, e);
+            const bool in = j <= i && i < ck.q;
+            const float l = in ? expf(ss[i] - ss[j]) : 0.0f;
+            const float cbl = l * cb.acc[nt][e];
+            const float m = cbl * sdt[j];
+            const float d = dd.acc[nt][e];
+            mq[i * kQ + j] = in ? m : 0.0f;
+            pq[i * kQ + j] = in ? (l * sdt[j]) * d : 0.0f;
+            sW[i * (kQ + 1) + j] = in ? m * d : 0.0f;
+            sV[i * (kQ + 1) + j] = in ? cbl * d : 0.0f;
+        }
+    __syncthreads();
+    if (tid < ck.q) {
+        const int t = tid;
+        float row = 0.0f, col = 0.0f, dv = 0.0f;
+        for (int j = 0; j <= t; ++j) row = row + sW[t * (kQ + 1) + j];
+        for (int k = t; k < ck.q; ++k) col = col + sW[k * (kQ + 1) + t];
+        for (int i = t; i < ck.q; ++i) dv = dv + sV[i * (kQ + 1) + t];
+        ds_in[(ck.m0 + t) * H + h] = row - col;
+        ddt_in[(ck.m0 + t) * H + h] = dv;
+    }
+}
+
+// mamba_ssd_bwd_dx on tensor cores (same arguments and outputs), per 64
+// channels: hc = C H^T (its rows dotted with dy give o_row), sb = B dS^T
+// (dotted with x: rst), then dx = (e_j sb) + M^T dy + D dy, the M^T dy
+// steps accumulated onto the scaled sb. The per-row dots: each lane's
+// serial sum over its columns, a butterfly over the 4 lanes of a row's
+// quad, then the two column halves in order. grid (nbc, H), block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    mamba_ssd_bwd_dx_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                        const float* __restrict__ dt, const float* __restrict__ s,
+                        const float* __restrict__ dpar, const float* __restrict__ dy,
+                        const float* __restrict__ Mq, const float* __restrict__ st,
+                        const float* __restrict__ dst, float* __restrict__ dxbc,
+                        long long lddx, float* __restrict__ rst, float* __restrict__ o_row,
+                        float* __restrict__ dsh, int T, int H, int P, int N, int hpg, int nc) {
+    __shared__ float sA[kStage], sB[kStage];
+    __shared__ float sM[kQ * kKm];  // M[i][j]: read as A(j, i), step-major
+    __shared__ float ss[kQ], sdt[kQ], se[kQ];
+    __shared__ float sdot[2][2][kQ];  // [rst / o_row][column half][row]
+    __shared__ float sred[kThreads / 32];
+    const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const int tid = threadIdx.x;
+    const long long E = (long long)H * P;
+    stage_s_dt(s, dt, ck, H, h, ss, sdt);
+    const float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
+    for (int idx = tid; idx < kQ * kQ; idx += kThreads) sM[(idx / kQ) * kKm + idx % kQ] = mq[idx];
+    __syncthreads();
+    if (tid < kQ) se[tid] = tid < ck.q ? expf(ss[ck.last_row] - ss[tid]) * sdt[tid] : 0.0f;
+    const float* rows = xbc + ck.m0 * ldu;
+    const float* dyr = dy + ck.m0 * E + (long long)h * P;
+    const float* ds = dst + ((long long)bc * H + h) * P * N;
+    const float* hst = st + ((long long)bc * H + h) * P * N;
+    const float dh = dpar[h];
+    const Share w = share();
+    float part[2] = {0.0f, 0.0f}, po[2] = {0.0f, 0.0f};
+    Tile t;
+    for (int p0 = 0; p0 < P; p0 += kQ) {
+        // (H C_i)[p] of this tile's channels, dotted with dy_i.
+        t.zero();
+        state_product(t, w, rows + c_off + g * N, ldu, nullptr, ck.q, hst, p0, P, N, sA, sB);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(nt, e);
+                if (i < ck.q && p0 + pp < P) {
+                    po[e >> 1] = po[e >> 1] + dyr[i * E + p0 + pp] * t.acc[nt][e];
+                }
+            }
+        // (dS B_j)[p], dotted with x_j, then scaled by e_j.
+        t.zero();
+        state_product(t, w, rows + b_off + g * N, ldu, nullptr, ck.q, ds, p0, P, N, sA, sB);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(nt, e);
+                if (j < ck.q && p0 + pp < P) {
+                    part[e >> 1] =
+                        part[e >> 1] + rows[j * ldu + h * P + p0 + pp] * t.acc[nt][e];
+                }
+                t.acc[nt][e] = se[j] * t.acc[nt][e];
+            }
+        // + sum_{i >= j} M_ij dy_i, 32 rows i at a time; a warp skips the
+        // tiles below its first row.
+        for (int i0 = 0; i0 < ck.q; i0 += kKt) {
+            __syncthreads();
+            stage_steps<kKt>(sB, [&](int kk, int pp) {
+                const int i = i0 + kk;
+                return i < ck.q && p0 + pp < P ? dyr[i * E + p0 + pp] : 0.0f;
+            });
+            __syncthreads();
+            if (i0 + kKt > w.r0) t.mma(sM + i0 * kKm + w.r0, 1, kKm, sB + w.c0, kKm, 1, kKt / 8);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(nt, e);
+                if (j >= ck.q || p0 + pp >= P) continue;
+                const long long col = (long long)h * P + p0 + pp;
+                dxbc[(ck.m0 + j) * lddx + col] = t.acc[nt][e] + dh * dyr[j * E + p0 + pp];
+            }
+    }
+    // A row's dots: its quad's four lanes, then the two column halves.
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const float r = group_sum(part[u], 4);
+        const float o = group_sum(po[u], 4);
+        if (tid % 4 == 0) {
+            const int row = w.r0 + Tile::row(2 * u);
+            sdot[0][w.c0 / 32][row] = r;
+            sdot[1][w.c0 / 32][row] = o;
+        }
+    }
+    __syncthreads();
+    if (tid < ck.q) {
+        const int j = tid;
+        rst[(ck.m0 + j) * H + h] = expf(ss[ck.last_row] - ss[j]) * (sdot[0][0][j] + sdot[0][1][j]);
+        o_row[(ck.m0 + j) * H + h] = expf(ss[j]) * (sdot[1][0][j] + sdot[1][1][j]);
+    }
+    float v = 0.0f;
+    for (long long e = tid; e < (long long)P * N; e += kThreads) v = v + ds[e] * hst[e];
+    v = group_sum(v, 32);
+    if (tid % 32 == 0) sred[tid / 32] = v;
+    __syncthreads();
+    if (tid == 0) {
+        float tot = 0.0f;
+        for (int k = 0; k < kThreads / 32; ++k) tot = tot + sred[k];
+        dsh[(long long)bc * H + h] = tot;
+    }
+}
+
+// mamba_ssd_bwd_dbc on tensor cores (same arguments and outputs): the Psum
+// steps, then the group's (h, p) steps ascending, 32 at a time, into one
+// accumulator per output. grid (nbc, G, 2 ceil(N / 64)), block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    mamba_ssd_bwd_dbc_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                         const float* __restrict__ dt, const float* __restrict__ s,
+                         const float* __restrict__ dy, const float* __restrict__ psum,
+                         const float* __restrict__ st, const float* __restrict__ dst,
+                         float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N,
+                         int hpg, int nc) {
+    __shared__ float sA[kStage], sB[kStage];
+    __shared__ float sfac[kQ];
+    const int bc = blockIdx.x, g = blockIdx.y;
+    const bool want_c = (blockIdx.z & 1) != 0;
+    const int n0 = (int)(blockIdx.z >> 1) * kQ;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const int tid = threadIdx.x;
+    const long long E = (long long)H * P;
+    const int G = H / hpg;
+    const float* rows = xbc + ck.m0 * ldu;
+    const float* ps = psum + ((long long)bc * G + g) * kQ * kQ;
+    const Share w = share();
+    Tile t;
+    t.zero();
+    // The Psum steps: A(r, k) = Psum[k][r] (dB: step-major as stored) or
+    // Psum[r][k] (dC: row-major), times C (dB) or B (dC).
+    const int y_col = (want_c ? b_off : c_off) + g * N + n0;
+    for (int k0 = 0; k0 < kQ; k0 += kKt) {
+        __syncthreads();
+        if (!want_c) {
+            stage_steps<kKt>(sA, [&](int kk, int r) { return ps[(k0 + kk) * kQ + r]; });
+        } else {
+            stage_rows<kKt>(sA, [&](int r, int kk) { return ps[r * kQ + k0 + kk]; });
+        }
+        stage_steps<kKt>(sB, [&](int kk, int nn) {
+            const int k = k0 + kk;
+            return k < ck.q && n0 + nn < N ? rows[k * ldu + y_col + nn] : 0.0f;
+        });
+        __syncthreads();
+        if (!want_c) {
+            t.mma(sA + w.r0, 1, kKm, sB + w.c0, kKm, 1, kKt / 8);
+        } else {
+            t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0, kKm, 1, kKt / 8);
+        }
+    }
+    // The (h, p) steps: (e x) times dS (for dB), or (exp(s) dy) times H (for dC).
+    for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
+        __syncthreads();
+        if (tid < kQ) {
+            const long long m = ck.m0 + tid;
+            float f = 0.0f;
+            if (tid < ck.q) {
+                f = want_c ? expf(s[m * H + h])
+                           : expf(s[(ck.m0 + ck.last_row) * H + h] - s[m * H + h]) * dt[m * H + h];
+            }
+            sfac[tid] = f;
+        }
+        const float* arow = want_c ? dy + ck.m0 * E + (long long)h * P : rows + (long long)h * P;
+        const long long lda = want_c ? E : ldu;
+        const float* mat = (want_c ? st : dst) + ((long long)bc * H + h) * P * N + n0;
+        for (int p0 = 0; p0 < P; p0 += kKt) {
+            __syncthreads();
+            stage_rows<kKt>(sA, [&](int r, int kk) {
+                return r < ck.q && p0 + kk < P ? sfac[r] * arow[r * lda + p0 + kk] : 0.0f;
+            });
+            stage_steps<kKt>(sB, [&](int kk, int nn) {
+                return p0 + kk < P && n0 + nn < N ? mat[(long long)(p0 + kk) * N + nn] : 0.0f;
+            });
+            __syncthreads();
+            t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0, kKm, 1, kKt / 8);
+        }
+    }
+    const int col0 = (want_c ? c_off : b_off) + g * N + n0;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = w.r0 + Tile::row(e), nn = w.c0 + Tile::col(nt, e);
+            if (r < ck.q && n0 + nn < N) dxbc[(ck.m0 + r) * lddx + col0 + nn] = t.acc[nt][e];
+        }
+}
