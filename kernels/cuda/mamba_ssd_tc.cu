@@ -22,6 +22,11 @@
 // scales an operand or the accumulator before the next product: the same
 // quantity, different rounding, inside the tf32 tolerance.
 //
+// Offsets inside a chunk are 32-bit: 64 rows of any operand and one
+// chunk's H x P x N states span fewer than 2^31 elements (SsdShape's
+// checks), which keeps the staging loads' address arithmetic in single
+// registers.
+//
 // Determinism: no atomics; the same bits run to run on one GPU model (the
 // tensor core's order inside an mma is the hardware's). Contract: the
 // tolerance of tests/cuda_mamba2.rs' tf32 / bf16 cases against the f64
@@ -51,27 +56,90 @@ __device__ __forceinline__ Share share() {
 
 using Tile = WarpTile<4>;
 
-// s[r * (KT + 4) + kk] = v(r, kk) for 64 rows and KT steps (row-major).
-template <int KT, class F>
-__device__ __forceinline__ void stage_rows(float* s, F v) {
-    for (int idx = threadIdx.x; idx < kQ * KT; idx += kThreads) {
-        const int r = idx / KT, kk = idx % KT;
-        s[r * (KT + 4) + kk] = v(r, kk);
+// The two layouts of a staged operand tile: row-major ([64 rows][KT + 4],
+// value (r, kk)) and step-major ([KT steps][kKm], value (kk, c)). Thread
+// tid owns elements idx = tid + i kThreads, i < kIt; a warp's 32 are
+// consecutive along the global row, so every load it issues is coalesced.
+template <int KT>
+struct RowMajor {
+    static constexpr int kIt = kQ * KT / kThreads;
+    static __device__ __forceinline__ int first(int idx) { return idx / KT; }
+    static __device__ __forceinline__ int second(int idx) { return idx % KT; }
+    static __device__ __forceinline__ int at(int idx) { return idx / KT * (KT + 4) + idx % KT; }
+};
+
+template <int KT>
+struct StepMajor {
+    static constexpr int kIt = kQ * KT / kThreads;
+    static __device__ __forceinline__ int first(int idx) { return idx / kQ; }
+    static __device__ __forceinline__ int second(int idx) { return idx % kQ; }
+    static __device__ __forceinline__ int at(int idx) { return idx / kQ * kKm + idx % kQ; }
+};
+
+// One operand tile in flight through a thread's registers: all kIt loads
+// issued before any value is used (load), then written to shared memory
+// (store).
+template <class L>
+struct Staged {
+    float v[L::kIt];
+
+    template <class F>
+    __device__ __forceinline__ void load(int tile, F value) {
+#pragma unroll
+        for (int i = 0; i < L::kIt; ++i) {
+            const int idx = threadIdx.x + i * kThreads;
+            v[i] = value(tile, L::first(idx), L::second(idx));
+        }
+    }
+    __device__ __forceinline__ void store(float* s) const {
+#pragma unroll
+        for (int i = 0; i < L::kIt; ++i) s[L::at(threadIdx.x + i * kThreads)] = v[i];
+    }
+};
+
+// A contraction over `tiles` staged tiles of one operand (layout L, values
+// value(k, ., .) into s) or two (LA / LB into sA / sB), each tile's
+// product by mma(k) after it landed; tile k + 1's global loads are issued
+// before tile k's mma runs, so they are in flight meanwhile. Tiles run in
+// ascending k. Every thread of the block calls it; it synchronises before
+// it first writes shared memory, so an earlier product's reads are safe.
+template <class L, class V, class M>
+__device__ __forceinline__ void contract(int tiles, float* s, V value, M mma) {
+    Staged<L> r;
+    r.load(0, value);
+    for (int k = 0; k < tiles; ++k) {
+        __syncthreads();
+        r.store(s);
+        __syncthreads();
+        if (k + 1 < tiles) r.load(k + 1, value);
+        mma(k);
     }
 }
 
-// s[kk * kKm + c] = v(kk, c) for KT steps and 64 columns (step-major).
-template <int KT, class F>
-__device__ __forceinline__ void stage_steps(float* s, F v) {
-    for (int idx = threadIdx.x; idx < KT * kQ; idx += kThreads) {
-        const int kk = idx / kQ, c = idx % kQ;
-        s[kk * kKm + c] = v(kk, c);
+template <class LA, class LB, class VA, class VB, class M>
+__device__ __forceinline__ void contract(int tiles, float* sA, float* sB, VA va, VB vb, M mma) {
+    Staged<LA> ra;
+    Staged<LB> rb;
+    ra.load(0, va);
+    rb.load(0, vb);
+    for (int k = 0; k < tiles; ++k) {
+        __syncthreads();
+        ra.store(sA);
+        rb.store(sB);
+        __syncthreads();
+        if (k + 1 < tiles) {
+            ra.load(k + 1, va);
+            rb.load(k + 1, vb);
+        }
+        mma(k);
     }
 }
 
 // Tile steps of the row-major products (KT = 32: stride 36, banks 4 g + t).
 constexpr int kKt = 32;
 constexpr int kRm = kKt + 4;
+using Rows = RowMajor<kKt>;
+using Steps = StepMajor<kKt>;
 // Floats of one staging buffer: a row-major [64][36] or a step-major
 // [32][72] tile, the same size.
 constexpr int kStage = kQ * kRm;
@@ -84,43 +152,50 @@ __device__ __forceinline__ void mma_rows(Tile& t, const Share& w, const float* s
     t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0 * kRm, 1, kRm, kKt / 8);
 }
 
-// C_i . B_j of one (chunk, group) over d_state into t (rows i, columns j),
-// staged 32 states at a time. Every thread of the block calls it.
-__device__ __forceinline__ void cb_product(Tile& t, const Share& w, const float* Cr,
-                                           const float* Br, long long ldu, int q, int N,
-                                           float* sA, float* sB) {
-    t.zero();
-    for (int n0 = 0; n0 < N; n0 += kKt) {
-        __syncthreads();
-        stage_rows<kKt>(sA, [&](int r, int kk) {
-            return r < q && n0 + kk < N ? Cr[r * ldu + n0 + kk] : 0.0f;
-        });
-        stage_rows<kKt>(sB, [&](int r, int kk) {
-            return r < q && n0 + kk < N ? Br[r * ldu + n0 + kk] : 0.0f;
-        });
-        __syncthreads();
-        mma_rows(t, w, sA, sB);
-    }
+// t += sum over the 32 steps of A staged row-major in sA and B step-major
+// in sB: A(r, k) = sA[r][k], B(k, c) = sB[k][c].
+__device__ __forceinline__ void mma_rows_steps(Tile& t, const Share& w, const float* sA,
+                                               const float* sB) {
+    t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0, kKm, 1, kKt / 8);
 }
 
-// t += (f_r A_r) . Mt_c over N states (rows r < q of A, `rows` of them ld
-// apart; Mt is [P][N] state-major, columns c = p0 + c < P): the products
-// with a chunk's entry state or its gradient.
+// t = C_i . B_j of one (chunk, group) over d_state (rows i, columns j),
+// 32 states a tile. Every thread of the block calls it.
+__device__ __forceinline__ void cb_product(Tile& t, const Share& w, const float* Cr,
+                                           const float* Br, int ldu, int q, int N,
+                                           float* sA, float* sB) {
+    t.zero();
+    contract<Rows, Rows>(
+        (N + kKt - 1) / kKt, sA, sB,
+        [&](int k, int r, int kk) {
+            const int n = k * kKt + kk;
+            return r < q && n < N ? Cr[r * ldu + n] : 0.0f;
+        },
+        [&](int k, int r, int kk) {
+            const int n = k * kKt + kk;
+            return r < q && n < N ? Br[r * ldu + n] : 0.0f;
+        },
+        [&](int) { mma_rows(t, w, sA, sB); });
+}
+
+// t += (f_r A_r) . Mt_c over N states (rows r < q of A, ld apart; f = 1
+// when fac is null; Mt is [P][N] state-major, columns c with p0 + c < P):
+// the products with a chunk's entry state or its gradient.
 __device__ __forceinline__ void state_product(Tile& t, const Share& w, const float* Ar,
-                                              long long ld, const float* fac, int q,
+                                              int ld, const float* fac, int q,
                                               const float* Mt, int p0, int P, int N, float* sA,
                                               float* sB) {
-    for (int n0 = 0; n0 < N; n0 += kKt) {
-        __syncthreads();
-        stage_rows<kKt>(sA, [&](int r, int kk) {
-            return r < q && n0 + kk < N ? (fac ? fac[r] : 1.0f) * Ar[r * ld + n0 + kk] : 0.0f;
-        });
-        stage_rows<kKt>(sB, [&](int c, int kk) {
-            return p0 + c < P && n0 + kk < N ? Mt[(long long)(p0 + c) * N + n0 + kk] : 0.0f;
-        });
-        __syncthreads();
-        mma_rows(t, w, sA, sB);
-    }
+    contract<Rows, Rows>(
+        (N + kKt - 1) / kKt, sA, sB,
+        [&](int k, int r, int kk) {
+            const int n = k * kKt + kk;
+            return r < q && n < N ? (fac ? fac[r] : 1.0f) * Ar[r * ld + n] : 0.0f;
+        },
+        [&](int k, int c, int kk) {
+            const int n = k * kKt + kk;
+            return p0 + c < P && n < N ? Mt[(p0 + c) * N + n] : 0.0f;
+        },
+        [&](int) { mma_rows(t, w, sA, sB); });
 }
 
 }  // namespace
@@ -150,17 +225,20 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                               : expf(ss[tid]);
     }
     __syncthreads();
-    stage_steps<kQ>(sX, [&](int j, int pp) {
-        return j < ck.q && p0 + pp < P ? sw[j] * X[(ck.m0 + j) * ldx + h * P + p0 + pp] : 0.0f;
-    });
-    stage_steps<kQ>(sY, [&](int j, int nn) {
-        return j < ck.q && n0 + nn < N ? Y[(ck.m0 + j) * ldy + y_off + g * N + n0 + nn] : 0.0f;
-    });
-    __syncthreads();
     const Share w = share();
     Tile t;
     t.zero();
-    t.mma(sX + w.r0, 1, kKm, sY + w.c0, kKm, 1, (ck.q + 7) / 8);
+    const float* Xc = X + ck.m0 * ldx + h * P + p0;
+    const float* Yc = Y + ck.m0 * ldy + y_off + g * N + n0;
+    const int ldxi = (int)ldx, ldyi = (int)ldy;
+    // One tile of the whole chunk.
+    contract<StepMajor<kQ>, StepMajor<kQ>>(
+        1, sX, sY,
+        [&](int, int j, int pp) {
+            return j < ck.q && p0 + pp < P ? sw[j] * Xc[j * ldxi + pp] : 0.0f;
+        },
+        [&](int, int j, int nn) { return j < ck.q && n0 + nn < N ? Yc[j * ldyi + nn] : 0.0f; },
+        [&](int) { t.mma(sX + w.r0, 1, kKm, sY + w.c0, kKm, 1, (ck.q + 7) / 8); });
     float* o = out + ((long long)bc * H + h) * P * N;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -193,9 +271,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     stage_s_dt(s, dt, ck, H, h, ss, sdt);
     const float* rows = xbc + ck.m0 * ldu;
     const float* Cr = rows + c_off + g * N;
+    const int ldi = (int)ldu;
     const Share w = share();
     Tile t;
-    cb_product(t, w, Cr, rows + b_off + g * N, ldu, ck.q, N, sA, sB);
+    cb_product(t, w, Cr, rows + b_off + g * N, ldi, ck.q, N, sA, sB);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -207,19 +286,23 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     const float dh = dpar[h];
     const float* hst = st + ((long long)bc * H + h) * P * N;
     for (int p0 = 0; p0 < P; p0 += kQ) {
+        const float* xh = rows + h * P + p0;
         t.zero();
         // M x over j, 32 at a time; a warp skips the tiles past its last
         // row (M is zero above the diagonal).
-        for (int j0 = 0; j0 < ck.q; j0 += kKt) {
-            __syncthreads();
-            stage_steps<kKt>(sB, [&](int kk, int pp) {
-                const int j = j0 + kk;
-                return j < ck.q && p0 + pp < P ? rows[j * ldu + h * P + p0 + pp] : 0.0f;
+        contract<Steps>(
+            (ck.q + kKt - 1) / kKt, sB,
+            [&](int k, int kk, int pp) {
+                const int j = k * kKt + kk;
+                return j < ck.q && p0 + pp < P ? xh[j * ldi + pp] : 0.0f;
+            },
+            [&](int k) {
+                const int j0 = k * kKt;
+                if (j0 <= w.r0 + 15) {
+                    t.mma(sM + w.r0 * kMs + j0, kMs, 1, sB + w.c0, kKm, 1, kKt / 8);
+                }
             });
-            __syncthreads();
-            if (j0 <= w.r0 + 15) t.mma(sM + w.r0 * kMs + j0, kMs, 1, sB + w.c0, kKm, 1, kKt / 8);
-        }
-        state_product(t, w, Cr, ldu, ses, ck.q, hst, p0, P, N, sA, sB);
+        state_product(t, w, Cr, ldi, ses, ck.q, hst, p0, P, N, sA, sB);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -258,25 +341,25 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     stage_s_dt(s, dt, ck, H, h, ss, sdt);
     const float* rows = xbc + ck.m0 * ldu;
     const Share w = share();
-    // Both products stage rows r < q of two matrices, kT steps at a time.
-    auto product = [&](Tile& t, const float* Ar, long long lda, const float* Br, long long ldb,
-                       int K) {
+    // Both products stage rows r < q of two matrices, kT steps a tile.
+    auto product = [&](Tile& t, const float* Ar, int lda, const float* Br, int ldb, int K) {
         t.zero();
-        for (int k0 = 0; k0 < K; k0 += kT) {
-            __syncthreads();
-            stage_rows<kT>(sA, [&](int r, int kk) {
-                return r < ck.q && k0 + kk < K ? Ar[r * lda + k0 + kk] : 0.0f;
-            });
-            stage_rows<kT>(sB, [&](int r, int kk) {
-                return r < ck.q && k0 + kk < K ? Br[r * ldb + k0 + kk] : 0.0f;
-            });
-            __syncthreads();
-            t.mma(sA + w.r0 * kR, kR, 1, sB + w.c0 * kR, 1, kR, kT / 8);
-        }
+        contract<RowMajor<kT>, RowMajor<kT>>(
+            (K + kT - 1) / kT, sA, sB,
+            [&](int k, int r, int kk) {
+                const int c = k * kT + kk;
+                return r < ck.q && c < K ? Ar[r * lda + c] : 0.0f;
+            },
+            [&](int k, int r, int kk) {
+                const int c = k * kT + kk;
+                return r < ck.q && c < K ? Br[r * ldb + c] : 0.0f;
+            },
+            [&](int) { t.mma(sA + w.r0 * kR, kR, 1, sB + w.c0 * kR, 1, kR, kT / 8); });
     };
     Tile cb, dd;
-    product(cb, rows + c_off + g * N, ldu, rows + b_off + g * N, ldu, N);
-    product(dd, dy + ck.m0 * E + (long long)h * P, E, rows + h * P, ldu, P);
+    const int ldi = (int)ldu;
+    product(cb, rows + c_off + g * N, ldi, rows + b_off + g * N, ldi, N);
+    product(dd, dy + ck.m0 * E + (long long)h * P, (int)E, rows + h * P, ldi, P);
     float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
     float* pq = Pq + ((long long)bc * H + h) * kQ * kQ;
 #pragma unroll
@@ -345,7 +428,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     for (int p0 = 0; p0 < P; p0 += kQ) {
         // (H C_i)[p] of this tile's channels, dotted with dy_i.
         t.zero();
-        state_product(t, w, rows + c_off + g * N, ldu, nullptr, ck.q, hst, p0, P, N, sA, sB);
+        state_product(t, w, rows + c_off + g * N, (int)ldu, nullptr, ck.q, hst, p0, P, N, sA,
+                      sB);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -357,7 +441,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
             }
         // (dS B_j)[p], dotted with x_j, then scaled by e_j.
         t.zero();
-        state_product(t, w, rows + b_off + g * N, ldu, nullptr, ck.q, ds, p0, P, N, sA, sB);
+        state_product(t, w, rows + b_off + g * N, (int)ldu, nullptr, ck.q, ds, p0, P, N, sA,
+                      sB);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -371,15 +456,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
             }
         // + sum_{i >= j} M_ij dy_i, 32 rows i at a time; a warp skips the
         // tiles below its first row.
-        for (int i0 = 0; i0 < ck.q; i0 += kKt) {
-            __syncthreads();
-            stage_steps<kKt>(sB, [&](int kk, int pp) {
-                const int i = i0 + kk;
-                return i < ck.q && p0 + pp < P ? dyr[i * E + p0 + pp] : 0.0f;
+        const float* dyp = dyr + p0;
+        const int Ei = (int)E;
+        contract<Steps>(
+            (ck.q + kKt - 1) / kKt, sB,
+            [&](int k, int kk, int pp) {
+                const int i = k * kKt + kk;
+                return i < ck.q && p0 + pp < P ? dyp[i * Ei + pp] : 0.0f;
+            },
+            [&](int k) {
+                const int i0 = k * kKt;
+                if (i0 + kKt > w.r0) {
+                    t.mma(sM + i0 * kKm + w.r0, 1, kKm, sB + w.c0, kKm, 1, kKt / 8);
+                }
             });
-            __syncthreads();
-            if (i0 + kKt > w.r0) t.mma(sM + i0 * kKm + w.r0, 1, kKm, sB + w.c0, kKm, 1, kKt / 8);
-        }
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -420,9 +510,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // mamba_ssd_bwd_dbc on tensor cores (same arguments and outputs): the Psum
-// steps, then the group's (h, p) steps ascending, 32 at a time, into one
-// accumulator per output. grid (nbc, G, 2 ceil(N / 64)), block kThreads.
-extern "C" __global__ void __launch_bounds__(kThreads)
+// steps into the output's accumulator, then per head of the group
+// (ascending) its (p) steps into a head accumulator, added to the output's
+// scaled by the head's row factor (e^h_j for dB, exp(s^h_i) for dC: the
+// factor multiplies the head's product, not its operand). The tiles of all
+// heads run as one pipelined contraction. grid (nbc, G, 2 ceil(N / 64)),
+// block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
     mamba_ssd_bwd_dbc_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                          const float* __restrict__ dt, const float* __restrict__ s,
                          const float* __restrict__ dy, const float* __restrict__ psum,
@@ -430,12 +524,10 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                          float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N,
                          int hpg, int nc) {
     __shared__ float sA[kStage], sB[kStage];
-    __shared__ float sfac[kQ];
     const int bc = blockIdx.x, g = blockIdx.y;
     const bool want_c = (blockIdx.z & 1) != 0;
     const int n0 = (int)(blockIdx.z >> 1) * kQ;
     const Chunk ck = chunk_of(bc, nc, T);
-    const int tid = threadIdx.x;
     const long long E = (long long)H * P;
     const int G = H / hpg;
     const float* rows = xbc + ck.m0 * ldu;
@@ -446,51 +538,63 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     // The Psum steps: A(r, k) = Psum[k][r] (dB: step-major as stored) or
     // Psum[r][k] (dC: row-major), times C (dB) or B (dC).
     const int y_col = (want_c ? b_off : c_off) + g * N + n0;
-    for (int k0 = 0; k0 < kQ; k0 += kKt) {
-        __syncthreads();
-        if (!want_c) {
-            stage_steps<kKt>(sA, [&](int kk, int r) { return ps[(k0 + kk) * kQ + r]; });
-        } else {
-            stage_rows<kKt>(sA, [&](int r, int kk) { return ps[r * kQ + k0 + kk]; });
-        }
-        stage_steps<kKt>(sB, [&](int kk, int nn) {
-            const int k = k0 + kk;
-            return k < ck.q && n0 + nn < N ? rows[k * ldu + y_col + nn] : 0.0f;
-        });
-        __syncthreads();
-        if (!want_c) {
-            t.mma(sA + w.r0, 1, kKm, sB + w.c0, kKm, 1, kKt / 8);
-        } else {
-            t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0, kKm, 1, kKt / 8);
-        }
+    const float* yr = rows + y_col;
+    const int ldi = (int)ldu;
+    const auto y_rows = [&](int k, int kk, int nn) {
+        const int j = k * kKt + kk;
+        return j < ck.q && n0 + nn < N ? yr[j * ldi + nn] : 0.0f;
+    };
+    constexpr int psum_tiles = kQ / kKt;
+    if (!want_c) {
+        contract<Steps, Steps>(
+            psum_tiles, sA, sB,
+            [&](int k, int kk, int r) { return ps[(k * kKt + kk) * kQ + r]; }, y_rows,
+            [&](int) { t.mma(sA + w.r0, 1, kKm, sB + w.c0, kKm, 1, kKt / 8); });
+    } else {
+        contract<Rows, Steps>(
+            psum_tiles, sA, sB,
+            [&](int k, int r, int kk) { return ps[r * kQ + k * kKt + kk]; }, y_rows,
+            [&](int) { mma_rows_steps(t, w, sA, sB); });
     }
-    // The (h, p) steps: (e x) times dS (for dB), or (exp(s) dy) times H (for dC).
-    for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
-        __syncthreads();
-        if (tid < kQ) {
-            const long long m = ck.m0 + tid;
-            float f = 0.0f;
-            if (tid < ck.q) {
-                f = want_c ? expf(s[m * H + h])
-                           : expf(s[(ck.m0 + ck.last_row) * H + h] - s[m * H + h]) * dt[m * H + h];
+    // The (h, p) steps: x times dS (for dB) or dy times H (for dC), a head's
+    // ptiles tiles after the other's.
+    const int ptiles = (P + kKt - 1) / kKt;
+    const int lda = (int)(want_c ? E : ldu);
+    const float* a0 = want_c ? dy + ck.m0 * E : rows;
+    const float* m0 = (want_c ? st : dst) + (long long)bc * H * P * N + n0;
+    Tile th;
+    contract<Rows, Steps>(
+        hpg * ptiles, sA, sB,
+        [&](int k, int r, int kk) {
+            const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
+            return r < ck.q && p < P ? a0[r * lda + h * P + p] : 0.0f;
+        },
+        [&](int k, int kk, int nn) {
+            const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
+            return p < P && n0 + nn < N ? m0[(h * P + p) * N + nn] : 0.0f;
+        },
+        [&](int k) {
+            const int h = g * hpg + k / ptiles;
+            if (k % ptiles == 0) th.zero();
+            mma_rows_steps(th, w, sA, sB);
+            if (k % ptiles != ptiles - 1) return;
+            float f[2];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int r = w.r0 + Tile::row(2 * u);
+                const long long m = ck.m0 + r;
+                f[u] = 0.0f;
+                if (r < ck.q) {
+                    f[u] = want_c ? expf(s[m * H + h])
+                                  : expf(s[(ck.m0 + ck.last_row) * H + h] - s[m * H + h]) *
+                                        dt[m * H + h];
+                }
             }
-            sfac[tid] = f;
-        }
-        const float* arow = want_c ? dy + ck.m0 * E + (long long)h * P : rows + (long long)h * P;
-        const long long lda = want_c ? E : ldu;
-        const float* mat = (want_c ? st : dst) + ((long long)bc * H + h) * P * N + n0;
-        for (int p0 = 0; p0 < P; p0 += kKt) {
-            __syncthreads();
-            stage_rows<kKt>(sA, [&](int r, int kk) {
-                return r < ck.q && p0 + kk < P ? sfac[r] * arow[r * lda + p0 + kk] : 0.0f;
-            });
-            stage_steps<kKt>(sB, [&](int kk, int nn) {
-                return p0 + kk < P && n0 + nn < N ? mat[(long long)(p0 + kk) * N + nn] : 0.0f;
-            });
-            __syncthreads();
-            t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0, kKm, 1, kKt / 8);
-        }
-    }
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) t.acc[nt][e] = t.acc[nt][e] + f[e >> 1] * th.acc[nt][e];
+        });
     const int col0 = (want_c ? c_off : b_off) + g * N + n0;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)

@@ -129,6 +129,14 @@ impl SsdShape {
         check::int(kernel, "rows", self.rows())?;
         check::int(kernel, "chunks of the batch", self.chunk_blocks())?;
         check::int(kernel, "conv channels", self.conv_channels())?;
+        // The tensor-core kernels' offsets inside one chunk are 32-bit.
+        check::int(
+            kernel,
+            "a chunk's rows of dy",
+            SSD_CHUNK.saturating_mul(self.inner()),
+        )?;
+        let states = heads.saturating_mul(head_dim).saturating_mul(d_state);
+        check::int(kernel, "a chunk's states", states)?;
         let lens = self.scratch_lens();
         check::int(kernel, "dB / dC blocks", 2 * self.dbc_tiles())?;
         check::long(kernel, "group matrices", lens.group_matrix)?;
@@ -275,6 +283,12 @@ impl SsdInputs<'_> {
         check::matrix(kernel, "dt", self.dt.len(), rows, shape.heads, shape.heads)?;
         check::len(kernel, "A_log", self.a_log.len(), shape.heads)?;
         check::len(kernel, "D", self.d.len(), shape.heads)?;
+        // The tensor-core kernels' offsets inside one chunk are 32-bit.
+        check::int(
+            kernel,
+            "a chunk's rows of xbc",
+            SSD_CHUNK.saturating_mul(self.ldu),
+        )?;
         Ok(())
     }
 }
