@@ -2,8 +2,11 @@
 // accumulators): the kernels of tf32 and bf16 runs that replace
 // mamba_ssd.cu's SIMT chunk_state, chunk_out, bwd_qq, bwd_dx and bwd_dbc,
 // with the same arguments, the same outputs and the same algorithm
-// (mamba_ssd.cu's module docs derive it). The other SSD kernels (running
-// sums, the state pass, psum, d dt, dA_log) have no product and are shared.
+// (mamba_ssd.cu's module docs derive it), except that C B^T, which every
+// head of a group shares, is made once per (chunk, group) by
+// mamba_ssd_cb_tc and read by chunk_out and bwd_qq (their one extra
+// argument) instead of once per head. The other SSD kernels (running sums,
+// the state pass, psum, d dt, dA_log) have no product and are shared.
 // f32 runs keep the SIMT kernels: their contract is 5e-5 of the f64
 // program, which tf32 operands (2^-11 relative) cannot keep.
 //
@@ -200,6 +203,40 @@ __device__ __forceinline__ void state_product(Tile& t, const Share& w, const flo
 
 }  // namespace
 
+// cb[bc][g][i][j] = C_i . B_j of one (chunk, group), all 64 x 64 (rows and
+// columns past the chunk's end are 0): what the chunk outputs and the
+// backward's Q x Q kernel of every head of the group read, computed once
+// per group instead of once per head. grid (nbc, G), block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    mamba_ssd_cb_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                    float* __restrict__ cb, int T, int N, int nc) {
+    __shared__ float sA[kStage], sB[kStage];
+    const int bc = blockIdx.x, g = blockIdx.y, G = gridDim.y;
+    const Chunk ck = chunk_of(bc, nc, T);
+    const float* rows = xbc + ck.m0 * ldu;
+    const Share w = share();
+    Tile t;
+    cb_product(t, w, rows + c_off + g * N, rows + b_off + g * N, (int)ldu, ck.q, N, sA, sB);
+    float* o = cb + ((long long)bc * G + g) * kQ * kQ;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            o[(w.r0 + Tile::row(e)) * kQ + w.c0 + Tile::col(nt, e)] = t.acc[nt][e];
+        }
+}
+
+// This thread's fragment elements of the (chunk, group) tile cb (from
+// mamba_ssd_cb_tc) into t.
+__device__ __forceinline__ void load_cb(Tile& t, const Share& w, const float* cb) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            t.acc[nt][e] = cb[(w.r0 + Tile::row(e)) * kQ + w.c0 + Tile::col(nt, e)];
+        }
+}
+
 // mamba_ssd_chunk_state on tensor cores (same arguments and outputs):
 // out[bc][h][p][n] = sum_j (w_j X_j[p]) Y_j[n], the whole chunk staged
 // step-major. grid (nbc, H, ceil(P / 64) * ceil(N / 64)), block kThreads.
@@ -249,16 +286,17 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         }
 }
 
-// mamba_ssd_chunk_out on tensor cores (same arguments and outputs): per
-// 64 channels, y = M x + (exp(s_i) C_i) H^T, accumulated in that order,
-// plus D x. grid (nbc, H), block kThreads.
+// mamba_ssd_chunk_out on tensor cores (its arguments, then the group's
+// C B^T from mamba_ssd_cb_tc; the same outputs): per 64 channels, y = M x +
+// (exp(s_i) C_i) H^T, accumulated in that order, plus D x. grid (nbc, H),
+// block kThreads.
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
     mamba_ssd_chunk_out_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                            const float* __restrict__ dt, const float* __restrict__ s,
                            const float* __restrict__ dpar, const float* __restrict__ st,
                            const float* __restrict__ z, long long ldz, float* __restrict__ y,
                            float* __restrict__ gate, int T, int H, int P, int N, int hpg,
-                           int nc) {
+                           int nc, const float* __restrict__ cbg) {
     // sM's stride of 68 puts a fragment's rows g and steps t in banks 4 g + t.
     constexpr int kMs = kQ + 4;
     __shared__ float sA[kStage], sB[kStage];
@@ -274,7 +312,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     const int ldi = (int)ldu;
     const Share w = share();
     Tile t;
-    cb_product(t, w, Cr, rows + b_off + g * N, ldi, ck.q, N, sA, sB);
+    load_cb(t, w, cbg + ((long long)bc * (H / hpg) + g) * kQ * kQ);
+    __syncthreads();  // ss and sdt
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -318,16 +357,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     }
 }
 
-// mamba_ssd_bwd_qq on tensor cores (same arguments and outputs): cb = C B^T
-// and dd = dy x^T by mma, then the same weights and the same serial row /
-// column sums. grid (nbc, H), block kThreads.
+// mamba_ssd_bwd_qq on tensor cores (its arguments, then the group's C B^T
+// from mamba_ssd_cb_tc; the same outputs): dd = dy x^T by mma, then the
+// same weights and the same serial row / column sums. grid (nbc, H), block
+// kThreads.
 extern "C" __global__ void __launch_bounds__(kThreads)
     mamba_ssd_bwd_qq_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                         const float* __restrict__ dt, const float* __restrict__ s,
                         const float* __restrict__ dy, float* __restrict__ Mq,
                         float* __restrict__ Pq, float* __restrict__ ds_in,
                         float* __restrict__ ddt_in, int T, int H, int P, int N, int hpg,
-                        int nc) {
+                        int nc, const float* __restrict__ cbg) {
     // 16-step tiles (stride 20: banks 20 g + t, distinct) leave room for
     // the two 64 x 65 weight matrices under the 48 KiB of static memory.
     constexpr int kT = 16, kR = kT + 4;
@@ -357,8 +397,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
             [&](int) { t.mma(sA + w.r0 * kR, kR, 1, sB + w.c0 * kR, 1, kR, kT / 8); });
     };
     Tile cb, dd;
+    load_cb(cb, w, cbg + ((long long)bc * (H / hpg) + g) * kQ * kQ);
     const int ldi = (int)ldu;
-    product(cb, rows + c_off + g * N, ldi, rows + b_off + g * N, ldi, N);
     product(dd, dy + ck.m0 * E + (long long)h * P, (int)E, rows + h * P, ldi, P);
     float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
     float* pq = Pq + ((long long)bc * H + h) * kQ * kQ;

@@ -24,10 +24,11 @@
 #endif
 
 // The product kernels of the run: SIMT (f32 runs) or tensor cores (tf32 /
-// bf16 runs); the two sets take the same arguments.
+// bf16 runs); the two sets take the same arguments, but for the chunk
+// outputs and the backward's Q x Q kernel, whose tensor-core kernels also
+// read each group's C B^T (mamba_ssd_cb_tc), made into the psum buffer as
+// the host does (bwd_psum overwrites it later).
 static const auto chunk_state = EMU_TC ? mamba_ssd_chunk_state_tc : mamba_ssd_chunk_state;
-static const auto chunk_out = EMU_TC ? mamba_ssd_chunk_out_tc : mamba_ssd_chunk_out;
-static const auto bwd_qq = EMU_TC ? mamba_ssd_bwd_qq_tc : mamba_ssd_bwd_qq;
 static const auto bwd_dx = EMU_TC ? mamba_ssd_bwd_dx_tc : mamba_ssd_bwd_dx;
 static const auto bwd_dbc = EMU_TC ? mamba_ssd_bwd_dbc_tc : mamba_ssd_bwd_dbc;
 // tf32 operands carry 2^-11 relative rounding: a product's error is about
@@ -136,10 +137,23 @@ int main() {
             });
         };
         states(st, fx.data(), ldu, fx.data(), b_off, 0, 0);
+        std::vector<float> cbg(psum_len, nan);
+        auto group_cb = [&] {
+            emu_launch({(unsigned)nbc, (unsigned)G, 1}, kThreads, 0, [&] {
+                mamba_ssd_cb_tc(fx.data(), ldu, b_off, c_off, cbg.data(), T, N, nc);
+            });
+        };
+        if (EMU_TC) group_cb();
         emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
-            chunk_out(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdp.data(),
-                                st.data(), fz.data(), ldz, y.data(), gate.data(), T, H, P, N, hpg,
-                                nc);
+            if (EMU_TC) {
+                mamba_ssd_chunk_out_tc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
+                                       fdp.data(), st.data(), fz.data(), ldz, y.data(),
+                                       gate.data(), T, H, P, N, hpg, nc, cbg.data());
+            } else {
+                mamba_ssd_chunk_out(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
+                                    fdp.data(), st.data(), fz.data(), ldz, y.data(), gate.data(),
+                                    T, H, P, N, hpg, nc);
+            }
         });
         // Backward, from fresh scratch as the host runs it (s and the
         // entry states recomputed).
@@ -160,10 +174,18 @@ int main() {
         emu_launch({blocks((long long)B * H * P * N), 1, 1}, 256, 0, [&] {
             mamba_ssd_state_pass(dst.data(), s.data(), T, H, (long long)P * N, nc, B, 1);
         });
+        cbg.assign(psum_len, nan);
+        if (EMU_TC) group_cb();
         emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
-            bwd_qq(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdy.data(),
-                             mq.data(), pq.data(), ds_in.data(), ddt_in.data(), T, H, P, N, hpg,
-                             nc);
+            if (EMU_TC) {
+                mamba_ssd_bwd_qq_tc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdy.data(),
+                                    mq.data(), pq.data(), ds_in.data(), ddt_in.data(), T, H, P, N,
+                                    hpg, nc, cbg.data());
+            } else {
+                mamba_ssd_bwd_qq(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdy.data(),
+                                 mq.data(), pq.data(), ds_in.data(), ddt_in.data(), T, H, P, N,
+                                 hpg, nc);
+            }
         });
         emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
             bwd_dx(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdp.data(),

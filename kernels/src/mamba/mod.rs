@@ -84,7 +84,7 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 40] = [
+const SYMBOLS: [(usize, &str); 41] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -125,6 +125,7 @@ const SYMBOLS: [(usize, &str); 40] = [
     (4, "mamba_ssd_bwd_qq_tc"),
     (4, "mamba_ssd_bwd_dx_tc"),
     (4, "mamba_ssd_bwd_dbc_tc"),
+    (4, "mamba_ssd_cb_tc"),
 ];
 
 #[derive(Debug, Clone)]
@@ -169,6 +170,7 @@ struct Functions {
     ssd_bwd_qq_tc: CudaFunction,
     ssd_bwd_dx_tc: CudaFunction,
     ssd_bwd_dbc_tc: CudaFunction,
+    ssd_cb_tc: CudaFunction,
 }
 
 impl MambaKernels {
@@ -251,6 +253,7 @@ impl MambaKernels {
             ssd_bwd_qq_tc: next()?,
             ssd_bwd_dx_tc: next()?,
             ssd_bwd_dbc_tc: next()?,
+            ssd_cb_tc: next()?,
         };
         // The scan kernels take their staging buffers as dynamic shared
         // memory, above the 48 KiB a launch gets without opting in.

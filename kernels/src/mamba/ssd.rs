@@ -56,8 +56,13 @@ pub enum SsdProducts {
 /// The kernels of one set of products ([`SsdProducts`]), with their names
 /// for errors. Each `_tc` kernel has its SIMT twin's signature, argument
 /// for argument, and the same extents of reads and writes, so the SAFETY
-/// arguments below, which name the SIMT kernels, hold for either set.
+/// arguments below, which name the SIMT kernels, hold for either set; the
+/// tensor-core chunk_out and bwd_qq take one more argument last, each
+/// group's `C B^T` (`[nbc][G][Q][Q]`), which `cb` (tensor cores only)
+/// makes into `chunk_psum` first (the backward's psum overwrites it after
+/// bwd_qq, its last reader).
 struct Products<'a> {
+    cb: Option<(&'static str, &'a CudaFunction)>,
     chunk_state: (&'static str, &'a CudaFunction),
     chunk_out: (&'static str, &'a CudaFunction),
     bwd_qq: (&'static str, &'a CudaFunction),
@@ -70,6 +75,7 @@ impl MambaKernels {
         let f = &self.f;
         match which {
             SsdProducts::F32 => Products {
+                cb: None,
                 chunk_state: ("mamba_ssd_chunk_state", &f.ssd_chunk_state),
                 chunk_out: ("mamba_ssd_chunk_out", &f.ssd_chunk_out),
                 bwd_qq: ("mamba_ssd_bwd_qq", &f.ssd_bwd_qq),
@@ -77,6 +83,7 @@ impl MambaKernels {
                 bwd_dbc: ("mamba_ssd_bwd_dbc", &f.ssd_bwd_dbc),
             },
             SsdProducts::Tf32 => Products {
+                cb: Some(("mamba_ssd_cb_tc", &f.ssd_cb_tc)),
                 chunk_state: ("mamba_ssd_chunk_state_tc", &f.ssd_chunk_state_tc),
                 chunk_out: ("mamba_ssd_chunk_out_tc", &f.ssd_chunk_out_tc),
                 bwd_qq: ("mamba_ssd_bwd_qq_tc", &f.ssd_bwd_qq_tc),
@@ -84,6 +91,47 @@ impl MambaKernels {
                 bwd_dbc: ("mamba_ssd_bwd_dbc_tc", &f.ssd_bwd_dbc_tc),
             },
         }
+    }
+
+    /// Each group's `C B^T` into `out` (`[nbc][G][Q][Q]`) when the products
+    /// have a `cb` kernel (tensor cores); nothing otherwise.
+    ///
+    /// # Safety
+    /// `shape` and `inp` must have passed their checks, and `out` must hold
+    /// [`SsdShape::group_matrix_len`] elements when `products.cb` is set.
+    unsafe fn ssd_group_cb(
+        &self,
+        stream: &CudaStream,
+        products: &Products<'_>,
+        shape: &SsdShape,
+        inp: &SsdInputs<'_>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        let Some((kernel, func)) = products.cb else {
+            return Ok(());
+        };
+        let mut args = [
+            Arg::In(inp.xbc),
+            Arg::Long("ldu", inp.ldu),
+            Arg::Int("b_off", shape.b_off()),
+            Arg::Int("c_off", shape.c_off()),
+            Arg::Out(out),
+            Arg::Int("seq_len", shape.seq_len),
+            Arg::Int("d_state", shape.d_state),
+            Arg::Int("chunks", shape.chunks()),
+        ];
+        let launch = Launch {
+            kernel,
+            func,
+            grid: Grid::Dims(shape.chunk_blocks(), shape.groups, 1),
+            block: THREADS,
+        };
+        // SAFETY: matches mamba_ssd_cb_tc(const float* xbc, long long ldu,
+        // int b_off, int c_off, float* cb, int T, int N, int nc); block (bc,
+        // g) reads its chunk's rows of xbc (B and C columns of group g, <
+        // conv_channels) and writes cb[bc][g][Q][Q], inside the lengths of
+        // this function's contract (G is the grid's y extent).
+        unsafe { self.launch(stream, launch, &mut args) }
     }
 
     /// The running sums of `dt A` per chunk, then every chunk's entry state
@@ -247,10 +295,19 @@ impl MambaKernels {
         check::matrix(K, "y", out.y.len(), rows, inner, inner)?;
         check::matrix(K, "gate", out.gate.len(), rows, inner, inner)?;
         let products = self.products(products);
-        // SAFETY: all three were checked above.
-        unsafe { self.ssd_entry_states(stream, &products, &shape, &inp, scratch)? };
+        if products.cb.is_some() {
+            let need = shape.group_matrix_len();
+            check::len(K, "chunk_psum", scratch.chunk_psum.len(), need)?;
+        }
+        // SAFETY: all three were checked above, and chunk_psum's length for
+        // the products that write it.
+        unsafe {
+            self.ssd_entry_states(stream, &products, &shape, &inp, scratch)?;
+            self.ssd_group_cb(stream, &products, &shape, &inp, &mut scratch.chunk_psum)?;
+        }
         let cum = scratch.cum.as_view();
         let states = scratch.states.as_view();
+        let group_cb = scratch.chunk_psum.as_view();
         let launch = Launch {
             kernel: products.chunk_out.0,
             func: products.chunk_out.1,
@@ -276,7 +333,10 @@ impl MambaKernels {
             Arg::Int("d_state", shape.d_state),
             Arg::Int("heads per group", shape.heads / shape.groups),
             Arg::Int("chunks", shape.chunks()),
-        ];
+        ]
+        .into_iter()
+        .chain(products.cb.map(|_| Arg::In(&group_cb)))
+        .collect::<Vec<_>>();
         // SAFETY: matches mamba_ssd_chunk_out(const float* xbc, long long
         // ldu, int b_off, int c_off, const float* dt, const float* s, const
         // float* dpar, const float* st, const float* z, long long ldz,
@@ -351,6 +411,8 @@ impl MambaKernels {
             )?
         };
         let dstates = dstates.as_view();
+        // SAFETY: checked above (chunk_psum has the group matrices' length).
+        unsafe { self.ssd_group_cb(stream, &products, &shape, &inp, chunk_psum)? };
         let (nbc, nc) = (shape.chunk_blocks(), shape.chunks());
         fn per_chunk<'f>(
             (kernel, func): (&'static str, &'f CudaFunction),
@@ -377,6 +439,8 @@ impl MambaKernels {
             Arg::Out(ddt_in),
         ];
         args.extend(chunk_dims(&shape));
+        let group_cb = chunk_psum.as_view();
+        args.extend(products.cb.map(|_| Arg::In(&group_cb)));
         // SAFETY: matches mamba_ssd_bwd_qq(const float* xbc, long long ldu,
         // int b_off, int c_off, const float* dt, const float* s, const
         // float* dy, float* Mq, float* Pq, float* ds_in, float* ddt_in, int

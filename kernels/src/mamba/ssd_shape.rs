@@ -180,7 +180,8 @@ pub struct SsdInputs<'a> {
 }
 
 /// Scratch of one call, overwritten by it ([`SsdShape::scratch_lens`] gives
-/// each length; the forward uses `cum` and `states` alone). Nothing in it
+/// each length; the forward uses `cum` and `states` alone, and
+/// `chunk_psum` too with tensor-core products). Nothing in it
 /// is read before the call writes it, so it need not survive between calls.
 pub struct SsdScratch<'a> {
     /// The decays' running sums per chunk, `[rows, heads]`.
@@ -193,7 +194,10 @@ pub struct SsdScratch<'a> {
     pub chunk_m: CudaViewMut<'a, f32>,
     /// Backward: the diagonal block's dB / dC weights per chunk and head.
     pub chunk_p: CudaViewMut<'a, f32>,
-    /// Backward: those weights summed over each group's heads.
+    /// Backward: those weights summed over each group's heads. With
+    /// tensor-core products ([`super::SsdProducts::Tf32`]) it first holds
+    /// each group's `C B^T` per chunk, in the forward and in the backward
+    /// until the psum kernel overwrites it.
     pub chunk_psum: CudaViewMut<'a, f32>,
     /// Backward: per-token terms of d dt (`[rows, heads]` each).
     pub ds_in: CudaViewMut<'a, f32>,
