@@ -10,198 +10,22 @@
 // f32 runs keep the SIMT kernels: their contract is 5e-5 of the f64
 // program, which tf32 operands (2^-11 relative) cannot keep.
 //
-// Layout: every product is a 64 x 64 output tile of a 256-thread block,
-// warp w owning rows 16 (w % 4) .. + 16 and columns 32 (w / 4) .. + 32 as
-// four m16n8 accumulators (mma_tf32.cuh's WarpTile<4>). Operands are
-// staged in shared memory a tile of KT contraction steps at a time, either
-// row-major ([64 rows][KT + 4], for operands whose contraction index runs
-// along a global row) or step-major ([KT steps][72], for operands whose
-// output index runs along a global row): both strides put a warp's
-// fragment reads in 32 distinct banks, and both keep the global reads
-// along a row. Each block's contraction runs its tiles in ascending order
-// and a warp's mma steps in ascending k, so every output's sum has a fixed
-// association that depends on the shapes alone. Where the SIMT kernel
-// scales a product afterwards (exp(s_i) C_i H, e_j dS B_j), this one
-// scales an operand or the accumulator before the next product: the same
-// quantity, different rounding, inside the tf32 tolerance.
-//
-// Offsets inside a chunk are 32-bit: 64 rows of any operand and one
-// chunk's H x P x N states span fewer than 2^31 elements (SsdShape's
-// checks), which keeps the staging loads' address arithmetic in single
-// registers.
+// Layout and staging: ssd_tc_tiles.cuh.
 //
 // Determinism: no atomics; the same bits run to run on one GPU model (the
 // tensor core's order inside an mma is the hardware's). Contract: the
 // tolerance of tests/cuda_mamba2.rs' tf32 / bf16 cases against the f64
 // program, and the emulated check (kernels/emu/ssd_check.cpp with
 // EMU_TC=1) against the sequential f64 recurrence.
-#include "mma_tf32.cuh"
-#include "ssd_chunk.cuh"
+//
+// Over 450 lines: one set of kernels, the six of the tensor-core products,
+// each the twin of a SIMT kernel of mamba_ssd.cu (or, for cb, of the product
+// those repeat per head), sharing the tiles of ssd_tc_tiles.cuh.
+#include "ssd_tc_tiles.cuh"
 
 using namespace mamba;
 using namespace mamba_ssd;
-
-namespace {
-
-// Row stride of a step-major staged tile: steps t and columns g of a
-// fragment read land in banks 8 t + g.
-constexpr int kKm = kQ + 8;
-
-// The warp's share of the block's 64 x 64 output tile.
-struct Share {
-    int r0, c0;  // first row, first column
-};
-
-__device__ __forceinline__ Share share() {
-    const int w = threadIdx.x / 32;
-    return Share{16 * (w % 4), 32 * (w / 4)};
-}
-
-using Tile = WarpTile<4>;
-
-// The two layouts of a staged operand tile: row-major ([64 rows][KT + 4],
-// value (r, kk)) and step-major ([KT steps][kKm], value (kk, c)). Thread
-// tid owns elements idx = tid + i kThreads, i < kIt; a warp's 32 are
-// consecutive along the global row, so every load it issues is coalesced.
-template <int KT>
-struct RowMajor {
-    static constexpr int kIt = kQ * KT / kThreads;
-    static __device__ __forceinline__ int first(int idx) { return idx / KT; }
-    static __device__ __forceinline__ int second(int idx) { return idx % KT; }
-    static __device__ __forceinline__ int at(int idx) { return idx / KT * (KT + 4) + idx % KT; }
-};
-
-template <int KT>
-struct StepMajor {
-    static constexpr int kIt = kQ * KT / kThreads;
-    static __device__ __forceinline__ int first(int idx) { return idx / kQ; }
-    static __device__ __forceinline__ int second(int idx) { return idx % kQ; }
-    static __device__ __forceinline__ int at(int idx) { return idx / kQ * kKm + idx % kQ; }
-};
-
-// One operand tile in flight through a thread's registers: all kIt loads
-// issued before any value is used (load), then written to shared memory
-// (store).
-template <class L>
-struct Staged {
-    float v[L::kIt];
-
-    template <class F>
-    __device__ __forceinline__ void load(int tile, F value) {
-#pragma unroll
-        for (int i = 0; i < L::kIt; ++i) {
-            const int idx = threadIdx.x + i * kThreads;
-            v[i] = value(tile, L::first(idx), L::second(idx));
-        }
-    }
-    __device__ __forceinline__ void store(float* s) const {
-#pragma unroll
-        for (int i = 0; i < L::kIt; ++i) s[L::at(threadIdx.x + i * kThreads)] = v[i];
-    }
-};
-
-// A contraction over `tiles` staged tiles of one operand (layout L, values
-// value(k, ., .) into s) or two (LA / LB into sA / sB), each tile's
-// product by mma(k) after it landed; tile k + 1's global loads are issued
-// before tile k's mma runs, so they are in flight meanwhile. Tiles run in
-// ascending k. Every thread of the block calls it; it synchronises before
-// it first writes shared memory, so an earlier product's reads are safe.
-template <class L, class V, class M>
-__device__ __forceinline__ void contract(int tiles, float* s, V value, M mma) {
-    Staged<L> r;
-    r.load(0, value);
-    for (int k = 0; k < tiles; ++k) {
-        __syncthreads();
-        r.store(s);
-        __syncthreads();
-        if (k + 1 < tiles) r.load(k + 1, value);
-        mma(k);
-    }
-}
-
-template <class LA, class LB, class VA, class VB, class M>
-__device__ __forceinline__ void contract(int tiles, float* sA, float* sB, VA va, VB vb, M mma) {
-    Staged<LA> ra;
-    Staged<LB> rb;
-    ra.load(0, va);
-    rb.load(0, vb);
-    for (int k = 0; k < tiles; ++k) {
-        __syncthreads();
-        ra.store(sA);
-        rb.store(sB);
-        __syncthreads();
-        if (k + 1 < tiles) {
-            ra.load(k + 1, va);
-            rb.load(k + 1, vb);
-        }
-        mma(k);
-    }
-}
-
-// Tile steps of the row-major products (KT = 32: stride 36, banks 4 g + t).
-constexpr int kKt = 32;
-constexpr int kRm = kKt + 4;
-using Rows = RowMajor<kKt>;
-using Steps = StepMajor<kKt>;
-// Floats of one staging buffer: a row-major [64][36] or a step-major
-// [32][72] tile, the same size.
-constexpr int kStage = kQ * kRm;
-static_assert(kStage == kKt * kKm, "the two staged layouts share one buffer");
-
-// t += sum over the 32 steps of the tiles staged row-major in sA (rows) and
-// sB (columns): A(r, k) = sA[r][k], B(k, c) = sB[c][k].
-__device__ __forceinline__ void mma_rows(Tile& t, const Share& w, const float* sA,
-                                         const float* sB) {
-    t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0 * kRm, 1, kRm, kKt / 8);
-}
-
-// t += sum over the 32 steps of A staged row-major in sA and B step-major
-// in sB: A(r, k) = sA[r][k], B(k, c) = sB[k][c].
-__device__ __forceinline__ void mma_rows_steps(Tile& t, const Share& w, const float* sA,
-                                               const float* sB) {
-    t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0, kKm, 1, kKt / 8);
-}
-
-// t = C_i . B_j of one (chunk, group) over d_state (rows i, columns j),
-// 32 states a tile. Every thread of the block calls it.
-__device__ __forceinline__ void cb_product(Tile& t, const Share& w, const float* Cr,
-                                           const float* Br, int ldu, int q, int N,
-                                           float* sA, float* sB) {
-    t.zero();
-    contract<Rows, Rows>(
-        (N + kKt - 1) / kKt, sA, sB,
-        [&](int k, int r, int kk) {
-            const int n = k * kKt + kk;
-            return r < q && n < N ? Cr[r * ldu + n] : 0.0f;
-        },
-        [&](int k, int r, int kk) {
-            const int n = k * kKt + kk;
-            return r < q && n < N ? Br[r * ldu + n] : 0.0f;
-        },
-        [&](int) { mma_rows(t, w, sA, sB); });
-}
-
-// t += (f_r A_r) . Mt_c over N states (rows r < q of A, ld apart; f = 1
-// when fac is null; Mt is [P][N] state-major, columns c with p0 + c < P):
-// the products with a chunk's entry state or its gradient.
-__device__ __forceinline__ void state_product(Tile& t, const Share& w, const float* Ar,
-                                              int ld, const float* fac, int q,
-                                              const float* Mt, int p0, int P, int N, float* sA,
-                                              float* sB) {
-    contract<Rows, Rows>(
-        (N + kKt - 1) / kKt, sA, sB,
-        [&](int k, int r, int kk) {
-            const int n = k * kKt + kk;
-            return r < q && n < N ? (fac ? fac[r] : 1.0f) * Ar[r * ld + n] : 0.0f;
-        },
-        [&](int k, int c, int kk) {
-            const int n = k * kKt + kk;
-            return p0 + c < P && n < N ? Mt[(p0 + c) * N + n] : 0.0f;
-        },
-        [&](int) { mma_rows(t, w, sA, sB); });
-}
-
-}  // namespace
+using namespace mamba_ssd_tc;
 
 // cb[bc][g][i][j] = C_i . B_j of one (chunk, group), all 64 x 64 (rows and
 // columns past the chunk's end are 0): what the chunk outputs and the
@@ -223,17 +47,6 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             o[(w.r0 + Tile::row(e)) * kQ + w.c0 + Tile::col(nt, e)] = t.acc[nt][e];
-        }
-}
-
-// This thread's fragment elements of the (chunk, group) tile cb (from
-// mamba_ssd_cb_tc) into t.
-__device__ __forceinline__ void load_cb(Tile& t, const Share& w, const float* cb) {
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            t.acc[nt][e] = cb[(w.r0 + Tile::row(e)) * kQ + w.c0 + Tile::col(nt, e)];
         }
 }
 

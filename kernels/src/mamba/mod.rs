@@ -38,6 +38,7 @@ mod scan_shape;
 pub mod ssd;
 #[cfg(test)]
 mod ssd_emu_tests;
+mod ssd_products;
 mod ssd_shape;
 pub mod store;
 pub mod tokens;

@@ -26,114 +26,24 @@
 //! CPU model.
 //!
 //! The shapes and buffers the launches take, and their checks, are in
-//! `ssd_shape.rs`. Over 450 lines: the launches of one algorithm in their
+//! `ssd_shape.rs`; the two sets of product kernels in `ssd_products.rs`. Over 450 lines: the launches of one algorithm in their
 //! order, each with the SAFETY argument it rests on.
 
 use cudarc::driver::{CudaFunction, CudaStream, CudaView, CudaViewMut};
 
 use super::check;
 use super::launcher::{Arg, Grid, Launch};
+use super::ssd_products::Products;
 use super::ssd_shape::{STATE_TILE_N, STATE_TILE_P, THREADS};
 use super::MambaKernels;
 use crate::error::KernelError;
 
+pub use super::ssd_products::SsdProducts;
 pub use super::ssd_shape::{
     SsdBackward, SsdForward, SsdInputs, SsdScratch, SsdScratchLens, SsdShape, SSD_CHUNK,
 };
 
-/// Which kernels compute the SSD's chunk products.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SsdProducts {
-    /// f32 fused multiply-adds on the SIMT units (`mamba_ssd.cu`): within
-    /// 5e-5 of the f64 program, what f32 runs promise.
-    F32,
-    /// Tensor cores with operands rounded to tf32 and f32 accumulators
-    /// (`mamba_ssd_tc.cu`): about 3e-4 relative, inside the tf32 and bf16
-    /// runs' tolerances, and several times faster.
-    Tf32,
-}
-
-/// The kernels of one set of products ([`SsdProducts`]), with their names
-/// for errors. Each `_tc` kernel has its SIMT twin's signature, argument
-/// for argument, and the same extents of reads and writes, so the SAFETY
-/// arguments below, which name the SIMT kernels, hold for either set; the
-/// tensor-core chunk_out and bwd_qq take one more argument last, each
-/// group's `C B^T` (`[nbc][G][Q][Q]`), which `cb` (tensor cores only)
-/// makes into `chunk_psum` first (the backward's psum overwrites it after
-/// bwd_qq, its last reader).
-struct Products<'a> {
-    cb: Option<(&'static str, &'a CudaFunction)>,
-    chunk_state: (&'static str, &'a CudaFunction),
-    chunk_out: (&'static str, &'a CudaFunction),
-    bwd_qq: (&'static str, &'a CudaFunction),
-    bwd_dx: (&'static str, &'a CudaFunction),
-    bwd_dbc: (&'static str, &'a CudaFunction),
-}
-
 impl MambaKernels {
-    fn products(&self, which: SsdProducts) -> Products<'_> {
-        let f = &self.f;
-        match which {
-            SsdProducts::F32 => Products {
-                cb: None,
-                chunk_state: ("mamba_ssd_chunk_state", &f.ssd_chunk_state),
-                chunk_out: ("mamba_ssd_chunk_out", &f.ssd_chunk_out),
-                bwd_qq: ("mamba_ssd_bwd_qq", &f.ssd_bwd_qq),
-                bwd_dx: ("mamba_ssd_bwd_dx", &f.ssd_bwd_dx),
-                bwd_dbc: ("mamba_ssd_bwd_dbc", &f.ssd_bwd_dbc),
-            },
-            SsdProducts::Tf32 => Products {
-                cb: Some(("mamba_ssd_cb_tc", &f.ssd_cb_tc)),
-                chunk_state: ("mamba_ssd_chunk_state_tc", &f.ssd_chunk_state_tc),
-                chunk_out: ("mamba_ssd_chunk_out_tc", &f.ssd_chunk_out_tc),
-                bwd_qq: ("mamba_ssd_bwd_qq_tc", &f.ssd_bwd_qq_tc),
-                bwd_dx: ("mamba_ssd_bwd_dx_tc", &f.ssd_bwd_dx_tc),
-                bwd_dbc: ("mamba_ssd_bwd_dbc_tc", &f.ssd_bwd_dbc_tc),
-            },
-        }
-    }
-
-    /// Each group's `C B^T` into `out` (`[nbc][G][Q][Q]`) when the products
-    /// have a `cb` kernel (tensor cores); nothing otherwise.
-    ///
-    /// # Safety
-    /// `shape` and `inp` must have passed their checks, and `out` must hold
-    /// [`SsdShape::group_matrix_len`] elements when `products.cb` is set.
-    unsafe fn ssd_group_cb(
-        &self,
-        stream: &CudaStream,
-        products: &Products<'_>,
-        shape: &SsdShape,
-        inp: &SsdInputs<'_>,
-        out: &mut CudaViewMut<'_, f32>,
-    ) -> Result<(), KernelError> {
-        let Some((kernel, func)) = products.cb else {
-            return Ok(());
-        };
-        let mut args = [
-            Arg::In(inp.xbc),
-            Arg::Long("ldu", inp.ldu),
-            Arg::Int("b_off", shape.b_off()),
-            Arg::Int("c_off", shape.c_off()),
-            Arg::Out(out),
-            Arg::Int("seq_len", shape.seq_len),
-            Arg::Int("d_state", shape.d_state),
-            Arg::Int("chunks", shape.chunks()),
-        ];
-        let launch = Launch {
-            kernel,
-            func,
-            grid: Grid::Dims(shape.chunk_blocks(), shape.groups, 1),
-            block: THREADS,
-        };
-        // SAFETY: matches mamba_ssd_cb_tc(const float* xbc, long long ldu,
-        // int b_off, int c_off, float* cb, int T, int N, int nc); block (bc,
-        // g) reads its chunk's rows of xbc (B and C columns of group g, <
-        // conv_channels) and writes cb[bc][g][Q][Q], inside the lengths of
-        // this function's contract (G is the grid's y extent).
-        unsafe { self.launch(stream, launch, &mut args) }
-    }
-
     /// The running sums of `dt A` per chunk, then every chunk's entry state
     /// into `scratch.states` (the forward and the backward's recompute:
     /// the same launches, the same bits).
