@@ -296,3 +296,55 @@ impl SsdInputs<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(heads: usize, head_dim: usize, d_state: usize, groups: usize) -> SsdShape {
+        SsdShape {
+            batch: 8,
+            seq_len: 1024,
+            heads,
+            head_dim,
+            d_state,
+            groups,
+        }
+    }
+
+    fn refusal(s: SsdShape) -> String {
+        s.check("k").expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn the_130m_shape_and_ragged_small_ones_pass() {
+        assert!(shape(24, 64, 128, 1).check("k").is_ok());
+        assert!(shape(3, 5, 7, 3).check("k").is_ok());
+        let s = shape(24, 64, 128, 2);
+        assert_eq!(s.chunks(), 16);
+        assert_eq!(s.conv_channels(), 24 * 64 + 2 * 2 * 128);
+        assert_eq!((s.b_off(), s.c_off()), (1536, 1536 + 256));
+        assert_eq!(s.group_matrix_len(), 8 * 16 * 2 * SSD_CHUNK * SSD_CHUNK);
+    }
+
+    #[test]
+    fn bad_extents_are_refused_naming_them() {
+        assert!(refusal(shape(0, 64, 128, 1)).contains("heads is 0"));
+        assert!(refusal(shape(24, 64, 0, 1)).contains("d_state is 0"));
+        assert!(refusal(shape(24, 64, 128, 5)).contains("5 groups do not divide 24 heads"));
+    }
+
+    #[test]
+    fn a_chunk_whose_offsets_overflow_32_bits_is_refused() {
+        // The tensor-core kernels index inside a chunk with 32-bit offsets:
+        // 64 rows of dy, and one chunk's H x P x N states.
+        let e = refusal(shape(1, 40_000_000, 1, 1));
+        assert!(e.contains("a chunk's rows of dy"), "{e}");
+        let e = refusal(shape(1, 1000, 3_000_000, 1));
+        assert!(e.contains("a chunk's states"), "{e}");
+        // Just inside both limits.
+        assert!(shape(1, (i32::MAX as usize) / SSD_CHUNK - 2, 1, 1)
+            .check("k")
+            .is_ok());
+    }
+}
