@@ -85,6 +85,7 @@
 // the CPU emulation check (kernels/emu) would then also have to track.
 
 #include "mamba_common.cuh"
+#include "cp_async.cuh"
 
 using namespace mamba;
 
@@ -190,40 +191,6 @@ constexpr int kAllCols = 7;
 // stays f32 (the gate's backward makes it in f32).
 constexpr int kHalfDtU = 3;
 constexpr int kHalfDtUZ = 7;
-
-// cp.async of one float, global -> shared (sm_80+), completed by
-// cp_async_wait; the thread holds no register for it meanwhile. Under the
-// CPU emulator (kernels/emu/cuda_emu.h) the same calls are modelled there.
-__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
-#ifdef MAMBA_CUDA_EMU
-    emu_cp_async(dst, src);
-#else
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#ifdef MAMBA_CUDA_EMU
-    emu_commit();
-#else
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Wait until at most `pending` of this thread's committed groups are in
-// flight (0 or 1).
-__device__ __forceinline__ void cp_async_wait(int pending) {
-#ifdef MAMBA_CUDA_EMU
-    emu_wait(pending);
-#else
-    if (pending == 0) {
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    } else {
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    }
-#endif
-}
 
 // Start copying chunk `ch`'s B|C rows and the block's channels' columns into
 // `buf` (one committed group). Rows past the chunk's end, states past N and

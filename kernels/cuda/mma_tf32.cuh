@@ -73,14 +73,20 @@ struct WarpTile {
 
     __device__ __forceinline__ void mma(const float* sa, int a_rs, int a_ks, const float* sb,
                                         int b_ks, int b_ns, int ksteps) {
+        mma_a([=](int r, int k) { return sa[r * a_rs + k * a_ks]; }, sb, b_ks, b_ns, ksteps);
+    }
+
+    // As mma, with A(r, k) = a_at(r, k), any f32 expression of shared
+    // memory (rounded to tf32 once made, as a stored operand would be).
+    template <class A>
+    __device__ __forceinline__ void mma_a(A a_at, const float* sb, int b_ks, int b_ns,
+                                          int ksteps) {
         const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll 2
         for (int ks = 0; ks < ksteps; ++ks) {
             const int k = 8 * ks + t;
-            const unsigned a[4] = {to_tf32(sa[g * a_rs + k * a_ks]),
-                                   to_tf32(sa[(g + 8) * a_rs + k * a_ks]),
-                                   to_tf32(sa[g * a_rs + (k + 4) * a_ks]),
-                                   to_tf32(sa[(g + 8) * a_rs + (k + 4) * a_ks])};
+            const unsigned a[4] = {to_tf32(a_at(g, k)), to_tf32(a_at(g + 8, k)),
+                                   to_tf32(a_at(g, k + 4)), to_tf32(a_at(g + 8, k + 4))};
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const int c = 8 * nt + g;
