@@ -1,14 +1,17 @@
 // The SSD scan's chunk products on tensor cores (tf32 mma.sync, f32
 // accumulators): the kernels of tf32 and bf16 runs that replace
-// mamba_ssd.cu's SIMT chunk_state, chunk_out, bwd_qq, bwd_dx and bwd_dbc,
-// with the same arguments, the same outputs and the same algorithm
-// (mamba_ssd.cu's module docs derive it), except that C B^T, which every
-// head of a group shares, is made once per (chunk, group) by
-// mamba_ssd_cb_tc and read by chunk_out and bwd_qq (their one extra
-// argument) instead of once per head. The other SSD kernels (running sums,
-// the state pass, psum, d dt, dA_log) have no product and are shared.
-// f32 runs keep the SIMT kernels: their contract is 5e-5 of the f64
-// program, which tf32 operands (2^-11 relative) cannot keep.
+// mamba_ssd.cu's SIMT chunk_out, bwd_qq, bwd_dx and bwd_dbc with the same
+// arguments, the same outputs and the same algorithm (mamba_ssd.cu's module
+// docs derive it), and its chunk_state + state_pass pair with one kernel
+// (state_scan_tc: the pair's arguments and outputs, one launch over the
+// sequences instead of two). Two more differences: C B^T, which every head
+// of a group shares, is made once per (chunk, group) by mamba_ssd_cb_tc and
+// read by chunk_out and bwd_qq (their one extra argument) instead of once
+// per head; and the chunk states never reach memory, only the entry states
+// made from them. The other SSD kernels (running sums, psum, d dt, dA_log)
+// have no product and are shared. f32 runs keep the SIMT kernels: their
+// contract is 5e-5 of the f64 program, which tf32 operands (2^-11 relative)
+// cannot keep.
 //
 // Layout and staging: ssd_tc_tiles.cuh.
 //
@@ -19,8 +22,9 @@
 // EMU_TC=1) against the sequential f64 recurrence.
 //
 // Over 450 lines: one set of kernels, the six of the tensor-core products,
-// each the twin of a SIMT kernel of mamba_ssd.cu (or, for cb, of the product
+// each the twin of SIMT kernels of mamba_ssd.cu (or, for cb, of the product
 // those repeat per head), sharing the tiles of ssd_tc_tiles.cuh.
+#include "cp_async.cuh"
 #include "ssd_tc_tiles.cuh"
 
 using namespace mamba;
@@ -50,53 +54,154 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         }
 }
 
-// mamba_ssd_chunk_state on tensor cores (same arguments and outputs):
-// out[bc][h][p][n] = sum_j (w_j X_j[p]) Y_j[n], the whole chunk staged
-// step-major. grid (nbc, H, ceil(P / 64) * ceil(N / 64)), block kThreads.
-extern "C" __global__ void __launch_bounds__(kThreads)
-    mamba_ssd_chunk_state_tc(const float* __restrict__ X, long long ldx,
-                             const float* __restrict__ Y, long long ldy, int y_off,
-                             const float* __restrict__ dt, const float* __restrict__ s,
-                             float* __restrict__ out, int T, int H, int P, int N, int hpg,
-                             int nc, int mode) {
-    __shared__ float sX[kQ * kKm], sY[kQ * kKm];
-    __shared__ float sw[kQ], ss[kQ], sdt[kQ];
-    const int bc = blockIdx.x, h = blockIdx.y;
+// mamba_ssd_chunk_state and mamba_ssd_state_pass in one kernel, on tensor
+// cores: each block owns one 64 x 64 tile of one (sequence, head)'s state
+// and walks its chunks in the pass's order (mode 0 forward, mode 1 in
+// reverse), making each chunk's state S_c[p][n] = sum_j (w_j X_j[p]) Y_j[n]
+// by mma over the whole chunk, then, in its registers, out[c] = carry;
+// carry = exp(s_last_c) carry + S_c (H_0 = 0, or dH past the last chunk =
+// 0): state_pass's arithmetic in its order on the products a separate
+// tensor-core chunk-state kernel would store (the emulated check's digests
+// did not move when this kernel replaced that pair), without S_c's round
+// trip through memory or a second launch. The weights are those of
+// mamba_ssd_chunk_state: mode 0 (X = x, Y = B) w_j = exp(s_last - s_j) dt_j,
+// mode 1 (X = dy, Y = C) w_j = exp(s_j), applied to X as the mma reads it
+// (the product w_j X_j[p] a staged operand would hold). Only the entry
+// states (or their gradients) are written, into out ([B*nc][H][P][N]).
+//
+// Staging: chunk c + 1's X and Y tiles are copied by cp.async into the
+// second of two buffers (kStateScanSmemFloats of dynamic shared memory)
+// while chunk c's mma runs, so no thread holds them in registers; one
+// barrier a chunk. 16-byte copies when every row of both tiles starts
+// 16-byte aligned (`vec`), else 4-byte ones; either lands the same values.
+// grid (B, H, ceil(P / 64) * ceil(N / 64)), block kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    mamba_ssd_state_scan_tc(const float* __restrict__ X, long long ldx,
+                            const float* __restrict__ Y, long long ldy, int y_off,
+                            const float* __restrict__ dt, const float* __restrict__ s,
+                            float* __restrict__ out, int T, int H, int P, int N, int hpg,
+                            int nc, int mode) {
+#ifdef MAMBA_CUDA_EMU
+    float* smem = EMU_SMEM;
+#else
+    extern __shared__ __align__(16) float smem[];
+#endif
+    __shared__ float sw[2][kQ], sdecay[2];
+    const int b = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     const int tiles_n = (N + kQ - 1) / kQ;
     const int p0 = (blockIdx.z / tiles_n) * kQ, n0 = (blockIdx.z % tiles_n) * kQ;
     const int g = h / hpg;
-    const Chunk ck = chunk_of(bc, nc, T);
-    const int tid = threadIdx.x;
-    stage_s_dt(s, dt, ck, H, h, ss, sdt);
-    __syncthreads();
-    if (tid < kQ) {
-        sw[tid] = tid >= ck.q ? 0.0f
-                  : mode == 0 ? expf(ss[ck.last_row] - ss[tid]) * sdt[tid]
-                              : expf(ss[tid]);
-    }
-    __syncthreads();
+    const bool vec = ((reinterpret_cast<unsigned long long>(X) |
+                       reinterpret_cast<unsigned long long>(Y)) & 15) == 0 &&
+                     ((ldx | ldy) & 3) == 0 && ((P | N | y_off) & 3) == 0;
+    // Step k of the pass: chunk c (of sequence b) and its rows.
+    auto chunk_at = [&](int k) { return mode == 0 ? k : nc - 1 - k; };
+    auto rows_of = [&](int k) { return chunk_of(b * nc + chunk_at(k), nc, T); };
+    auto tile_x = [&](int buf) { return smem + buf * 2 * kStateScanTile; };
+    // Chunk k's X and Y tiles into buffer buf, step-major ([j][kKm]), rows
+    // past the chunk and columns past P / N zero (plain stores: the barrier
+    // that follows the wait covers them too); one committed group.
+    auto stage = [&](int k, int buf) {
+        const Chunk ck = rows_of(k);
+        float* dX = tile_x(buf);
+        float* dY = dX + kStateScanTile;
+        const float* Xc = X + ck.m0 * ldx + h * P + p0;
+        const float* Yc = Y + ck.m0 * ldy + y_off + g * N + n0;
+        if (vec) {
+#pragma unroll
+            for (int i = 0; i < kQ * kQ / 4 / kThreads; ++i) {
+                const int idx = tid + i * kThreads, j = idx / (kQ / 4), c = 4 * (idx % (kQ / 4));
+                const bool row = j < ck.q;
+                if (row && p0 + c < P) {
+                    cp_async16(dX + j * kKm + c, Xc + j * ldx + c);
+                } else {
+                    *reinterpret_cast<float4*>(dX + j * kKm + c) = float4{0.0f, 0.0f, 0.0f, 0.0f};
+                }
+                if (row && n0 + c < N) {
+                    cp_async16(dY + j * kKm + c, Yc + j * ldy + c);
+                } else {
+                    *reinterpret_cast<float4*>(dY + j * kKm + c) = float4{0.0f, 0.0f, 0.0f, 0.0f};
+                }
+            }
+        } else {
+#pragma unroll 4
+            for (int i = 0; i < kQ * kQ / kThreads; ++i) {
+                const int idx = tid + i * kThreads, j = idx / kQ, c = idx % kQ;
+                const bool row = j < ck.q;
+                if (row && p0 + c < P) {
+                    cp_async4(dX + j * kKm + c, Xc + j * ldx + c);
+                } else {
+                    dX[j * kKm + c] = 0.0f;
+                }
+                if (row && n0 + c < N) {
+                    cp_async4(dY + j * kKm + c, Yc + j * ldy + c);
+                } else {
+                    dY[j * kKm + c] = 0.0f;
+                }
+            }
+        }
+        cp_async_commit();
+    };
+    // Chunk k's weights and decay (threads j < kQ): loaded when its tiles
+    // are staged, written to sw / sdecay[buf] after the mma that overlaps
+    // their loads.
+    float s_j = 0.0f, dt_j = 0.0f, s_last = 0.0f;
+    auto fetch_weights = [&](int k) {
+        const Chunk ck = rows_of(k);
+        if (tid < ck.q) {
+            s_j = s[(ck.m0 + tid) * H + h];
+            dt_j = dt[(ck.m0 + tid) * H + h];
+            s_last = s[(ck.m0 + ck.last_row) * H + h];
+        }
+    };
+    auto put_weights = [&](int k, int buf) {
+        const Chunk ck = rows_of(k);
+        if (tid < kQ) {
+            sw[buf][tid] = tid >= ck.q ? 0.0f
+                           : mode == 0 ? expf(s_last - s_j) * dt_j
+                                       : expf(s_j);
+            if (tid == 0) sdecay[buf] = expf(s_last);
+        }
+    };
     const Share w = share();
-    Tile t;
-    t.zero();
-    const float* Xc = X + ck.m0 * ldx + h * P + p0;
-    const float* Yc = Y + ck.m0 * ldy + y_off + g * N + n0;
-    const int ldxi = (int)ldx, ldyi = (int)ldy;
-    // One tile of the whole chunk.
-    contract<StepMajor<kQ>, StepMajor<kQ>>(
-        1, sX, sY,
-        [&](int, int j, int pp) {
-            return j < ck.q && p0 + pp < P ? sw[j] * Xc[j * ldxi + pp] : 0.0f;
-        },
-        [&](int, int j, int nn) { return j < ck.q && n0 + nn < N ? Yc[j * ldyi + nn] : 0.0f; },
-        [&](int) { t.mma(sX + w.r0, 1, kKm, sY + w.c0, kKm, 1, (ck.q + 7) / 8); });
-    float* o = out + ((long long)bc * H + h) * P * N;
+    float carry[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int p = p0 + w.r0 + Tile::row(e), n = n0 + w.c0 + Tile::col(nt, e);
-            if (p < P && n < N) o[(long long)p * N + n] = t.acc[nt][e];
+        for (int e = 0; e < 4; ++e) carry[nt][e] = 0.0f;
+    stage(0, 0);
+    fetch_weights(0);
+    put_weights(0, 0);
+    for (int k = 0; k < nc; ++k) {
+        const int buf = k & 1;
+        const Chunk ck = rows_of(k);
+        cp_async_wait(0);
+        // Chunk k's tiles and weights are in place for every thread, and
+        // chunk k - 1's mma is done with the other buffer and weights.
+        __syncthreads();
+        if (k + 1 < nc) {
+            stage(k + 1, buf ^ 1);
+            fetch_weights(k + 1);
         }
+        const float* sX = tile_x(buf);
+        const float* sY = sX + kStateScanTile;
+        const float* wk = sw[buf];
+        Tile t;
+        t.zero();
+        t.mma_a([&](int r, int j) { return wk[j] * sX[j * kKm + w.r0 + r]; }, sY + w.c0, kKm,
+                1, (ck.q + 7) / 8);
+        const float decay = sdecay[buf];
+        float* o = out + ((long long)(b * nc + chunk_at(k)) * H + h) * P * N;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int p = p0 + w.r0 + Tile::row(e), n = n0 + w.c0 + Tile::col(nt, e);
+                if (p < P && n < N) o[(long long)p * N + n] = carry[nt][e];
+                carry[nt][e] = decay * carry[nt][e] + t.acc[nt][e];
+            }
+        if (k + 1 < nc) put_weights(k + 1, buf ^ 1);
+    }
 }
 
 // mamba_ssd_chunk_out on tensor cores (its arguments, then the group's

@@ -137,6 +137,12 @@ using Steps = StepMajor<kKt>;
 constexpr int kStage = kQ * kRm;
 static_assert(kStage == kKt * kKm, "the two staged layouts share one buffer");
 
+// mamba_ssd_state_scan_tc's staging: one step-major operand tile of a whole
+// chunk ([kQ steps][kKm]), and its dynamic shared memory, two buffers of
+// the X and Y tiles (SsdShape::STATE_SCAN_SMEM_BYTES on the host).
+constexpr int kStateScanTile = kQ * kKm;
+constexpr int kStateScanSmemFloats = 4 * kStateScanTile;
+
 // t += sum over the 32 steps of the tiles staged row-major in sA (rows) and
 // sB (columns): A(r, k) = sA[r][k], B(k, c) = sB[c][k].
 __device__ __forceinline__ void mma_rows(Tile& t, const Share& w, const float* sA,

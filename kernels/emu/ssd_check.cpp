@@ -28,7 +28,6 @@
 // outputs and the backward's Q x Q kernel, whose tensor-core kernels also
 // read each group's C B^T (mamba_ssd_cb_tc), made into the psum buffer as
 // the host does (bwd_psum overwrites it later).
-static const auto chunk_state = EMU_TC ? mamba_ssd_chunk_state_tc : mamba_ssd_chunk_state;
 static const auto bwd_dx = EMU_TC ? mamba_ssd_bwd_dx_tc : mamba_ssd_bwd_dx;
 static const auto bwd_dbc = EMU_TC ? mamba_ssd_bwd_dbc_tc : mamba_ssd_bwd_dbc;
 // tf32 operands carry 2^-11 relative rounding: a product's error is about
@@ -36,19 +35,22 @@ static const auto bwd_dbc = EMU_TC ? mamba_ssd_bwd_dbc_tc : mamba_ssd_bwd_dbc;
 static const double kTolFwd = EMU_TC ? 1e-3 : 2e-6;
 static const double kTolBwd = EMU_TC ? 2e-3 : 1e-5;
 
-struct Case { int b, t, h, p, n, g; };
+// pad: the conv output's columns past x, B and C (odd: rows unaligned, the
+// 4-byte staging; a multiple of 4: 16-byte rows, the vector staging).
+struct Case { int b, t, h, p, n, g, pad; };
 
 static unsigned blocks(long long n) { return (unsigned)((n + 255) / 256); }
 
 int main() {
-    const Case cases[] = {{2, 150, 4, 8, 20, 2}, {1, 64, 2, 72, 80, 1}, {1, 37, 3, 16, 16, 3},
-                          {3, 1, 2, 4, 8, 1},    {1, 129, 2, 64, 128, 1}};
+    const Case cases[] = {{2, 150, 4, 8, 20, 2, 3}, {1, 64, 2, 72, 80, 1, 3},
+                          {1, 37, 3, 16, 16, 3, 3}, {3, 1, 2, 4, 8, 1, 3},
+                          {1, 129, 2, 64, 128, 1, 3}, {2, 200, 2, 40, 72, 1, 4}};
     int fails = 0;
     unsigned seed = 7;
     for (const Case& c : cases) {
         const int B = c.b, T = c.t, H = c.h, P = c.p, N = c.n, G = c.g, hpg = H / G;
         const int E = H * P, M = B * T, nc = (T + kQ - 1) / kQ, nbc = B * nc;
-        const int b_off = E, c_off = E + G * N, ldu = E + 2 * G * N + 3, ldz = E + 5,
+        const int b_off = E, c_off = E + G * N, ldu = E + 2 * G * N + c.pad, ldz = E + 5,
                   ld_ddt = H + 2;
         std::mt19937_64 rng(seed++);
         auto uni = [&](double lo, double hi, size_t len) { return uniform_floats(rng, lo, hi, len); };
@@ -126,17 +128,27 @@ int main() {
         emu_launch({blocks((long long)nbc * H), 1, 1}, 256, 0, [&] {
             mamba_ssd_cumsum(fdt.data(), fal.data(), s.data(), T, H, nc, nbc);
         });
+        // The chunk states and their pass: two kernels of the SIMT set, one
+        // of the tensor-core set (a block per sequence, head and state tile).
         auto states = [&](std::vector<float>& out, const float* Xp, long long ldx, const float* Yp,
-                          int y_off, int mode, int reverse) {
+                          int y_off, int mode) {
+            if (EMU_TC) {
+                emu_launch({(unsigned)B, (unsigned)H, (unsigned)tiles_state}, kThreads,
+                           kStateScanSmemFloats, [&] {
+                    mamba_ssd_state_scan_tc(Xp, ldx, Yp, ldu, y_off, fdt.data(), s.data(),
+                                            out.data(), T, H, P, N, hpg, nc, mode);
+                });
+                return;
+            }
             emu_launch({(unsigned)nbc, (unsigned)H, (unsigned)tiles_state}, kThreads, 0, [&] {
-                chunk_state(Xp, ldx, Yp, ldu, y_off, fdt.data(), s.data(), out.data(), T,
+                mamba_ssd_chunk_state(Xp, ldx, Yp, ldu, y_off, fdt.data(), s.data(), out.data(), T,
                                       H, P, N, hpg, nc, mode);
             });
             emu_launch({blocks((long long)B * H * P * N), 1, 1}, 256, 0, [&] {
-                mamba_ssd_state_pass(out.data(), s.data(), T, H, (long long)P * N, nc, B, reverse);
+                mamba_ssd_state_pass(out.data(), s.data(), T, H, (long long)P * N, nc, B, mode);
             });
         };
-        states(st, fx.data(), ldu, fx.data(), b_off, 0, 0);
+        states(st, fx.data(), ldu, fx.data(), b_off, 0);
         std::vector<float> cbg(psum_len, nan);
         auto group_cb = [&] {
             emu_launch({(unsigned)nbc, (unsigned)G, 1}, kThreads, 0, [&] {
@@ -166,14 +178,8 @@ int main() {
             mamba_ssd_cumsum(fdt.data(), fal.data(), s2.data(), T, H, nc, nbc);
         });
         s = s2;
-        states(st2, fx.data(), ldu, fx.data(), b_off, 0, 0);
-        emu_launch({(unsigned)nbc, (unsigned)H, (unsigned)tiles_state}, kThreads, 0, [&] {
-            chunk_state(fdy.data(), E, fx.data(), ldu, c_off, fdt.data(), s.data(),
-                                  dst.data(), T, H, P, N, hpg, nc, 1);
-        });
-        emu_launch({blocks((long long)B * H * P * N), 1, 1}, 256, 0, [&] {
-            mamba_ssd_state_pass(dst.data(), s.data(), T, H, (long long)P * N, nc, B, 1);
-        });
+        states(st2, fx.data(), ldu, fx.data(), b_off, 0);
+        states(dst, fdy.data(), E, fx.data(), c_off, 1);
         cbg.assign(psum_len, nan);
         if (EMU_TC) group_cb();
         emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {

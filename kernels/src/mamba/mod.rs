@@ -50,6 +50,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use crate::device::load_module;
 use crate::error::KernelError;
+use ssd_shape::STATE_SCAN_SMEM_BYTES;
 
 pub use cast::{bf16_to_f32, f32_to_bf16_rne};
 pub use conv::MAX_CONV_WIDTH;
@@ -121,7 +122,7 @@ const SYMBOLS: [(usize, &str); 41] = [
     (3, "mamba_ssd_bwd_dbc"),
     (3, "mamba_ssd_bwd_dt"),
     (3, "mamba_ssd_dalog"),
-    (4, "mamba_ssd_chunk_state_tc"),
+    (4, "mamba_ssd_state_scan_tc"),
     (4, "mamba_ssd_chunk_out_tc"),
     (4, "mamba_ssd_bwd_qq_tc"),
     (4, "mamba_ssd_bwd_dx_tc"),
@@ -166,7 +167,7 @@ struct Functions {
     ssd_bwd_dbc: CudaFunction,
     ssd_bwd_dt: CudaFunction,
     ssd_dalog: CudaFunction,
-    ssd_chunk_state_tc: CudaFunction,
+    ssd_state_scan_tc: CudaFunction,
     ssd_chunk_out_tc: CudaFunction,
     ssd_bwd_qq_tc: CudaFunction,
     ssd_bwd_dx_tc: CudaFunction,
@@ -249,21 +250,27 @@ impl MambaKernels {
             ssd_bwd_dbc: next()?,
             ssd_bwd_dt: next()?,
             ssd_dalog: next()?,
-            ssd_chunk_state_tc: next()?,
+            ssd_state_scan_tc: next()?,
             ssd_chunk_out_tc: next()?,
             ssd_bwd_qq_tc: next()?,
             ssd_bwd_dx_tc: next()?,
             ssd_bwd_dbc_tc: next()?,
             ssd_cb_tc: next()?,
         };
-        // The scan kernels take their staging buffers as dynamic shared
-        // memory, above the 48 KiB a launch gets without opting in.
+        // The scan kernels and the SSD's state scan take their staging
+        // buffers as dynamic shared memory, above the 48 KiB a launch gets
+        // without opting in.
         let (fwd_smem, bwd_smem) = ScanShape::max_smem_bytes();
         for (func, bytes, symbol) in [
             (&f.scan_fwd, fwd_smem, "mamba_scan_fwd"),
             (&f.scan_bwd, bwd_smem, "mamba_scan_bwd"),
             (&f.scan_fwd_seg, fwd_smem, "mamba_scan_fwd_seg"),
             (&f.scan_bwd_seg, fwd_smem, "mamba_scan_bwd_seg"),
+            (
+                &f.ssd_state_scan_tc,
+                STATE_SCAN_SMEM_BYTES,
+                "mamba_ssd_state_scan_tc",
+            ),
         ] {
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

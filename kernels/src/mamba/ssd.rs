@@ -16,8 +16,9 @@
 //! The chunk products (the chunk states, the chunk outputs and the
 //! backward's Q x Q, d x and d B / d C kernels) come in two sets, chosen per
 //! call by [`SsdProducts`]: SIMT f32 (`mamba_ssd.cu`) and tf32 tensor cores
-//! (`mamba_ssd_tc.cu`, the same arguments and outputs). The kernels without
-//! a product are shared.
+//! (`mamba_ssd_tc.cu`, the same arguments and outputs; its chunk states are
+//! passed by the kernel that makes them, where the SIMT set stores them for
+//! the state pass). The kernels without a product are shared.
 //!
 //! The kernels' twin on the host is `kernels/emu/ssd_check.cpp` (the same
 //! sources compiled as C++ and checked against a sequential f64 recurrence,
@@ -33,8 +34,8 @@ use cudarc::driver::{CudaFunction, CudaStream, CudaView, CudaViewMut};
 
 use super::check;
 use super::launcher::{Arg, Grid, Launch};
-use super::ssd_products::Products;
-use super::ssd_shape::{STATE_TILE_N, STATE_TILE_P, THREADS};
+use super::ssd_products::{ChunkStates, Products};
+use super::ssd_shape::{STATE_SCAN_SMEM_BYTES, STATE_TILE_N, STATE_TILE_P, THREADS};
 use super::MambaKernels;
 use crate::error::KernelError;
 
@@ -102,9 +103,10 @@ impl MambaKernels {
         }
     }
 
-    /// `mamba_ssd_chunk_state` then `mamba_ssd_state_pass` into `out`:
-    /// mode 0 (`X = x`, `Y = B`, forward pass) or 1 (`X = dy`, `Y = C`,
-    /// reverse pass).
+    /// The entry states (mode 0: `X = x`, `Y = B`, forward pass) or their
+    /// gradients (mode 1: `X = dy`, `Y = C`, reverse pass) into `out`, by
+    /// the products' [`ChunkStates`]: `mamba_ssd_chunk_state` then
+    /// `mamba_ssd_state_pass`, or `mamba_ssd_state_scan_tc` alone.
     ///
     /// # Safety
     /// `x` must hold `[rows, inner]` at leading dimension `ldx`; `y` a
@@ -126,11 +128,23 @@ impl MambaKernels {
     ) -> Result<(), KernelError> {
         let (nbc, nc) = (shape.chunk_blocks(), shape.chunks());
         let tiles = shape.head_dim.div_ceil(STATE_TILE_P) * shape.d_state.div_ceil(STATE_TILE_N);
-        let launch = Launch {
-            kernel: products.chunk_state.0,
-            func: products.chunk_state.1,
-            grid: Grid::Dims(nbc, shape.heads, tiles),
-            block: THREADS,
+        let launch = match products.states {
+            ChunkStates::TwoPass((kernel, func)) => Launch {
+                kernel,
+                func,
+                grid: Grid::Dims(nbc, shape.heads, tiles),
+                block: THREADS,
+            },
+            ChunkStates::Scan((kernel, func)) => {
+                let mut cfg = check::grid(kernel, (shape.batch, shape.heads, tiles), THREADS)?;
+                cfg.shared_mem_bytes = STATE_SCAN_SMEM_BYTES as u32;
+                Launch {
+                    kernel,
+                    func,
+                    grid: Grid::Checked(cfg),
+                    block: THREADS,
+                }
+            }
         };
         let mut args = [
             Arg::In(x),
@@ -152,11 +166,17 @@ impl MambaKernels {
         // SAFETY: matches mamba_ssd_chunk_state(const float* X, long long
         // ldx, const float* Y, long long ldy, int y_off, const float* dt,
         // const float* s, float* out, int T, int H, int P, int N, int hpg,
-        // int nc, int mode); block (bc, h, tile) reads X and Y at its
-        // chunk's rows (columns h*P + p < inner, y_off + g*N + n), dt and s
-        // at [row, h], and writes out[bc][h][p][n] (p < P, n < N): the
-        // extents of this function's contract.
+        // int nc, int mode), whose signature mamba_ssd_state_scan_tc shares;
+        // block (bc, h, tile) of the one, or (b, h, tile) of the other for
+        // each chunk bc = b * nc + c in turn, reads X and Y at the chunk's
+        // rows (columns h*P + p < inner, y_off + g*N + n), dt and s at [row,
+        // h], and writes out[bc][h][p][n] (p < P, n < N): the extents of
+        // this function's contract. The scan's dynamic shared memory is the
+        // size its attribute was raised to when the module was loaded.
         unsafe { self.launch(stream, launch, &mut args)? };
+        if matches!(products.states, ChunkStates::Scan(_)) {
+            return Ok(());
+        }
         let pn = shape.head_dim * shape.d_state;
         let launch = Launch {
             kernel: "mamba_ssd_state_pass",

@@ -7,6 +7,8 @@
 use cudarc::driver::{CudaFunction, CudaStream, CudaViewMut};
 
 use super::launcher::{Arg, Grid, Launch};
+#[cfg(doc)]
+use super::ssd_shape::STATE_SCAN_SMEM_BYTES;
 use super::ssd_shape::{SsdInputs, SsdShape, THREADS};
 use super::MambaKernels;
 use crate::error::KernelError;
@@ -19,9 +21,9 @@ pub enum SsdProducts {
     F32,
     /// Tensor cores with operands rounded to tf32 and f32 accumulators
     /// (`mamba_ssd_tc.cu`): about 3e-4 relative, inside the tf32 and bf16
-    /// runs' tolerances; its kernels take 0.48x (bwd_dx) to 0.98x
-    /// (chunk_state) of the SIMT ones' time at the 130m shape
-    /// (docs/PERFORMANCE.md).
+    /// runs' tolerances; its kernels take 0.48x (bwd_dx) to 0.64x
+    /// (chunk_out) of the SIMT ones' time at the 130m shape, and its chunk
+    /// states are made and passed by one kernel (docs/PERFORMANCE.md).
     Tf32,
 }
 
@@ -35,11 +37,24 @@ pub enum SsdProducts {
 /// bwd_qq, its last reader).
 pub(super) struct Products<'a> {
     pub(super) cb: Option<(&'static str, &'a CudaFunction)>,
-    pub(super) chunk_state: (&'static str, &'a CudaFunction),
+    pub(super) states: ChunkStates<'a>,
     pub(super) chunk_out: (&'static str, &'a CudaFunction),
     pub(super) bwd_qq: (&'static str, &'a CudaFunction),
     pub(super) bwd_dx: (&'static str, &'a CudaFunction),
     pub(super) bwd_dbc: (&'static str, &'a CudaFunction),
+}
+
+/// How a set makes the entry states from the chunk states.
+pub(super) enum ChunkStates<'a> {
+    /// The chunk states into the output (`mamba_ssd_chunk_state`, grid
+    /// `(nbc, H, tiles)`), then the shared `mamba_ssd_state_pass` over
+    /// them in place.
+    TwoPass((&'static str, &'a CudaFunction)),
+    /// One kernel with chunk_state's arguments that makes each chunk's state
+    /// and passes it in registers (`mamba_ssd_state_scan_tc`: grid `(B, H,
+    /// tiles)`, [`STATE_SCAN_SMEM_BYTES`] of dynamic shared memory), writing
+    /// only the entry states.
+    Scan((&'static str, &'a CudaFunction)),
 }
 
 impl MambaKernels {
@@ -48,7 +63,7 @@ impl MambaKernels {
         match which {
             SsdProducts::F32 => Products {
                 cb: None,
-                chunk_state: ("mamba_ssd_chunk_state", &f.ssd_chunk_state),
+                states: ChunkStates::TwoPass(("mamba_ssd_chunk_state", &f.ssd_chunk_state)),
                 chunk_out: ("mamba_ssd_chunk_out", &f.ssd_chunk_out),
                 bwd_qq: ("mamba_ssd_bwd_qq", &f.ssd_bwd_qq),
                 bwd_dx: ("mamba_ssd_bwd_dx", &f.ssd_bwd_dx),
@@ -56,7 +71,7 @@ impl MambaKernels {
             },
             SsdProducts::Tf32 => Products {
                 cb: Some(("mamba_ssd_cb_tc", &f.ssd_cb_tc)),
-                chunk_state: ("mamba_ssd_chunk_state_tc", &f.ssd_chunk_state_tc),
+                states: ChunkStates::Scan(("mamba_ssd_state_scan_tc", &f.ssd_state_scan_tc)),
                 chunk_out: ("mamba_ssd_chunk_out_tc", &f.ssd_chunk_out_tc),
                 bwd_qq: ("mamba_ssd_bwd_qq_tc", &f.ssd_bwd_qq_tc),
                 bwd_dx: ("mamba_ssd_bwd_dx_tc", &f.ssd_bwd_dx_tc),

@@ -12,9 +12,14 @@ use crate::error::KernelError;
 pub const SSD_CHUNK: usize = 64;
 /// Threads of the per-chunk blocks (`kThreads`).
 pub(super) const THREADS: u32 = 256;
-/// chunk_state's tile: channels and states (`kSp`, `kSn`).
+/// The chunk states' tile (chunk_state's `kSp`, `kSn`; the state scan's
+/// 64 x 64): channels and states.
 pub(super) const STATE_TILE_P: usize = 64;
 pub(super) const STATE_TILE_N: usize = 64;
+/// Dynamic shared memory of `mamba_ssd_state_scan_tc`
+/// (`kStateScanSmemFloats` floats in `ssd_tc_tiles.cuh`): two buffers of
+/// its X and Y tiles, `SSD_CHUNK` steps of `SSD_CHUNK + 8` floats each.
+pub(super) const STATE_SCAN_SMEM_BYTES: usize = 4 * SSD_CHUNK * (SSD_CHUNK + 8) * 4;
 /// States per block of the dB / dC kernel (`kDn`).
 const DBC_TILE_N: usize = 64;
 
