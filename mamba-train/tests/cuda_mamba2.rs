@@ -15,10 +15,11 @@
 //!   with nothing written.
 //! - `cuda_f32_matches_the_cpu_f64_program`: logits, loss and every gradient
 //!   tensor by name against `Mamba2Model`'s f64 program on perturbed
-//!   parameters, over eight shapes (d_state 16, 64, 128, 32, 8, 16, 20,
-//!   128; T 37, 20, 1, 150, 33, 70, 130, 130, so one to three 64-token
-//!   chunks, ragged or not; one head; expand 1; conv 1..4; 2 and 4 groups
-//!   of B and C; heads of 64 channels and 128 states, the 130m shapes);
+//!   parameters, over nine shapes (d_state 16, 64, 128, 32, 8, 16, 20,
+//!   128, 200; T 37, 20, 1, 150, 33, 70, 130, 130, 150, so one to three
+//!   64-token chunks, ragged or not; one head; expand 1; conv 1..4; 2 and 4
+//!   groups of B and C; heads of 64 channels and 128 states, the 130m
+//!   shapes; four state tiles, the last partial, above Mamba-1's limit);
 //!   `loss_host` and `forward_backward_host` give one bit pattern.
 //! - `the_comparison_catches_one_head_moved`: one head's `A_log` moved by
 //!   0.2 in the parameters the GPU runs is flagged on that layer's `A_log`
@@ -35,9 +36,9 @@
 //!   over 4 changing batches (tokens, distinct tokens, counted targets) is
 //!   the eager pass's bits each time, in f32, bf16 and bf16 with recompute,
 //!   with 1 capture and 3 replays counted.
-//! - `groups_are_accepted_and_d_state_is_limited_to_128`: a model of 2
-//!   groups is made by both constructors; d_state 128 (the decoder scan's
-//!   limit) is accepted, 129 refused.
+//! - `groups_are_accepted_and_only_mamba1_limits_d_state`: a model of 2
+//!   groups is made by both constructors; Mamba-2 takes d_state 129 and
+//!   256, Mamba-1's scan refuses 129.
 //!
 //! Tolerances, relative L2 `||gpu - ref|| / ||ref||` against the CPU f64
 //! program, per quantity: `max(floor, 8 x` the CPU f32 model's own error on
@@ -168,6 +169,12 @@ fn cases() -> Vec<(&'static str, ModelConfig, usize, usize)> {
             m2(30, 128, 1, 128, 4, 64, 64),
             1,
             130,
+        ),
+        (
+            "2 heads of 16, d_state 200 (four state tiles), T 150",
+            m2(30, 16, 1, 200, 4, 16, 16),
+            2,
+            150,
         ),
     ]
 }
@@ -525,8 +532,8 @@ fn the_comparison_catches_one_head_moved() {
 fn tf32_and_bf16_are_within_their_tolerances_and_really_change_the_gemms() {
     let mut misses = Vec::new();
     for (i, (label, cfg, nseq, l)) in cases().into_iter().enumerate() {
-        if !matches!(i, 0 | 1 | 3) {
-            continue; // T 37, d_state 64, 300 rows
+        if !matches!(i, 0 | 1 | 3 | 8) {
+            continue; // T 37, d_state 64, 300 rows, d_state 200
         }
         let Some(mut g) = gpu(&cfg, Precision::F32) else {
             return;
@@ -693,7 +700,7 @@ fn graph_replays_give_the_eager_bits() {
 }
 
 #[test]
-fn groups_are_accepted_and_d_state_is_limited_to_128() {
+fn groups_are_accepted_and_only_mamba1_limits_d_state() {
     if skip() {
         return;
     }
@@ -703,11 +710,17 @@ fn groups_are_accepted_and_d_state_is_limited_to_128() {
     CudaModel::new(cfg.clone(), 0).expect("2 groups on the default stream");
     CudaModel::with_stream_in(cfg, Precision::Bf16, ctx.new_stream().unwrap())
         .expect("2 groups in bf16 on a stream");
-    // The state limit (the decoder's scan step): 128 (Mamba-2's default) is
-    // accepted.
-    assert!(CudaModel::new(m2(40, 16, 1, 128, 4, 8, 8), 0).is_ok());
-    let e = CudaModel::new(m2(40, 16, 1, 129, 4, 8, 8), 0)
+    // The SSD kernels tile any d_state and the decoder walks it: above
+    // Mamba-1's scan limit is accepted for Mamba-2 ...
+    let over = kernels::mamba::MAX_D_STATE + 1;
+    assert!(CudaModel::new(m2(40, 16, 1, over, 4, 8, 8), 0).is_ok());
+    assert!(CudaModel::new(m2(40, 16, 1, 256, 4, 8, 8), 0).is_ok());
+    // ... and refused for Mamba-1, whose scan holds a channel's states in
+    // one warp's lanes.
+    let mut m1 = ModelConfig::new(40, 16, 1);
+    m1.d_state = over;
+    let e = CudaModel::new(m1, 0)
         .err()
-        .expect("d_state 129");
+        .expect("Mamba-1 d_state over the limit");
     assert!(e.to_string().contains("d_state"), "{e}");
 }

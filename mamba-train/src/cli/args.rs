@@ -165,9 +165,9 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub layers: Option<usize>,
     /// State size: per channel (Mamba-1) or per head (Mamba-2), config.json's
-    /// d_state; --device cuda takes at most 128 [default: 16; --arch mamba2:
-    /// 128; with --resume or --init-from, the checkpoint's, which the flag,
-    /// if given, must equal].
+    /// d_state; --device cuda takes at most 128 for --arch mamba1 [default:
+    /// 16; --arch mamba2: 128; with --resume or --init-from, the
+    /// checkpoint's, which the flag, if given, must equal].
     #[arg(long, value_name = "N")]
     pub d_state: Option<usize>,
     /// --arch mamba2: channels per head; must divide the inner width 2 x
@@ -525,6 +525,43 @@ mod tests {
             panic!("not a train command")
         };
         assert_eq!(a.contract, Some(ReduceContract::FixedTree));
+    }
+
+    #[test]
+    fn the_cuda_d_state_limit_is_mamba1_s_alone() {
+        let check = |extra: &[&str]| {
+            let mut argv = vec!["mamba-train", "train", "--device", "cuda"];
+            argv.extend_from_slice(extra);
+            let Ok(Command::Train(a)) = Cli::try_parse_from(argv).map(|c| c.command) else {
+                panic!("not a train command: {extra:?}")
+            };
+            crate::cli::run::check_arch_device(&a).map_err(|e| e.to_string())
+        };
+        let most = kernels::mamba::MAX_D_STATE.to_string();
+        let over = (kernels::mamba::MAX_D_STATE + 1).to_string();
+        assert!(check(&["--d-state", &most]).is_ok());
+        for refused in [
+            vec!["--d-state", over.as_str()],
+            vec!["--arch", "mamba1", "--d-state", over.as_str()],
+        ] {
+            let e = check(&refused).unwrap_err();
+            assert!(
+                e.contains(&format!("--d-state {over}")) && e.contains("--arch mamba2"),
+                "{e}"
+            );
+        }
+        assert!(check(&["--arch", "mamba2", "--d-state", "256"]).is_ok());
+        // A checkpoint's architecture is not known here: the model decides.
+        assert!(check(&["--resume", "runs/x", "--d-state", &over]).is_ok());
+        // The CPU has no such limit.
+        let a = match Cli::try_parse_from(["mamba-train", "train", "--d-state", "512"]) {
+            Ok(Cli {
+                command: Command::Train(a),
+                ..
+            }) => a,
+            _ => panic!("not a train command"),
+        };
+        assert!(crate::cli::run::check_arch_device(&a).is_ok());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use mamba_comm::bootstrap::{detect, overrides, ProcessEnv, WorldPlace};
 use mamba_comm::supervisor::{start_world, Role, SpawnOptions};
 
 use super::arch::cpu_model;
-use super::args::{Device, TrainArgs};
+use super::args::{CliArch, Device, TrainArgs};
 use super::context::RankContext;
 use super::drive::drive;
 use super::plan::{plan_run, read_state, EnvRun};
@@ -194,17 +194,25 @@ pub fn check_cuda_only_flags(args: &TrainArgs) -> Result<()> {
     }
 }
 
-/// A `--d-state` above the CUDA scan's limit on `--device cuda` is refused
-/// before anything starts, naming the flag.
+/// A `--d-state` above the CUDA Mamba-1 scan's limit on `--device cuda` is
+/// refused before anything starts, naming the flag (Mamba-2 takes any
+/// d_state). Without `--arch`, the run is Mamba-1 unless it continues a
+/// checkpoint, whose architecture is not known yet: the model's own check
+/// then refuses a Mamba-1 one.
 pub fn check_arch_device(args: &TrainArgs) -> Result<()> {
     if args.device != Device::Cuda {
         return Ok(());
     }
+    let mamba1 = match args.arch {
+        Some(CliArch::Mamba1) => true,
+        Some(CliArch::Mamba2) => false,
+        None => args.resume.is_none() && args.init_from.is_none(),
+    };
     let most = kernels::mamba::MAX_D_STATE;
-    if let Some(n) = args.d_state.filter(|&n| n > most) {
+    if let Some(n) = args.d_state.filter(|&n| mamba1 && n > most) {
         return Err(TrainError::Config(format!(
-            "--d-state {n}: --device cuda takes at most {most} (the CUDA scan's limit); use a \
-             smaller --d-state or --device cpu"
+            "--d-state {n}: --device cuda takes at most {most} for --arch mamba1 (its scan's \
+             limit); use a smaller --d-state, --arch mamba2 or --device cpu"
         )));
     }
     Ok(())

@@ -186,9 +186,12 @@ impl CudaModel {
         stream: Arc<CudaStream>,
     ) -> Result<Self> {
         cfg.validate()?;
-        if cfg.d_state > MAX_D_STATE {
+        // Mamba-1's selective scan holds a channel's states in one warp's
+        // lanes; Mamba-2's SSD kernels tile any d_state, and the decoder's
+        // scan step walks it.
+        if cfg.arch.is_mamba1() && cfg.d_state > MAX_D_STATE {
             return Err(TrainError::Config(format!(
-                "d_state {} is above the CUDA scan's limit of {MAX_D_STATE}",
+                "d_state {} is above the CUDA Mamba-1 scan's limit of {MAX_D_STATE}",
                 cfg.d_state
             )));
         }
