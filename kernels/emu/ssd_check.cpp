@@ -3,8 +3,8 @@
 // equations (y_t = H_t C_t + D x_t, H_t = exp(dt_t A) H_{t-1} + dt_t x_t
 // B_t^T, and its reverse-mode gradient through time), over shapes that
 // cover ragged and single chunks, several chunks, channel and state tiles
-// past one, groups of one and several heads, and padded leading
-// dimensions. The launches are the host's (kernels/src/mamba/ssd.rs), in
+// past one (up to four, at d_state 200), groups of one and several heads,
+// and padded leading dimensions (rows unaligned, and 16-byte rows). The launches are the host's (kernels/src/mamba/ssd.rs), in
 // its order. EMU_NEGATIVE=1 feeds the kernels one wrong dt (the oracle keeps
 // the right one): the check must then fail. EMU_TC=1 runs the tensor-core
 // kernels (mamba_ssd_tc.cu, tf32 operands) where they replace the SIMT ones,
@@ -44,7 +44,8 @@ static unsigned blocks(long long n) { return (unsigned)((n + 255) / 256); }
 int main() {
     const Case cases[] = {{2, 150, 4, 8, 20, 2, 3}, {1, 64, 2, 72, 80, 1, 3},
                           {1, 37, 3, 16, 16, 3, 3}, {3, 1, 2, 4, 8, 1, 3},
-                          {1, 129, 2, 64, 128, 1, 3}, {2, 200, 2, 40, 72, 1, 4}};
+                          {1, 129, 2, 64, 128, 1, 3}, {2, 200, 2, 40, 72, 1, 4},
+                          {1, 70, 2, 16, 200, 1, 4}};
     int fails = 0;
     unsigned seed = 7;
     for (const Case& c : cases) {

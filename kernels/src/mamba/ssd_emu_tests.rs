@@ -32,7 +32,7 @@ fn check(tc: usize) {
     println!("{text}");
     assert!(ok && text.contains("all within tolerance"), "{text}");
     // Every shape ran (a crash or an early exit would print fewer lines).
-    assert_eq!(text.matches(" bits ").count(), 6, "{text}");
+    assert_eq!(text.matches(" bits ").count(), 7, "{text}");
     // Negative control: one wrong dt fed to the kernels must be caught.
     let (ok, text) = run(1);
     assert!(
