@@ -206,8 +206,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
 
 // mamba_ssd_chunk_out on tensor cores (its arguments, then the group's
 // C B^T from mamba_ssd_cb_tc; the same outputs): per 64 channels, y = M x +
-// (exp(s_i) C_i) H^T, accumulated in that order, plus D x. grid (nbc, H),
-// block kThreads.
+// (exp(s_i) C_i) H^T, accumulated in that order (M x over 32-token tiles,
+// the state product over 32-state steps, each ascending), plus D x. grid
+// (nbc, H), block kThreads, kChunkOutSmemFloats of dynamic shared memory.
+//
+// Staging: the chunk's x tile (step-major) and the C and H tiles of 64
+// states (row-major, two buffers) arrive by cp.async, issued before the
+// weights M are made, so the block's loads are in flight together; the
+// next state tile's while the current one's mma runs. exp(s_i) scales C as
+// the mma reads it (the product a staged operand would hold), and D x reads
+// the staged x: the register-staged kernel's values and order, so its bits.
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
     mamba_ssd_chunk_out_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                            const float* __restrict__ dt, const float* __restrict__ s,
@@ -215,19 +223,86 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
                            const float* __restrict__ z, long long ldz, float* __restrict__ y,
                            float* __restrict__ gate, int T, int H, int P, int N, int hpg,
                            int nc, const float* __restrict__ cbg) {
+#ifdef MAMBA_CUDA_EMU
+    float* smem = EMU_SMEM;
+#else
+    extern __shared__ __align__(16) float smem[];
+#endif
     // sM's stride of 68 puts a fragment's rows g and steps t in banks 4 g + t.
     constexpr int kMs = kQ + 4;
-    __shared__ float sA[kStage], sB[kStage];
     __shared__ float sM[kQ * kMs];
     __shared__ float ss[kQ], sdt[kQ], ses[kQ];
+    float* const sX = smem;
+    auto sC = [&](int buf) { return smem + kStateScanTile + buf * 2 * kOutStateTile; };
+    auto sH = [&](int buf) { return sC(buf) + kOutStateTile; };
     const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
     const Chunk ck = chunk_of(bc, nc, T);
     const int tid = threadIdx.x;
     const long long E = (long long)H * P;
-    stage_s_dt(s, dt, ck, H, h, ss, sdt);
     const float* rows = xbc + ck.m0 * ldu;
     const float* Cr = rows + c_off + g * N;
-    const int ldi = (int)ldu;
+    const float* hst = st + ((long long)bc * H + h) * P * N;
+    const bool vec = ((reinterpret_cast<unsigned long long>(xbc) |
+                       reinterpret_cast<unsigned long long>(st)) & 15) == 0 &&
+                     ((ldu | P | N | c_off) & 3) == 0;
+    // Elements (r, c) of a 64 x 64 tile, r < kQ, c < 64: vectors of four
+    // along c (vec) or single floats, `copy(r, c, width)` for each.
+    auto tile_elems = [&](auto copy) {
+        if (vec) {
+#pragma unroll
+            for (int i = 0; i < kQ * kQ / 4 / kThreads; ++i) {
+                const int idx = tid + i * kThreads;
+                copy(idx / (kQ / 4), 4 * (idx % (kQ / 4)), 4);
+            }
+        } else {
+#pragma unroll 4
+            for (int i = 0; i < kQ * kQ / kThreads; ++i) {
+                const int idx = tid + i * kThreads;
+                copy(idx / kQ, idx % kQ, 1);
+            }
+        }
+    };
+    // One width-wide piece of a tile: copied when inside, else zeros.
+    auto piece = [](float* dst, const float* src, bool inside, int width) {
+        if (width == 4) {
+            if (inside) {
+                cp_async16(dst, src);
+            } else {
+                *reinterpret_cast<float4*>(dst) = float4{0.0f, 0.0f, 0.0f, 0.0f};
+            }
+        } else if (inside) {
+            cp_async4(dst, src);
+        } else {
+            *dst = 0.0f;
+        }
+    };
+    // x of channels p0.. (step-major [j][kKm]) and the state tile nt of C
+    // (rows i, [i][kOutLd]) and H (rows p, [p][kOutLd]) into buffer buf.
+    auto stage_x = [&](int p0) {
+        tile_elems([&](int j, int c, int width) {
+            piece(sX + j * kKm + c, rows + j * ldu + h * P + p0 + c, j < ck.q && p0 + c < P,
+                  width);
+        });
+        cp_async_commit();
+    };
+    auto stage_state = [&](int p0, int nt, int buf) {
+        const int n0 = nt * kQ;
+        float *dC = sC(buf), *dH = sH(buf);
+        tile_elems([&](int r, int c, int width) {
+            const bool in_n = n0 + c < N;
+            piece(dC + r * kOutLd + c, Cr + r * ldu + n0 + c, r < ck.q && in_n, width);
+            piece(dH + r * kOutLd + c, hst + (long long)(p0 + r) * N + n0 + c,
+                  p0 + r < P && in_n, width);
+        });
+        cp_async_commit();
+    };
+    const int ntn = (N + kQ - 1) / kQ;
+    // The 8-step mma steps of the state product: those of its 32-state
+    // tiles, so no more steps of zeros run than the register-staged kernel's.
+    const int state_steps = 4 * ((N + kKt - 1) / kKt);
+    stage_x(0);
+    stage_state(0, 0, 0);
+    stage_s_dt(s, dt, ck, H, h, ss, sdt);
     const Share w = share();
     Tile t;
     load_cb(t, w, cbg + ((long long)bc * (H / hpg) + g) * kQ * kQ);
@@ -241,25 +316,38 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
         }
     if (tid < kQ) ses[tid] = tid < ck.q ? expf(ss[tid]) : 0.0f;
     const float dh = dpar[h];
-    const float* hst = st + ((long long)bc * H + h) * P * N;
     for (int p0 = 0; p0 < P; p0 += kQ) {
-        const float* xh = rows + h * P + p0;
+        if (p0 > 0) {
+            __syncthreads();  // the previous channels' reads of sX and the buffers
+            stage_x(p0);
+            stage_state(p0, 0, 0);
+        }
         t.zero();
-        // M x over j, 32 at a time; a warp skips the tiles past its last
-        // row (M is zero above the diagonal).
-        contract<Steps>(
-            (ck.q + kKt - 1) / kKt, sB,
-            [&](int k, int kk, int pp) {
-                const int j = k * kKt + kk;
-                return j < ck.q && p0 + pp < P ? xh[j * ldi + pp] : 0.0f;
-            },
-            [&](int k) {
-                const int j0 = k * kKt;
-                if (j0 <= w.r0 + 15) {
-                    t.mma(sM + w.r0 * kMs + j0, kMs, 1, sB + w.c0, kKm, 1, kKt / 8);
+        for (int nt = 0; nt < ntn; ++nt) {
+            if (nt + 1 < ntn) {
+                // Buffer (nt + 1) & 1's last reader was tile nt - 1's mma.
+                if (nt > 0) __syncthreads();
+                stage_state(p0, nt + 1, (nt + 1) & 1);
+                cp_async_wait(1);
+            } else {
+                cp_async_wait(0);
+            }
+            __syncthreads();  // x (and sM, ses) and state tile nt landed for all
+            if (nt == 0) {
+                // M x over j, 32 at a time; a warp skips the tiles past its
+                // last row (M is zero above the diagonal).
+                for (int j0 = 0; j0 < ck.q; j0 += kKt) {
+                    if (j0 <= w.r0 + 15) {
+                        t.mma(sM + w.r0 * kMs + j0, kMs, 1, sX + j0 * kKm + w.c0, kKm, 1,
+                              kKt / 8);
+                    }
                 }
-            });
-        state_product(t, w, Cr, ldi, ses, ck.q, hst, p0, P, N, sA, sB);
+            }
+            const float* cb_ = sC(nt & 1) + w.r0 * kOutLd;
+            const float* es = ses + w.r0;
+            t.mma_a([&](int r, int k) { return es[r] * cb_[r * kOutLd + k]; },
+                    sH(nt & 1) + w.c0 * kOutLd, 1, kOutLd, min(8, state_steps - 8 * nt));
+        }
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -268,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
                 if (i >= ck.q || p0 + pp >= P) continue;
                 const long long r = ck.m0 + i;
                 const long long col = (long long)h * P + p0 + pp;
-                const float yv = t.acc[nt][e] + dh * rows[i * ldu + col];
+                const float yv = t.acc[nt][e] + dh * sX[i * kKm + pp];
                 y[r * E + col] = yv;
                 gate[r * E + col] = gate_out(yv, z[r * ldz + col]);
             }

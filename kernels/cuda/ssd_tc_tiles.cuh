@@ -143,6 +143,14 @@ static_assert(kStage == kKt * kKm, "the two staged layouts share one buffer");
 constexpr int kStateScanTile = kQ * kKm;
 constexpr int kStateScanSmemFloats = 4 * kStateScanTile;
 
+// mamba_ssd_chunk_out_tc's staging: the x tile (step-major, kStateScanTile
+// floats), then two buffers of a C tile and an H tile of 64 states each,
+// row-major with stride kOutLd (banks 4 g + t of a fragment read)
+// (SsdShape::CHUNK_OUT_SMEM_BYTES on the host).
+constexpr int kOutLd = kQ + 4;
+constexpr int kOutStateTile = kQ * kOutLd;
+constexpr int kChunkOutSmemFloats = kStateScanTile + 4 * kOutStateTile;
+
 // t += sum over the 32 steps of the tiles staged row-major in sA (rows) and
 // sB (columns): A(r, k) = sA[r][k], B(k, c) = sB[c][k].
 __device__ __forceinline__ void mma_rows(Tile& t, const Share& w, const float* sA,

@@ -238,10 +238,13 @@ impl MambaKernels {
         let cum = scratch.cum.as_view();
         let states = scratch.states.as_view();
         let group_cb = scratch.chunk_psum.as_view();
+        let (kernel, func) = products.chunk_out;
+        let mut cfg = check::grid(kernel, (shape.chunk_blocks(), shape.heads, 1), THREADS)?;
+        cfg.shared_mem_bytes = products.chunk_out_smem;
         let launch = Launch {
-            kernel: products.chunk_out.0,
-            func: products.chunk_out.1,
-            grid: Grid::Dims(shape.chunk_blocks(), shape.heads, 1),
+            kernel,
+            func,
+            grid: Grid::Checked(cfg),
             block: THREADS,
         };
         let mut args = [
@@ -274,7 +277,9 @@ impl MambaKernels {
         // nc); block (bc, h) reads its chunk's rows of xbc (columns <
         // conv_channels), dt / s at [row, h], D[h], its state
         // st[bc][h][P][N], z at [row, h*P + p], and writes y / gate there:
-        // all checked above.
+        // all checked above. Its dynamic shared memory (none for the SIMT
+        // kernel) is the size the tensor-core kernel's attribute was raised
+        // to when the module was loaded.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
