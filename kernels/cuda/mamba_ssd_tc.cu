@@ -192,13 +192,23 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
                 1, (ck.q + 7) / 8);
         const float decay = sdecay[buf];
         float* o = out + ((long long)(b * nc + chunk_at(k)) * H + h) * P * N;
+        // A fragment's elements e and e + 1 are adjacent states (n even):
+        // one 8-byte store when both exist and N is even (the pair then
+        // starts 8-byte aligned), so each 32-byte sector is written whole.
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
+            for (int e = 0; e < 4; e += 2) {
                 const int p = p0 + w.r0 + Tile::row(e), n = n0 + w.c0 + Tile::col(nt, e);
-                if (p < P && n < N) o[(long long)p * N + n] = carry[nt][e];
+                float* on = o + (long long)p * N + n;
+                if (p < P && n + 1 < N && (N & 1) == 0) {
+                    *reinterpret_cast<float2*>(on) = float2{carry[nt][e], carry[nt][e + 1]};
+                } else if (p < P) {
+                    if (n < N) on[0] = carry[nt][e];
+                    if (n + 1 < N) on[1] = carry[nt][e + 1];
+                }
                 carry[nt][e] = decay * carry[nt][e] + t.acc[nt][e];
+                carry[nt][e + 1] = decay * carry[nt][e + 1] + t.acc[nt][e + 1];
             }
         if (k + 1 < nc) put_weights(k + 1, buf ^ 1);
     }
