@@ -107,39 +107,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
         float* dY = dX + kStateScanTile;
         const float* Xc = X + ck.m0 * ldx + h * P + p0;
         const float* Yc = Y + ck.m0 * ldy + y_off + g * N + n0;
-        if (vec) {
-#pragma unroll
-            for (int i = 0; i < kQ * kQ / 4 / kThreads; ++i) {
-                const int idx = tid + i * kThreads, j = idx / (kQ / 4), c = 4 * (idx % (kQ / 4));
-                const bool row = j < ck.q;
-                if (row && p0 + c < P) {
-                    cp_async16(dX + j * kKm + c, Xc + j * ldx + c);
-                } else {
-                    *reinterpret_cast<float4*>(dX + j * kKm + c) = float4{0.0f, 0.0f, 0.0f, 0.0f};
-                }
-                if (row && n0 + c < N) {
-                    cp_async16(dY + j * kKm + c, Yc + j * ldy + c);
-                } else {
-                    *reinterpret_cast<float4*>(dY + j * kKm + c) = float4{0.0f, 0.0f, 0.0f, 0.0f};
-                }
-            }
-        } else {
-#pragma unroll 4
-            for (int i = 0; i < kQ * kQ / kThreads; ++i) {
-                const int idx = tid + i * kThreads, j = idx / kQ, c = idx % kQ;
-                const bool row = j < ck.q;
-                if (row && p0 + c < P) {
-                    cp_async4(dX + j * kKm + c, Xc + j * ldx + c);
-                } else {
-                    dX[j * kKm + c] = 0.0f;
-                }
-                if (row && n0 + c < N) {
-                    cp_async4(dY + j * kKm + c, Yc + j * ldy + c);
-                } else {
-                    dY[j * kKm + c] = 0.0f;
-                }
-            }
-        }
+        tile_pieces(vec, [&](int j, int c, int width) {
+            const bool row = j < ck.q;
+            cp_async_piece(dX + j * kKm + c, Xc + j * ldx + c, row && p0 + c < P, width);
+            cp_async_piece(dY + j * kKm + c, Yc + j * ldy + c, row && n0 + c < N, width);
+        });
         cp_async_commit();
     };
     // Chunk k's weights and decay (threads j < kQ): loaded when its tiles
@@ -218,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
 // C B^T from mamba_ssd_cb_tc; the same outputs): per 64 channels, y = M x +
 // (exp(s_i) C_i) H^T, accumulated in that order (M x over 32-token tiles,
 // the state product over 32-state steps, each ascending), plus D x. grid
-// (nbc, H), block kThreads, kChunkOutSmemFloats of dynamic shared memory.
+// (nbc, H), block kThreads, kStagedSmemFloats of dynamic shared memory.
 //
 // Staging: the chunk's x tile (step-major) and the C and H tiles of 64
 // states (row-major, two buffers) arrive by cp.async, issued before the
@@ -255,42 +227,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     const bool vec = ((reinterpret_cast<unsigned long long>(xbc) |
                        reinterpret_cast<unsigned long long>(st)) & 15) == 0 &&
                      ((ldu | P | N | c_off) & 3) == 0;
-    // Elements (r, c) of a 64 x 64 tile, r < kQ, c < 64: vectors of four
-    // along c (vec) or single floats, `copy(r, c, width)` for each.
-    auto tile_elems = [&](auto copy) {
-        if (vec) {
-#pragma unroll
-            for (int i = 0; i < kQ * kQ / 4 / kThreads; ++i) {
-                const int idx = tid + i * kThreads;
-                copy(idx / (kQ / 4), 4 * (idx % (kQ / 4)), 4);
-            }
-        } else {
-#pragma unroll 4
-            for (int i = 0; i < kQ * kQ / kThreads; ++i) {
-                const int idx = tid + i * kThreads;
-                copy(idx / kQ, idx % kQ, 1);
-            }
-        }
-    };
-    // One width-wide piece of a tile: copied when inside, else zeros.
-    auto piece = [](float* dst, const float* src, bool inside, int width) {
-        if (width == 4) {
-            if (inside) {
-                cp_async16(dst, src);
-            } else {
-                *reinterpret_cast<float4*>(dst) = float4{0.0f, 0.0f, 0.0f, 0.0f};
-            }
-        } else if (inside) {
-            cp_async4(dst, src);
-        } else {
-            *dst = 0.0f;
-        }
-    };
     // x of channels p0.. (step-major [j][kKm]) and the state tile nt of C
     // (rows i, [i][kOutLd]) and H (rows p, [p][kOutLd]) into buffer buf.
     auto stage_x = [&](int p0) {
-        tile_elems([&](int j, int c, int width) {
-            piece(sX + j * kKm + c, rows + j * ldu + h * P + p0 + c, j < ck.q && p0 + c < P,
+        tile_pieces(vec, [&](int j, int c, int width) {
+            cp_async_piece(sX + j * kKm + c, rows + j * ldu + h * P + p0 + c, j < ck.q && p0 + c < P,
                   width);
         });
         cp_async_commit();
@@ -298,10 +239,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     auto stage_state = [&](int p0, int nt, int buf) {
         const int n0 = nt * kQ;
         float *dC = sC(buf), *dH = sH(buf);
-        tile_elems([&](int r, int c, int width) {
+        tile_pieces(vec, [&](int r, int c, int width) {
             const bool in_n = n0 + c < N;
-            piece(dC + r * kOutLd + c, Cr + r * ldu + n0 + c, r < ck.q && in_n, width);
-            piece(dH + r * kOutLd + c, hst + (long long)(p0 + r) * N + n0 + c,
+            cp_async_piece(dC + r * kOutLd + c, Cr + r * ldu + n0 + c, r < ck.q && in_n, width);
+            cp_async_piece(dH + r * kOutLd + c, hst + (long long)(p0 + r) * N + n0 + c,
                   p0 + r < P && in_n, width);
         });
         cp_async_commit();
@@ -450,7 +391,14 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 // (dotted with x: rst), then dx = (e_j sb) + M^T dy + D dy, the M^T dy
 // steps accumulated onto the scaled sb. The per-row dots: each lane's
 // serial sum over its columns, a butterfly over the 4 lanes of a row's
-// quad, then the two column halves in order. grid (nbc, H), block kThreads.
+// quad, then the two column halves in order. grid (nbc, H), block kThreads,
+// kStagedSmemFloats of dynamic shared memory.
+//
+// Staging (chunk_out_tc's): M and the dy tile, then the two products' state
+// tiles of 64 (C with H, then B with dS, row-major, two buffers) arrive by
+// cp.async, the next tile in flight while the current one's mma runs; the
+// dots and D dy read the staged dy. The sums and their order are the
+// register-staged kernel's (32-state mma steps, 32-row tiles of M^T dy).
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
     mamba_ssd_bwd_dx_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                         const float* __restrict__ dt, const float* __restrict__ s,
@@ -459,81 +407,129 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
                         const float* __restrict__ dst, float* __restrict__ dxbc,
                         long long lddx, float* __restrict__ rst, float* __restrict__ o_row,
                         float* __restrict__ dsh, int T, int H, int P, int N, int hpg, int nc) {
-    __shared__ float sA[kStage], sB[kStage];
-    __shared__ float sM[kQ * kKm];  // M[i][j]: read as A(j, i), step-major
+#ifdef MAMBA_CUDA_EMU
+    float* smem = EMU_SMEM;
+#else
+    extern __shared__ __align__(16) float smem[];
+#endif
+    __shared__ __align__(16) float sM[kQ * kKm];  // M[i][j]: read as A(j, i), step-major
     __shared__ float ss[kQ], sdt[kQ], se[kQ];
     __shared__ float sdot[2][2][kQ];  // [rst / o_row][column half][row]
     __shared__ float sred[kThreads / 32];
+    float* const sDy = smem;  // dy of the channels p0.., step-major [i][kKm]
+    auto sA = [&](int buf) { return smem + kStateScanTile + buf * 2 * kOutStateTile; };
+    auto sB = [&](int buf) { return sA(buf) + kOutStateTile; };
     const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
     const Chunk ck = chunk_of(bc, nc, T);
     const int tid = threadIdx.x;
     const long long E = (long long)H * P;
-    stage_s_dt(s, dt, ck, H, h, ss, sdt);
-    const float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
-    for (int idx = tid; idx < kQ * kQ; idx += kThreads) sM[(idx / kQ) * kKm + idx % kQ] = mq[idx];
-    __syncthreads();
-    if (tid < kQ) se[tid] = tid < ck.q ? expf(ss[ck.last_row] - ss[tid]) * sdt[tid] : 0.0f;
     const float* rows = xbc + ck.m0 * ldu;
     const float* dyr = dy + ck.m0 * E + (long long)h * P;
     const float* ds = dst + ((long long)bc * H + h) * P * N;
     const float* hst = st + ((long long)bc * H + h) * P * N;
+    const float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
+    const bool vec = ((reinterpret_cast<unsigned long long>(xbc) |
+                       reinterpret_cast<unsigned long long>(dy) |
+                       reinterpret_cast<unsigned long long>(Mq) |
+                       reinterpret_cast<unsigned long long>(st) |
+                       reinterpret_cast<unsigned long long>(dst)) & 15) == 0 &&
+                     ((ldu | P | N | b_off | c_off) & 3) == 0;
+    // M (every step of it, the first tile only) and dy of the channels p0..
+    auto stage_dy = [&](int p0) {
+        tile_pieces(vec, [&](int r, int c, int width) {
+            if (p0 == 0) cp_async_piece(sM + r * kKm + c, mq + r * kQ + c, true, width);
+            cp_async_piece(sDy + r * kKm + c, dyr + r * E + p0 + c, r < ck.q && p0 + c < P,
+                           width);
+        });
+        cp_async_commit();
+    };
+    // State tile k of the two products: k < ntn the (C, H) tile k, else the
+    // (B, dS) tile k - ntn; A rows i / j of the chunk, B rows p0 + p.
+    const int ntn = (N + kQ - 1) / kQ;
+    auto stage_state = [&](int p0, int k, int buf) {
+        const bool first = k < ntn;
+        const int n0 = (first ? k : k - ntn) * kQ;
+        const float* Ar = rows + (first ? c_off : b_off) + g * N + n0;
+        const float* Br = (first ? hst : ds) + n0;
+        float *dA = sA(buf), *dB = sB(buf);
+        tile_pieces(vec, [&](int r, int c, int width) {
+            const bool in_n = n0 + c < N;
+            cp_async_piece(dA + r * kOutLd + c, Ar + r * ldu + c, r < ck.q && in_n, width);
+            cp_async_piece(dB + r * kOutLd + c, Br + (long long)(p0 + r) * N + c,
+                           p0 + r < P && in_n, width);
+        });
+        cp_async_commit();
+    };
+    const int state_steps = 4 * ((N + kKt - 1) / kKt);
+    stage_dy(0);
+    stage_state(0, 0, 0);
+    stage_s_dt(s, dt, ck, H, h, ss, sdt);
+    __syncthreads();
+    if (tid < kQ) se[tid] = tid < ck.q ? expf(ss[ck.last_row] - ss[tid]) * sdt[tid] : 0.0f;
     const float dh = dpar[h];
     const Share w = share();
     float part[2] = {0.0f, 0.0f}, po[2] = {0.0f, 0.0f};
     Tile t;
     for (int p0 = 0; p0 < P; p0 += kQ) {
-        // (H C_i)[p] of this tile's channels, dotted with dy_i.
+        if (p0 > 0) {
+            __syncthreads();  // the previous channels' reads of sDy and the buffers
+            stage_dy(p0);
+            stage_state(p0, 0, 0);
+        }
         t.zero();
-        state_product(t, w, rows + c_off + g * N, (int)ldu, nullptr, ck.q, hst, p0, P, N, sA,
-                      sB);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(nt, e);
-                if (i < ck.q && p0 + pp < P) {
-                    po[e >> 1] = po[e >> 1] + dyr[i * E + p0 + pp] * t.acc[nt][e];
-                }
+        for (int k = 0; k < 2 * ntn; ++k) {
+            if (k + 1 < 2 * ntn) {
+                // Buffer (k + 1) & 1's last reader was tile k - 1's mma.
+                if (k > 0) __syncthreads();
+                stage_state(p0, k + 1, (k + 1) & 1);
+                cp_async_wait(1);
+            } else {
+                cp_async_wait(0);
             }
-        // (dS B_j)[p], dotted with x_j, then scaled by e_j.
-        t.zero();
-        state_product(t, w, rows + b_off + g * N, (int)ldu, nullptr, ck.q, ds, p0, P, N, sA,
-                      sB);
+            __syncthreads();  // M, dy (and se) and state tile k landed for all
+            const int nt = k < ntn ? k : k - ntn;
+            t.mma(sA(k & 1) + w.r0 * kOutLd, kOutLd, 1, sB(k & 1) + w.c0 * kOutLd, 1, kOutLd,
+                  min(8, state_steps - 8 * nt));
+            if (k == ntn - 1) {
+                // (H C_i)[p] of this tile's channels, dotted with dy_i.
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+                for (int q = 0; q < 4; ++q)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(q, e);
+                        if (i < ck.q && p0 + pp < P) {
+                            po[e >> 1] = po[e >> 1] + sDy[i * kKm + pp] * t.acc[q][e];
+                        }
+                    }
+                t.zero();
+            }
+        }
+        // (dS B_j)[p], dotted with x_j, then scaled by e_j.
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(nt, e);
+                const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(q, e);
                 if (j < ck.q && p0 + pp < P) {
-                    part[e >> 1] =
-                        part[e >> 1] + rows[j * ldu + h * P + p0 + pp] * t.acc[nt][e];
+                    part[e >> 1] = part[e >> 1] + rows[j * ldu + h * P + p0 + pp] * t.acc[q][e];
                 }
-                t.acc[nt][e] = se[j] * t.acc[nt][e];
+                t.acc[q][e] = se[j] * t.acc[q][e];
             }
         // + sum_{i >= j} M_ij dy_i, 32 rows i at a time; a warp skips the
         // tiles below its first row.
-        const float* dyp = dyr + p0;
-        const int Ei = (int)E;
-        contract<Steps>(
-            (ck.q + kKt - 1) / kKt, sB,
-            [&](int k, int kk, int pp) {
-                const int i = k * kKt + kk;
-                return i < ck.q && p0 + pp < P ? dyp[i * Ei + pp] : 0.0f;
-            },
-            [&](int k) {
-                const int i0 = k * kKt;
-                if (i0 + kKt > w.r0) {
-                    t.mma(sM + i0 * kKm + w.r0, 1, kKm, sB + w.c0, kKm, 1, kKt / 8);
-                }
-            });
+        for (int i0 = 0; i0 < ck.q; i0 += kKt) {
+            if (i0 + kKt > w.r0) {
+                t.mma(sM + i0 * kKm + w.r0, 1, kKm, sDy + i0 * kKm + w.c0, kKm, 1, kKt / 8);
+            }
+        }
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int q = 0; q < 4; ++q)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(nt, e);
+                const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(q, e);
                 if (j >= ck.q || p0 + pp >= P) continue;
                 const long long col = (long long)h * P + p0 + pp;
-                dxbc[(ck.m0 + j) * lddx + col] = t.acc[nt][e] + dh * dyr[j * E + p0 + pp];
+                dxbc[(ck.m0 + j) * lddx + col] = t.acc[q][e] + dh * sDy[j * kKm + pp];
             }
     }
     // A row's dots: its quad's four lanes, then the two column halves.

@@ -24,6 +24,7 @@
 // checks), which keeps the staging loads' address arithmetic in single
 // registers.
 #pragma once
+#include "cp_async.cuh"
 #include "mma_tf32.cuh"
 #include "ssd_chunk.cuh"
 
@@ -143,13 +144,53 @@ static_assert(kStage == kKt * kKm, "the two staged layouts share one buffer");
 constexpr int kStateScanTile = kQ * kKm;
 constexpr int kStateScanSmemFloats = 4 * kStateScanTile;
 
-// mamba_ssd_chunk_out_tc's staging: the x tile (step-major, kStateScanTile
-// floats), then two buffers of a C tile and an H tile of 64 states each,
+// The staging of mamba_ssd_chunk_out_tc and mamba_ssd_bwd_dx_tc: a
+// step-major 64-row tile (kStateScanTile floats: x, or dy), then two
+// buffers of a pair of state tiles of 64 states each (C and H, B and dS),
 // row-major with stride kOutLd (banks 4 g + t of a fragment read)
-// (SsdShape::CHUNK_OUT_SMEM_BYTES on the host).
+// (SsdShape::STAGED_SMEM_BYTES on the host).
 constexpr int kOutLd = kQ + 4;
 constexpr int kOutStateTile = kQ * kOutLd;
-constexpr int kChunkOutSmemFloats = kStateScanTile + 4 * kOutStateTile;
+constexpr int kStagedSmemFloats = kStateScanTile + 4 * kOutStateTile;
+
+// One piece of a tile staged by cp.async: `width` floats (4, both sides
+// 16-byte aligned, or 1) copied when inside, else zeros by plain stores
+// (the barrier that follows the copies' wait covers both).
+__device__ __forceinline__ void cp_async_piece(float* dst, const float* src, bool inside,
+                                               int width) {
+    if (width == 4) {
+        if (inside) {
+            cp_async16(dst, src);
+        } else {
+            *reinterpret_cast<float4*>(dst) = float4{0.0f, 0.0f, 0.0f, 0.0f};
+        }
+    } else if (inside) {
+        cp_async4(dst, src);
+    } else {
+        *dst = 0.0f;
+    }
+}
+
+// This thread's share of a 64 x 64 tile, as copy(r, c, width) for each of
+// its pieces: vectors of four along c when vec (every row 16-byte aligned),
+// else single floats; a warp's pieces are consecutive along a row.
+template <class F>
+__device__ __forceinline__ void tile_pieces(bool vec, F copy) {
+    const int tid = threadIdx.x;
+    if (vec) {
+#pragma unroll
+        for (int i = 0; i < kQ * kQ / 4 / kThreads; ++i) {
+            const int idx = tid + i * kThreads;
+            copy(idx / (kQ / 4), 4 * (idx % (kQ / 4)), 4);
+        }
+    } else {
+#pragma unroll 4
+        for (int i = 0; i < kQ * kQ / kThreads; ++i) {
+            const int idx = tid + i * kThreads;
+            copy(idx / kQ, idx % kQ, 1);
+        }
+    }
+}
 
 // t += sum over the 32 steps of the tiles staged row-major in sA (rows) and
 // sB (columns): A(r, k) = sA[r][k], B(k, c) = sB[c][k].

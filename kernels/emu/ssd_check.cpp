@@ -157,7 +157,7 @@ int main() {
             });
         };
         if (EMU_TC) group_cb();
-        emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, EMU_TC ? kChunkOutSmemFloats : 0, [&] {
+        emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, EMU_TC ? kStagedSmemFloats : 0, [&] {
             if (EMU_TC) {
                 mamba_ssd_chunk_out_tc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
                                        fdp.data(), st.data(), fz.data(), ldz, y.data(),
@@ -194,7 +194,7 @@ int main() {
                                  hpg, nc);
             }
         });
-        emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
+        emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, EMU_TC ? kStagedSmemFloats : 0, [&] {
             bwd_dx(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(), fdp.data(),
                              fdy.data(), mq.data(), st2.data(), dst.data(), dxbc.data(), ldu,
                              rst.data(), o_row.data(), dsh.data(), T, H, P, N, hpg, nc);

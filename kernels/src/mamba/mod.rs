@@ -50,7 +50,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use crate::device::load_module;
 use crate::error::KernelError;
-use ssd_shape::{CHUNK_OUT_SMEM_BYTES, STATE_SCAN_SMEM_BYTES};
+use ssd_shape::{STAGED_SMEM_BYTES, STATE_SCAN_SMEM_BYTES};
 
 pub use cast::{bf16_to_f32, f32_to_bf16_rne};
 pub use conv::MAX_CONV_WIDTH;
@@ -257,8 +257,9 @@ impl MambaKernels {
             ssd_bwd_dbc_tc: next()?,
             ssd_cb_tc: next()?,
         };
-        // The scan kernels and the SSD's state scan and tensor-core chunk
-        // outputs take their staging buffers as dynamic shared memory, above the 48 KiB a launch gets
+        // The scan kernels and the SSD's tensor-core state scan, chunk
+        // outputs and d x take their staging buffers as dynamic shared
+        // memory, above the 48 KiB a launch gets
         // without opting in.
         let (fwd_smem, bwd_smem) = ScanShape::max_smem_bytes();
         for (func, bytes, symbol) in [
@@ -273,9 +274,10 @@ impl MambaKernels {
             ),
             (
                 &f.ssd_chunk_out_tc,
-                CHUNK_OUT_SMEM_BYTES,
+                STAGED_SMEM_BYTES,
                 "mamba_ssd_chunk_out_tc",
             ),
+            (&f.ssd_bwd_dx_tc, STAGED_SMEM_BYTES, "mamba_ssd_bwd_dx_tc"),
         ] {
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

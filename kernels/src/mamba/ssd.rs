@@ -240,7 +240,7 @@ impl MambaKernels {
         let group_cb = scratch.chunk_psum.as_view();
         let (kernel, func) = products.chunk_out;
         let mut cfg = check::grid(kernel, (shape.chunk_blocks(), shape.heads, 1), THREADS)?;
-        cfg.shared_mem_bytes = products.chunk_out_smem;
+        cfg.shared_mem_bytes = products.staged_smem;
         let launch = Launch {
             kernel,
             func,
@@ -352,13 +352,16 @@ impl MambaKernels {
         fn per_chunk<'f>(
             (kernel, func): (&'static str, &'f CudaFunction),
             (nbc, heads): (usize, usize),
-        ) -> Launch<'f> {
-            Launch {
+            smem: u32,
+        ) -> Result<Launch<'f>, KernelError> {
+            let mut cfg = check::grid(kernel, (nbc, heads, 1), THREADS)?;
+            cfg.shared_mem_bytes = smem;
+            Ok(Launch {
                 kernel,
                 func,
-                grid: Grid::Dims(nbc, heads, 1),
+                grid: Grid::Checked(cfg),
                 block: THREADS,
-            }
+            })
         }
         let mut args = vec![
             Arg::In(inp.xbc),
@@ -376,13 +379,14 @@ impl MambaKernels {
         args.extend(chunk_dims(&shape));
         let group_cb = chunk_psum.as_view();
         args.extend(products.cb.map(|_| Arg::In(&group_cb)));
+        let launch = per_chunk(products.bwd_qq, (nbc, heads), 0)?;
         // SAFETY: matches mamba_ssd_bwd_qq(const float* xbc, long long ldu,
         // int b_off, int c_off, const float* dt, const float* s, const
         // float* dy, float* Mq, float* Pq, float* ds_in, float* ddt_in, int
         // T, int H, int P, int N, int hpg, int nc); block (bc, h) reads its
         // chunk's rows of xbc, dy ([rows, inner]), dt and s, and writes
         // Mq / Pq[bc][h][Q][Q] and ds_in / ddt_in at [row, h]: checked.
-        unsafe { self.launch(stream, per_chunk(products.bwd_qq, (nbc, heads)), &mut args)? };
+        unsafe { self.launch(stream, launch, &mut args)? };
         let chunk_m = chunk_m.as_view();
         let mut args = vec![
             Arg::In(inp.xbc),
@@ -403,6 +407,7 @@ impl MambaKernels {
             Arg::Out(dsh),
         ];
         args.extend(chunk_dims(&shape));
+        let launch = per_chunk(products.bwd_dx, (nbc, heads), products.staged_smem)?;
         // SAFETY: matches mamba_ssd_bwd_dx(const float* xbc, long long ldu,
         // int b_off, int c_off, const float* dt, const float* s, const
         // float* dpar, const float* dy, const float* Mq, const float* st,
@@ -411,8 +416,10 @@ impl MambaKernels {
         // block (bc, h) reads its chunk's rows of xbc (B and C columns of
         // group h / hpg), dy, dt and s, Mq[bc][h], st / dst[bc][h], and
         // writes dxbc's x columns h*P + p of its rows, rst / o_row at [row,
-        // h] and dsh[bc, h]: all checked above.
-        unsafe { self.launch(stream, per_chunk(products.bwd_dx, (nbc, heads)), &mut args)? };
+        // h] and dsh[bc, h]: all checked above. The tensor-core kernel's
+        // dynamic shared memory is the size its attribute was raised to when
+        // the module was loaded.
+        unsafe { self.launch(stream, launch, &mut args)? };
         let chunk_p = chunk_p.as_view();
         let psum_len = shape.group_matrix_len();
         let mut args = [

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaFunction, CudaStream, CudaViewMut};
 use super::launcher::{Arg, Grid, Launch};
 #[cfg(doc)]
 use super::ssd_shape::STATE_SCAN_SMEM_BYTES;
-use super::ssd_shape::{SsdInputs, SsdShape, CHUNK_OUT_SMEM_BYTES, THREADS};
+use super::ssd_shape::{SsdInputs, SsdShape, STAGED_SMEM_BYTES, THREADS};
 use super::MambaKernels;
 use crate::error::KernelError;
 
@@ -39,8 +39,8 @@ pub(super) struct Products<'a> {
     pub(super) cb: Option<(&'static str, &'a CudaFunction)>,
     pub(super) states: ChunkStates<'a>,
     pub(super) chunk_out: (&'static str, &'a CudaFunction),
-    /// chunk_out's dynamic shared memory in bytes.
-    pub(super) chunk_out_smem: u32,
+    /// The dynamic shared memory of chunk_out and bwd_dx, in bytes.
+    pub(super) staged_smem: u32,
     pub(super) bwd_qq: (&'static str, &'a CudaFunction),
     pub(super) bwd_dx: (&'static str, &'a CudaFunction),
     pub(super) bwd_dbc: (&'static str, &'a CudaFunction),
@@ -67,7 +67,7 @@ impl MambaKernels {
                 cb: None,
                 states: ChunkStates::TwoPass(("mamba_ssd_chunk_state", &f.ssd_chunk_state)),
                 chunk_out: ("mamba_ssd_chunk_out", &f.ssd_chunk_out),
-                chunk_out_smem: 0,
+                staged_smem: 0,
                 bwd_qq: ("mamba_ssd_bwd_qq", &f.ssd_bwd_qq),
                 bwd_dx: ("mamba_ssd_bwd_dx", &f.ssd_bwd_dx),
                 bwd_dbc: ("mamba_ssd_bwd_dbc", &f.ssd_bwd_dbc),
@@ -76,7 +76,7 @@ impl MambaKernels {
                 cb: Some(("mamba_ssd_cb_tc", &f.ssd_cb_tc)),
                 states: ChunkStates::Scan(("mamba_ssd_state_scan_tc", &f.ssd_state_scan_tc)),
                 chunk_out: ("mamba_ssd_chunk_out_tc", &f.ssd_chunk_out_tc),
-                chunk_out_smem: CHUNK_OUT_SMEM_BYTES as u32,
+                staged_smem: STAGED_SMEM_BYTES as u32,
                 bwd_qq: ("mamba_ssd_bwd_qq_tc", &f.ssd_bwd_qq_tc),
                 bwd_dx: ("mamba_ssd_bwd_dx_tc", &f.ssd_bwd_dx_tc),
                 bwd_dbc: ("mamba_ssd_bwd_dbc_tc", &f.ssd_bwd_dbc_tc),

@@ -20,10 +20,11 @@ pub(super) const STATE_TILE_N: usize = 64;
 /// (`kStateScanSmemFloats` floats in `ssd_tc_tiles.cuh`): two buffers of
 /// its X and Y tiles, `SSD_CHUNK` steps of `SSD_CHUNK + 8` floats each.
 pub(super) const STATE_SCAN_SMEM_BYTES: usize = 4 * SSD_CHUNK * (SSD_CHUNK + 8) * 4;
-/// Dynamic shared memory of `mamba_ssd_chunk_out_tc` (`kChunkOutSmemFloats`
-/// floats): its x tile (as one of the state scan's tiles) and two buffers
-/// of a C and an H tile of `SSD_CHUNK` rows of `SSD_CHUNK + 4` floats.
-pub(super) const CHUNK_OUT_SMEM_BYTES: usize =
+/// Dynamic shared memory of `mamba_ssd_chunk_out_tc` and
+/// `mamba_ssd_bwd_dx_tc` (`kStagedSmemFloats` floats): a step-major tile
+/// (as one of the state scan's) and two buffers of a pair of state tiles of
+/// `SSD_CHUNK` rows of `SSD_CHUNK + 4` floats.
+pub(super) const STAGED_SMEM_BYTES: usize =
     (SSD_CHUNK * (SSD_CHUNK + 8) + 4 * SSD_CHUNK * (SSD_CHUNK + 4)) * 4;
 /// States per block of the dB / dC kernel (`kDn`).
 const DBC_TILE_N: usize = 64;
