@@ -566,7 +566,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
 // (ascending) its (p) steps into a head accumulator, added to the output's
 // scaled by the head's row factor (e^h_j for dB, exp(s^h_i) for dC: the
 // factor multiplies the head's product, not its operand). The tiles of all
-// heads run as one pipelined contraction. grid (nbc, G, 2 ceil(N / 64)),
+// heads run as one contraction, its operands staged by cp.async
+// (contract_async: no register holds them). grid (nbc, G, 2 ceil(N / 64)),
 // block kThreads.
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
     mamba_ssd_bwd_dbc_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
@@ -575,7 +576,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
                          const float* __restrict__ st, const float* __restrict__ dst,
                          float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N,
                          int hpg, int nc) {
-    __shared__ float sA[kStage], sB[kStage];
+    // Two buffers of each operand tile (contract_async).
+    __shared__ float sA[2 * kStage], sB[2 * kStage];
     const int bc = blockIdx.x, g = blockIdx.y;
     const bool want_c = (blockIdx.z & 1) != 0;
     const int n0 = (int)(blockIdx.z >> 1) * kQ;
@@ -592,21 +594,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     const int y_col = (want_c ? b_off : c_off) + g * N + n0;
     const float* yr = rows + y_col;
     const int ldi = (int)ldu;
-    const auto y_rows = [&](int k, int kk, int nn) {
+    const auto y_rows = [&](int k, int kk, int nn) -> const float* {
         const int j = k * kKt + kk;
-        return j < ck.q && n0 + nn < N ? yr[j * ldi + nn] : 0.0f;
+        return j < ck.q && n0 + nn < N ? yr + j * ldi + nn : nullptr;
     };
     constexpr int psum_tiles = kQ / kKt;
     if (!want_c) {
-        contract<Steps, Steps>(
-            psum_tiles, sA, sB,
-            [&](int k, int kk, int r) { return ps[(k * kKt + kk) * kQ + r]; }, y_rows,
-            [&](int) { t.mma(sA + w.r0, 1, kKm, sB + w.c0, kKm, 1, kKt / 8); });
+        contract_async<Steps, Steps>(
+            psum_tiles, sA, sB, kStage,
+            [&](int k, int kk, int r) -> const float* { return ps + (k * kKt + kk) * kQ + r; },
+            y_rows,
+            [&](int, const float* a, const float* b) {
+                t.mma(a + w.r0, 1, kKm, b + w.c0, kKm, 1, kKt / 8);
+            });
     } else {
-        contract<Rows, Steps>(
-            psum_tiles, sA, sB,
-            [&](int k, int r, int kk) { return ps[r * kQ + k * kKt + kk]; }, y_rows,
-            [&](int) { mma_rows_steps(t, w, sA, sB); });
+        contract_async<Rows, Steps>(
+            psum_tiles, sA, sB, kStage,
+            [&](int k, int r, int kk) -> const float* { return ps + r * kQ + k * kKt + kk; },
+            y_rows, [&](int, const float* a, const float* b) { mma_rows_steps(t, w, a, b); });
     }
     // The (h, p) steps: x times dS (for dB) or dy times H (for dC), a head's
     // ptiles tiles after the other's.
@@ -615,20 +620,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     const float* a0 = want_c ? dy + ck.m0 * E : rows;
     const float* m0 = (want_c ? st : dst) + (long long)bc * H * P * N + n0;
     Tile th;
-    contract<Rows, Steps>(
-        hpg * ptiles, sA, sB,
-        [&](int k, int r, int kk) {
+    contract_async<Rows, Steps>(
+        hpg * ptiles, sA, sB, kStage,
+        [&](int k, int r, int kk) -> const float* {
             const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
-            return r < ck.q && p < P ? a0[r * lda + h * P + p] : 0.0f;
+            return r < ck.q && p < P ? a0 + r * lda + h * P + p : nullptr;
         },
-        [&](int k, int kk, int nn) {
+        [&](int k, int kk, int nn) -> const float* {
             const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
-            return p < P && n0 + nn < N ? m0[(h * P + p) * N + nn] : 0.0f;
+            return p < P && n0 + nn < N ? m0 + (h * P + p) * N + nn : nullptr;
         },
-        [&](int k) {
+        [&](int k, const float* a, const float* b) {
             const int h = g * hpg + k / ptiles;
             if (k % ptiles == 0) th.zero();
-            mma_rows_steps(th, w, sA, sB);
+            mma_rows_steps(th, w, a, b);
             if (k % ptiles != ptiles - 1) return;
             float f[2];
 #pragma unroll

@@ -192,6 +192,50 @@ __device__ __forceinline__ void tile_pieces(bool vec, F copy) {
     }
 }
 
+// contract's twin for operands that are plain copies of global memory: each
+// tile's elements arrive by cp.async (src(k, ., .) gives an element's
+// address, or nullptr for a zero) in the other of two buffers per operand
+// while the current tile's mma(k, a, b) runs on buffers a and b; no
+// register holds them meanwhile. The same tiles, values and order as
+// contract, so the same bits. sA and sB hold two tiles of their layouts
+// each. Every thread of the block calls it; it synchronises before it first
+// writes shared memory.
+template <class LA, class LB, class SA, class SB, class M>
+__device__ __forceinline__ void contract_async(int tiles, float* sA, float* sB, int stride,
+                                               SA src_a, SB src_b, M mma) {
+    auto stage = [&](int k) {
+        float* a = sA + (k & 1) * stride;
+        float* b = sB + (k & 1) * stride;
+#pragma unroll
+        for (int i = 0; i < LA::kIt; ++i) {
+            const int idx = threadIdx.x + i * kThreads;
+            const float* p = src_a(k, LA::first(idx), LA::second(idx));
+            cp_async_piece(a + LA::at(idx), p, p != nullptr, 1);
+        }
+#pragma unroll
+        for (int i = 0; i < LB::kIt; ++i) {
+            const int idx = threadIdx.x + i * kThreads;
+            const float* p = src_b(k, LB::first(idx), LB::second(idx));
+            cp_async_piece(b + LB::at(idx), p, p != nullptr, 1);
+        }
+        cp_async_commit();
+    };
+    __syncthreads();
+    stage(0);
+    for (int k = 0; k < tiles; ++k) {
+        if (k + 1 < tiles) {
+            // Buffer (k + 1) & 1's last reader was tile k - 1's mma.
+            if (k > 0) __syncthreads();
+            stage(k + 1);
+            cp_async_wait(1);
+        } else {
+            cp_async_wait(0);
+        }
+        __syncthreads();
+        mma(k, sA + (k & 1) * stride, sB + (k & 1) * stride);
+    }
+}
+
 // t += sum over the 32 steps of the tiles staged row-major in sA (rows) and
 // sB (columns): A(r, k) = sA[r][k], B(k, c) = sB[c][k].
 __device__ __forceinline__ void mma_rows(Tile& t, const Share& w, const float* sA,
