@@ -112,6 +112,16 @@ static __device__ __forceinline__ float bf16_to_f32(unsigned short h) {
     return __uint_as_float((unsigned)h << 16);
 }
 
+// store_f32_bf16, returning v as it is kept: v itself when the f32 output is
+// given, else its bf16 rounding. A kernel that also derives a value from v
+// (the gate's y SiLU(z)) derives it from what the backward will read back.
+static __device__ __forceinline__ float store_kept(float* __restrict__ f,
+                                                   unsigned short* __restrict__ h, long long i,
+                                                   float v) {
+    store_f32_bf16(f, h, i, v);
+    return f ? v : bf16_to_f32((unsigned short)bf16_rne(v));
+}
+
 // Element i of an activation stored as f32 (`f` not null) or as bf16 only
 // (`h`, when `f` is null): how a kernel reads an activation a bf16 run keeps
 // in bf16 (the other precisions in f32). Exactly one of the two is given

@@ -599,15 +599,17 @@ extern "C" __global__ void mamba_cast_bf16(const float* __restrict__ src,
 // columns g * P .. g * P + P - 1. With P = 1 they are strided copies (a
 // column block of a wider matrix into a matrix of its own, or back).
 
-// dst[m * ldd + g * P + p] = src[m * lds + g]  (g < G, p < P).
+// dst[m * ldd + g * P + p] = src[m * lds + g]  (g < G, p < P); src is f32
+// (`src`) or kept in bf16 (`srch`, `src` null: widened, exactly).
 // grid (M, ceil(G * P / 128)), block 128.
-extern "C" __global__ void mamba_group_bcast(const float* __restrict__ src, long long lds,
-                                             float* __restrict__ dst, long long ldd, int G,
-                                             int P) {
+extern "C" __global__ void mamba_group_bcast(const float* __restrict__ src,
+                                             const unsigned short* __restrict__ srch,
+                                             long long lds, float* __restrict__ dst,
+                                             long long ldd, int G, int P) {
     const long long m = blockIdx.x;
     const int j = blockIdx.y * blockDim.x + threadIdx.x;
     if (j >= G * P) return;
-    dst[m * ldd + j] = src[m * lds + j / P];
+    dst[m * ldd + j] = mamba::load_f32_bf16(src, srch, m * lds + j / P);
 }
 
 // dst[m * ldd + g] = ((src[m * lds + g * P] + src[.. + 1]) + ...) + src[.. + P - 1]:

@@ -413,10 +413,9 @@ __device__ __forceinline__ void scan_fwd(Col ucol, Col dtcol,
                 const long long m = ch.m0 + j;
                 const float yv =
                     sFin[j * L::cpb + l.fcl] + dp * staged_col<SP, H>(buf, 1, j, l.fcl);
-                store_f32_bf16(y, y_h, m * D + fc, yv);
                 // The gate reads y as it is kept (its bf16 rounding when
                 // only that is), as the gate's backward recomputes it.
-                const float yk = y ? yv : bf16_to_f32((unsigned short)bf16_rne(yv));
+                const float yk = store_kept(y, y_h, m * D + fc, yv);
                 store_f32_bf16(out, out_h, m * D + fc,
                                gate_out(yk, staged_col<SP, H>(buf, 2, j, l.fcl)));
             }

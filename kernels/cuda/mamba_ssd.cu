@@ -260,7 +260,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     mamba_ssd_chunk_out(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                         const float* __restrict__ dt, const float* __restrict__ s,
                         const float* __restrict__ dpar, const float* __restrict__ st,
-                        const float* __restrict__ z, long long ldz, float* __restrict__ y,
+                        const float* __restrict__ z, const unsigned short* __restrict__ zh,
+                        long long ldz, float* __restrict__ y, unsigned short* __restrict__ yh,
                         float* __restrict__ gate, int T, int H, int P, int N, int hpg, int nc) {
     __shared__ __align__(16) float sA[kTile], sB[kTile];
     __shared__ float sM[kQ * (kQ + 1)];
@@ -319,8 +320,9 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                 const float yv = (yd[a][k] + es * off[a][k]) + dh * sX[i * kTp + pp];
                 const long long r = ck.m0 + i;
                 const long long col = (long long)h * P + p0 + pp;
-                y[r * E + col] = yv;
-                gate[r * E + col] = gate_out(yv, z[r * ldz + col]);
+                // The gate reads y as it is kept, as the gate's backward does.
+                const float yk = store_kept(y, yh, r * E + col, yv);
+                gate[r * E + col] = gate_out(yk, load_f32_bf16(z, zh, r * ldz + col));
             }
         }
     }

@@ -202,9 +202,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     mamba_ssd_chunk_out_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
                            const float* __restrict__ dt, const float* __restrict__ s,
                            const float* __restrict__ dpar, const float* __restrict__ st,
-                           const float* __restrict__ z, long long ldz, float* __restrict__ y,
-                           float* __restrict__ gate, int T, int H, int P, int N, int hpg,
-                           int nc, const float* __restrict__ cbg) {
+                           const float* __restrict__ z, const unsigned short* __restrict__ zh,
+                           long long ldz, float* __restrict__ y,
+                           unsigned short* __restrict__ yh, float* __restrict__ gate, int T,
+                           int H, int P, int N, int hpg, int nc,
+                           const float* __restrict__ cbg) {
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
@@ -308,8 +310,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
                 const long long r = ck.m0 + i;
                 const long long col = (long long)h * P + p0 + pp;
                 const float yv = t.acc[nt][e] + dh * sX[i * kKm + pp];
-                y[r * E + col] = yv;
-                gate[r * E + col] = gate_out(yv, z[r * ldz + col]);
+                // The gate reads y as it is kept, as the gate's backward does.
+                const float yk = store_kept(y, yh, r * E + col, yv);
+                gate[r * E + col] = gate_out(yk, load_f32_bf16(z, zh, r * ldz + col));
             }
     }
 }

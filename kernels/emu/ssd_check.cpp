@@ -157,17 +157,42 @@ int main() {
             });
         };
         if (EMU_TC) group_cb();
-        emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, EMU_TC ? kStagedSmemFloats : 0, [&] {
-            if (EMU_TC) {
-                mamba_ssd_chunk_out_tc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
-                                       fdp.data(), st.data(), fz.data(), ldz, y.data(),
-                                       gate.data(), T, H, P, N, hpg, nc, cbg.data());
-            } else {
-                mamba_ssd_chunk_out(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
-                                    fdp.data(), st.data(), fz.data(), ldz, y.data(), gate.data(),
-                                    T, H, P, N, hpg, nc);
-            }
-        });
+        // z f32 or bf16 (zh), y f32 and / or bf16 (yh), as the host passes
+        // a Stored and a Store.
+        auto chunk_out = [&](const float* zf, const unsigned short* zh, float* yf,
+                             unsigned short* yh, float* g) {
+            emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, EMU_TC ? kStagedSmemFloats : 0,
+                       [&] {
+                           if (EMU_TC) {
+                               mamba_ssd_chunk_out_tc(fx.data(), ldu, b_off, c_off, fdt.data(),
+                                                      s.data(), fdp.data(), st.data(), zf, zh,
+                                                      ldz, yf, yh, g, T, H, P, N, hpg, nc,
+                                                      cbg.data());
+                           } else {
+                               mamba_ssd_chunk_out(fx.data(), ldu, b_off, c_off, fdt.data(),
+                                                   s.data(), fdp.data(), st.data(), zf, zh, ldz,
+                                                   yf, yh, g, T, H, P, N, hpg, nc);
+                           }
+                       });
+        };
+        chunk_out(fz.data(), nullptr, y.data(), nullptr, gate.data());
+        // bf16 runs keep z and y in bf16 alone: y's bf16 is the rounding of
+        // the f32 run's y, and the gate reads that rounding and z's.
+        long long half_bad = 0;
+        {
+            std::vector<unsigned short> zh(fz.size()), yh(y.size());
+            for (size_t i = 0; i < fz.size(); ++i) zh[i] = (unsigned short)mamba::bf16_rne(fz[i]);
+            std::vector<float> gate_h(gate.size(), nan);
+            chunk_out(nullptr, zh.data(), nullptr, yh.data(), gate_h.data());
+            for (int m = 0; m < M; ++m)
+                for (int e = 0; e < E; ++e) {
+                    const size_t i = (size_t)m * E + e;
+                    const float want = mamba::gate_out(mamba::bf16_to_f32(yh[i]),
+                                                       mamba::bf16_to_f32(zh[(size_t)m * ldz + e]));
+                    half_bad += yh[i] != (unsigned short)mamba::bf16_rne(y[i]) ||
+                                std::memcmp(&want, &gate_h[i], 4) != 0;
+                }
+        }
         // Backward, from fresh scratch as the host runs it (s and the
         // entry states recomputed).
         std::vector<float> s2((size_t)M * H, nan), st2(st_len, nan), dst(st_len, nan),
@@ -226,6 +251,8 @@ int main() {
             for (int h = 0; h < H; ++h) gddt.push_back(ddt_raw[(size_t)m * ld_ddt + h]);
         }
         printf("B %d T %d H %d P %d N %d G %d (chunks %d):", B, T, H, P, N, G, nc);
+        printf(" bf16-z-y %s", half_bad ? "FAIL" : "ok");
+        fails += half_bad != 0;
         fails += report({{"y", rel_l2(y, ey), kTolFwd},
                          {"gate", rel_l2(gate, egate), kTolFwd},
                          {"dx", rel_l2(gdx, edx), kTolBwd},

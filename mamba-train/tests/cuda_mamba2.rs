@@ -7,7 +7,8 @@
 //! What each test proves:
 //! - `group_moves_match_the_host_bit_for_bit`: the per-head broadcast and
 //!   sum kernels give exact copies and the host twin's serial ascending
-//!   sums, dense and strided, for a parameter vector (1 row, `head_dim *
+//!   sums, dense and strided (the broadcast also from bf16 heads, widened
+//!   exactly), for a parameter vector (1 row, `head_dim *
 //!   d_state` columns a head) and `per = 1` (a strided copy), on values of
 //!   magnitudes 2^-20..2^20 (the descending sum differs: the order shows);
 //!   nothing outside the destination is written; `per = 0`, a buffer one
@@ -27,11 +28,11 @@
 //! - `tf32_and_bf16_are_within_their_tolerances_and_really_change_the_gemms`.
 //! - `the_bits_repeat_and_do_not_depend_on_recompute_or_the_chunk_size`:
 //!   one loss and gradient bit pattern on two fresh models (f32, bf16),
-//!   with `set_recompute(true)` (and less workspace), with
-//!   `set_bf16_acts(false)` in bf16 (Mamba-2 keeps its activations f32 in
-//!   every precision), and for chunk sizes 4, 16 and 64 (the CUDA scan's
-//!   chunk is its kernels' constant); negative control: another batch,
-//!   another digest.
+//!   with `set_recompute(true)` (and less workspace), and for chunk sizes 4,
+//!   16 and 64 (the CUDA scan's chunk is its kernels' constant); negative
+//!   control: another batch, another digest. In bf16, `set_bf16_acts(false)`
+//!   (in_proj's output and `y` kept in f32) gives other bits, which repeat,
+//!   on a larger workspace.
 //! - `graph_replays_give_the_eager_bits`: the pass replayed as a CUDA graph
 //!   over 4 changing batches (tokens, distinct tokens, counted targets) is
 //!   the eager pass's bits each time, in f32, bf16 and bf16 with recompute,
@@ -76,6 +77,7 @@ use cuda_common::{
     batch, digest, gpu_required, kernels_on_device0, no_gpu_reason, perturbed, rel_l2,
 };
 use kernels::mamba::heads::{group_sum_host, GroupShape};
+use kernels::mamba::Stored;
 use mamba_train::config::{Arch, SsdConfig};
 use mamba_train::model::cpu::Mamba2Model;
 use mamba_train::model::cuda::{CudaModel, GraphStats, Precision};
@@ -246,22 +248,47 @@ fn group_moves_match_the_host_bit_for_bit() {
         let mut d_ch = s.clone_htod(&fenced(cn)).unwrap();
         k.group_bcast(
             &s,
-            &d_heads.slice(1..),
+            Stored::F32(&d_heads.slice(1..)),
             &mut d_ch.slice_mut(PAD..PAD + cn),
             sh,
         )
         .unwrap_or_else(|e| panic!("{label}: broadcast: {e}"));
         let got = s.clone_dtoh(&d_ch).unwrap();
-        let want: Vec<f32> = (0..got.len())
-            .map(|i| match i.checked_sub(PAD).filter(|&i| i < cn) {
-                Some(i) if i % sh.ld_channels < width => {
-                    let (m, j) = (i / sh.ld_channels, i % sh.ld_channels);
-                    heads[1 + m * sh.ld_heads + j / sh.per]
-                }
-                _ => SENTINEL,
-            })
+        let spread = |heads: &[f32]| -> Vec<f32> {
+            (0..got.len())
+                .map(|i| match i.checked_sub(PAD).filter(|&i| i < cn) {
+                    Some(i) if i % sh.ld_channels < width => {
+                        let (m, j) = (i / sh.ld_channels, i % sh.ld_channels);
+                        heads[1 + m * sh.ld_heads + j / sh.per]
+                    }
+                    _ => SENTINEL,
+                })
+                .collect()
+        };
+        assert_eq!(bits(&got), bits(&spread(&heads)), "{label}: broadcast");
+
+        // The same from heads kept in bf16 (Mamba-2's dt_raw in bf16
+        // runs): each widened exactly.
+        let heads_h: Vec<u16> = heads.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        let widened: Vec<f32> = heads_h
+            .iter()
+            .map(|&h| f32::from_bits(u32::from(h) << 16))
             .collect();
-        assert_eq!(bits(&got), bits(&want), "{label}: broadcast");
+        let d_heads_h = s.clone_htod(&heads_h).unwrap();
+        let mut d_ch = s.clone_htod(&fenced(cn)).unwrap();
+        k.group_bcast(
+            &s,
+            Stored::Bf16(&d_heads_h.slice(1..)),
+            &mut d_ch.slice_mut(PAD..PAD + cn),
+            sh,
+        )
+        .unwrap_or_else(|e| panic!("{label}: bf16 broadcast: {e}"));
+        let got = s.clone_dtoh(&d_ch).unwrap();
+        assert_eq!(
+            bits(&got),
+            bits(&spread(&widened)),
+            "{label}: bf16 broadcast"
+        );
 
         // Sum: channels (from offset 2) to heads.
         let ch = mixed(&mut r, cn + 2);
@@ -322,7 +349,7 @@ fn group_moves_match_the_host_bit_for_bit() {
     for (what, bcast, sh, n_src, n_dst) in refusals {
         let (src, mut dst) = (src.slice(..n_src), dst.slice_mut(..n_dst));
         let e = if bcast {
-            k.group_bcast(&s, &src, &mut dst, sh)
+            k.group_bcast(&s, Stored::F32(&src), &mut dst, sh)
         } else {
             k.group_sum(&s, &src, &mut dst, sh)
         };
@@ -606,12 +633,21 @@ fn the_bits_repeat_and_do_not_depend_on_recompute_or_the_chunk_size() {
         eprintln!("{prec}: workspace {bytes} bytes with recompute, {plain_bytes} without");
         assert!(bytes < plain_bytes, "{prec}: recompute saved nothing");
         if prec == Precision::Bf16 {
-            // Mamba-2 keeps its activations f32 in every precision.
+            // in_proj's output and y kept in bf16 alone are a precision
+            // choice: f32 activations are other bits, which repeat, on a
+            // larger workspace.
+            let half_bytes = fresh.workspace_bytes();
             fresh.set_bf16_acts(false);
+            let f32_acts = bits_of(&mut fresh, &p, &b);
+            assert_ne!(f32_acts.1, want.1, "bf16 activations changed nothing");
             assert_eq!(
                 bits_of(&mut fresh, &p, &b),
-                want,
-                "bf16 with f32 activations"
+                f32_acts,
+                "bf16 with f32 activations, again"
+            );
+            assert!(
+                fresh.workspace_bytes() > half_bytes,
+                "bf16 activations saved no memory"
             );
         }
         // The CUDA scan's chunk is its kernels' constant; chunk_size orders

@@ -14,7 +14,7 @@ use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
 
 use super::check;
 use super::launcher::{Arg, Grid, Launch, THREADS};
-use super::MambaKernels;
+use super::{MambaKernels, Stored};
 use crate::error::KernelError;
 
 /// The extents of one per-head move: `rows` rows of `groups` groups of
@@ -85,11 +85,12 @@ impl GroupShape {
 
 impl MambaKernels {
     /// `channels[m, g * per + p] = heads[m, g]` for every row `m`, group
-    /// `g` and `p < per` (exact copies).
+    /// `g` and `p < per` (exact copies; `heads` kept in bf16 is widened,
+    /// exactly).
     pub fn group_bcast(
         &self,
         stream: &CudaStream,
-        heads: &CudaView<f32>,
+        heads: Stored<'_>,
         channels: &mut CudaViewMut<f32>,
         shape: GroupShape,
     ) -> Result<(), KernelError> {
@@ -107,16 +108,19 @@ impl MambaKernels {
             },
             block: THREADS,
         };
+        let [heads_f32, heads_bf16] = heads.args();
         let mut args = [
-            Arg::In(heads),
+            heads_f32,
+            heads_bf16,
             Arg::Long("ld_heads", shape.ld_heads),
             Arg::Out(channels),
             Arg::Long("ld_channels", shape.ld_channels),
             Arg::Int("groups", shape.groups),
             Arg::Int("per", shape.per),
         ];
-        // SAFETY: matches mamba_group_bcast(const float* src, long long lds,
-        // float* dst, long long ldd, int G, int P); a thread reads src[m *
+        // SAFETY: matches mamba_group_bcast(const float* src, const unsigned
+        // short* srch (one of the two null: Stored), long long lds, float*
+        // dst, long long ldd, int G, int P); a thread reads src (or srch)[m *
         // lds + j / P] and writes dst[m * ldd + j] for m < rows, j < G * P,
         // both inside the matrices checked above (and the two buffers are
         // distinct borrows).

@@ -222,7 +222,9 @@ impl MambaKernels {
         scratch.check(K, &shape, true)?;
         let (rows, inner) = (shape.rows(), shape.inner());
         check::matrix(K, "z", out.z.len(), rows, inner, out.ldz)?;
-        check::matrix(K, "y", out.y.len(), rows, inner, inner)?;
+        let n = check::mul(K, "y", rows, inner)?;
+        out.y
+            .check_each("y", |what, have| check::len(K, what, have, n))?;
         check::matrix(K, "gate", out.gate.len(), rows, inner, inner)?;
         let products = self.products(products);
         if products.cb.is_some() {
@@ -247,6 +249,9 @@ impl MambaKernels {
             grid: Grid::Checked(cfg),
             block: THREADS,
         };
+        let [z_f32, z_bf16] = out.z.args();
+        let mut y = out.y;
+        let [y_f32, y_bf16] = y.args();
         let mut args = [
             Arg::In(inp.xbc),
             Arg::Long("ldu", inp.ldu),
@@ -256,9 +261,11 @@ impl MambaKernels {
             Arg::In(&cum),
             Arg::In(inp.d),
             Arg::In(&states),
-            Arg::In(out.z),
+            z_f32,
+            z_bf16,
             Arg::Long("ldz", out.ldz),
-            Arg::Out(out.y),
+            y_f32,
+            y_bf16,
             Arg::Out(out.gate),
             Arg::Int("seq_len", shape.seq_len),
             Arg::Int("heads", shape.heads),
@@ -272,12 +279,13 @@ impl MambaKernels {
         .collect::<Vec<_>>();
         // SAFETY: matches mamba_ssd_chunk_out(const float* xbc, long long
         // ldu, int b_off, int c_off, const float* dt, const float* s, const
-        // float* dpar, const float* st, const float* z, long long ldz,
-        // float* y, float* gate, int T, int H, int P, int N, int hpg, int
-        // nc); block (bc, h) reads its chunk's rows of xbc (columns <
-        // conv_channels), dt / s at [row, h], D[h], its state
-        // st[bc][h][P][N], z at [row, h*P + p], and writes y / gate there:
-        // all checked above. Its dynamic shared memory (none for the SIMT
+        // float* dpar, const float* st, const float* z, const unsigned
+        // short* zh (one of the two null: Stored), long long ldz, float* y,
+        // unsigned short* yh (either null: Store), float* gate, int T, int
+        // H, int P, int N, int hpg, int nc); block (bc, h) reads its chunk's
+        // rows of xbc (columns < conv_channels), dt / s at [row, h], D[h],
+        // its state st[bc][h][P][N], z at [row, h*P + p], and writes y /
+        // gate there: all checked above. Its dynamic shared memory (none for the SIMT
         // kernel) is the size the tensor-core kernel's attribute was raised
         // to when the module was loaded.
         unsafe { self.launch(stream, launch, &mut args) }

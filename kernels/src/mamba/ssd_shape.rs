@@ -6,6 +6,7 @@
 use cudarc::driver::{CudaView, CudaViewMut};
 
 use super::check;
+use super::{Store, Stored};
 use crate::error::KernelError;
 
 /// Tokens per chunk of the SSD kernels (`kQ` in `mamba_ssd.cu`).
@@ -223,14 +224,17 @@ pub struct SsdScratch<'a> {
 
 /// Outputs of [`MambaKernels::ssd_forward`](super::MambaKernels::ssd_forward).
 pub struct SsdForward<'a> {
-    /// The gate `z`, `[rows, inner]` with leading dimension `ldz`.
-    pub z: &'a CudaView<'a, f32>,
+    /// The gate `z`, `[rows, inner]` with leading dimension `ldz`, f32 or
+    /// kept in bf16.
+    pub z: Stored<'a>,
     pub ldz: usize,
-    /// Out: `y`, `[rows, inner]` (kept for the gate's backward).
-    pub y: &'a mut CudaViewMut<'a, f32>,
-    /// Out: `y SiLU(z)`, `[rows, inner]`
-    /// ([`MambaKernels::gate_bwd`](super::MambaKernels::gate_bwd) recomputes
-    /// the same bits from `y` and `z`).
+    /// Out: `y`, `[rows, inner]` (kept for the gate's backward): f32, its
+    /// bf16 rounding alone, or both.
+    pub y: Store<'a>,
+    /// Out: `y SiLU(z)`, `[rows, inner]`, from `y` as it is kept (its
+    /// rounding when only bf16 is), so
+    /// [`MambaKernels::gate_bwd`](super::MambaKernels::gate_bwd) recomputes
+    /// the same bits from the kept `y` and `z`.
     pub gate: &'a mut CudaViewMut<'a, f32>,
 }
 

@@ -28,7 +28,7 @@
 
 use cudarc::driver::CudaSlice;
 use kernels::mamba::heads::GroupShape;
-use kernels::mamba::{DecodeKernels, ScanStepInputs, Store};
+use kernels::mamba::{DecodeKernels, ScanStepInputs, Store, Stored};
 
 use super::forward::{op, op_t};
 use super::workspace::ssd_in_width;
@@ -362,13 +362,13 @@ fn ssd_channel_params(
     for (i, lo) in lay.ssd_layers.iter().enumerate() {
         kr.group_bcast(
             s,
-            &params.slice(lo.a_log.clone()),
+            Stored::F32(&params.slice(lo.a_log.clone())),
             &mut buf.a_log_e.slice_mut(i * e * n..(i + 1) * e * n),
             GroupShape::dense(1, h, hp * n),
         )?;
         kr.group_bcast(
             s,
-            &params.slice(lo.d.clone()),
+            Stored::F32(&params.slice(lo.d.clone())),
             &mut buf.d_e.slice_mut(i * e..(i + 1) * e),
             GroupShape::dense(1, h, hp),
         )?;
@@ -432,14 +432,14 @@ fn ssd_layer_step(
     )?;
     kr.group_bcast(
         s,
-        &b.xz.slice(e + cd..e + cd + h),
+        Stored::F32(&b.xz.slice(e + cd..e + cd + h)),
         &mut b.dt_h.as_view_mut(),
         GroupShape::dense(1, h, 1),
     )?;
     kr.dt_softplus(s, &mut b.dt_h.as_view_mut(), None, &wv(&lo.dt_bias), 1, h)?;
     kr.group_bcast(
         s,
-        &b.dt_h.as_view(),
+        Stored::F32(&b.dt_h.as_view()),
         &mut b.dt.as_view_mut(),
         GroupShape::dense(1, h, hp),
     )?;

@@ -194,7 +194,7 @@ fn block_forward(
     let wv = |range: &std::ops::Range<usize>| p.slice(range.clone());
 
     block_norm(e, &lo.norm, p, (m, d), x_in, xn, &mut a.rstd)?;
-    e.blas.gemm(
+    e.blas.gemm_into(
         "in_proj",
         m,
         w,
@@ -202,13 +202,13 @@ fn block_forward(
         op(xn.elems(), d),
         op_t(&wv(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj)),
         0.0,
-        &mut a.zx.as_view_mut(),
+        a.zx.gemm_out(),
         w,
     )?;
-    let xbc = a.zx.slice(di..);
+    let xbc = a.zx.view_from(di);
     kr.conv_fwd(
         s,
-        Stored::F32(&xbc),
+        xbc.stored(),
         w,
         &wv(&lo.conv_w),
         &wv(&lo.conv_b),
@@ -225,12 +225,13 @@ fn block_forward(
         ld_heads: w,
         ld_channels: h,
     };
-    kr.group_bcast(s, &a.zx.slice(di + cd..), &mut a.dt.as_view_mut(), dt_cols)?;
+    let dt_raw = a.zx.view_from(di + cd);
+    kr.group_bcast(s, dt_raw.stored(), &mut a.dt.as_view_mut(), dt_cols)?;
     kr.dt_softplus(s, &mut a.dt.as_view_mut(), None, &wv(&lo.dt_bias), m, h)?;
 
     let (uc, dt) = (a.uc.as_view(), a.dt.as_view());
     let (a_log, dskip) = (wv(&lo.a_log), wv(&lo.d));
-    let z = a.zx.as_view();
+    let z = a.zx.view();
     kr.ssd_forward(
         s,
         e.ssd_products,
@@ -238,9 +239,9 @@ fn block_forward(
         ssd_inputs((&uc, &dt), (&a_log, &dskip), cd),
         &mut scan.views(),
         SsdForward {
-            z: &z,
+            z: z.stored(),
             ldz: w,
-            y: &mut a.y.as_view_mut(),
+            y: a.y.produce(),
             gate: &mut a.g.as_view_mut(),
         },
     )?;
@@ -425,12 +426,12 @@ pub(super) fn backward_blocks(
             di,
             false,
         )?;
-        let (y, zx) = (a.y.as_view(), a.zx.as_view());
+        let (y, zx) = (a.y.view(), a.zx.view());
         kr.gate_bwd(
             s,
             &dg.as_view(),
-            Stored::F32(&y),
-            Stored::F32(&zx),
+            y.stored(),
+            zx.stored(),
             w,
             &mut dy.as_view_mut(),
             Store::F32(dzx.as_view_mut()),
@@ -490,11 +491,11 @@ pub(super) fn backward_blocks(
         // Conv + SiLU over x, B, C: duc (the scan's dx | dB dC) through
         // SiLU in place, then the input gradient into zx's conv columns and the
         // conv's weight and bias.
-        let xbc = a.zx.slice(di..);
+        let xbc = a.zx.view_from(di);
         let (conv_w, conv_b) = (wv(&lo.conv_w), wv(&lo.conv_b));
         kr.conv_bwd_pre(
             s,
-            Stored::F32(&xbc),
+            xbc.stored(),
             w,
             &conv_w,
             &conv_b,
@@ -525,7 +526,7 @@ pub(super) fn backward_blocks(
         kr.conv_wgrad(
             s,
             &duc.as_view(),
-            Stored::F32(&xbc),
+            xbc.stored(),
             w,
             &mut colsum.as_view_mut(),
             &mut grads.slice_mut(wr.start..br.end),

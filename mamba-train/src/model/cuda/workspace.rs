@@ -21,7 +21,8 @@
 //! not a layout one: [`WorkspaceOptions::bf16_acts`] (on by default; off
 //! keeps them in f32, the bits of the builds before it). A `d_inner` that
 //! is odd keeps them in f32 (the scan stages bf16 columns two channels a
-//! copy).
+//! copy). Mamba-2 blocks keep their in_proj output `zx` and scan output `y`
+//! in bf16 alone the same way, at any width ([`SsdActs`]).
 //!
 //! Two activations are not kept per block at all, because remaking them is
 //! a pass over memory that costs less than keeping them: the norm output
@@ -206,19 +207,21 @@ impl<A> BlockActs<A> {
 
 /// What one Mamba-2 block's backward pass needs from its forward pass
 /// (`cd = d_inner + 2 n_groups d_state` conv channels, in_proj width `w =
-/// d_inner + cd + heads`). Kept in f32 in every precision. The scan keeps
-/// nothing of its own: its backward recomputes the chunk states.
+/// d_inner + cd + heads`). `zx` and `y` are bf16 alone in bf16 runs with
+/// `bf16_acts` (f32 otherwise); the others are f32 in every precision (the
+/// SSD kernels stage `uc` as f32, the gated norm reads `g` as f32). The scan
+/// keeps nothing of its own: its backward recomputes the chunk states.
 pub(crate) struct SsdActs {
     /// 1/rms of each row of the block's input, `[rows]`.
     pub rstd: CudaSlice<f32>,
     /// in_proj output, `[rows, w]`: z, then x, B, C, then dt_raw.
-    pub zx: CudaSlice<f32>,
+    pub zx: ActBuf,
     /// `SiLU(conv(x | B | C))`, `[rows, cd]` (the scan's x, B and C).
     pub uc: CudaSlice<f32>,
     /// `softplus(dt_raw + dt_bias)` per head, `[rows, heads]`.
     pub dt: CudaSlice<f32>,
     /// Scan output `y` (with `D x`), `[rows, d_inner]` (the gate's backward).
-    pub y: CudaSlice<f32>,
+    pub y: ActBuf,
     /// `y SiLU(z)`, `[rows, d_inner]`: the gated norm's input.
     pub g: CudaSlice<f32>,
     /// 1/rms of each row of `g`, `[rows]`.
@@ -490,7 +493,10 @@ impl Workspace {
             bf16_copies,
             bf16_acts,
         } = options;
-        let half_acts = bf16 && bf16_acts && cfg.d_inner() % 2 == 0;
+        // Mamba-1's scan stages bf16 columns in pairs; Mamba-2's kernels
+        // read them one at a time.
+        let ssd_half_acts = bf16 && bf16_acts;
+        let half_acts = ssd_half_acts && cfg.d_inner() % 2 == 0;
         let bf16 = bf16 && bf16_copies;
         let rows = batch * seq_len;
         let loss_rows = rows.min(loss_chunk_rows.max(1));
@@ -543,7 +549,7 @@ impl Workspace {
                 cfg,
                 (batch, seq_len),
                 (sets, recompute),
-                bf16,
+                (bf16, ssd_half_acts),
                 &label,
             )?)
         } else {
@@ -618,13 +624,13 @@ pub(crate) fn ssd_in_width(cfg: &ModelConfig) -> usize {
 /// The Mamba-2 buffers of a workspace: `sets` block activation sets
 /// (shared by all blocks when `shared`; `label` names them), the scan's
 /// scratch and the backward's buffers ([`SsdBufs`]); `bf16`: the bf16 GEMM
-/// operand copies.
+/// operand copies; `half_acts`: `zx` and `y` in bf16 alone.
 fn ssd_bufs(
     a: &mut Alloc<'_>,
     cfg: &ModelConfig,
     (batch, seq_len): (usize, usize),
     (sets, shared): (usize, bool),
-    bf16: bool,
+    (bf16, half_acts): (bool, bool),
     label: &dyn Fn(usize, &str) -> String,
 ) -> Result<SsdBufs> {
     let rows = batch * seq_len;
@@ -635,10 +641,10 @@ fn ssd_bufs(
         let w_ = |s: &str| label(l, s);
         acts.push(SsdActs {
             rstd: a.zeros(&w_("rstd"), rows)?,
-            zx: a.zeros(&w_("in_proj output"), rows * w)?,
+            zx: a.act(half_acts, &w_("in_proj output"), rows * w)?,
             uc: a.zeros(&w_("conv output"), rows * cd)?,
             dt: a.zeros(&w_("dt"), rows * heads)?,
-            y: a.zeros(&w_("scan output"), rows * di)?,
+            y: a.act(half_acts, &w_("scan output"), rows * di)?,
             g: a.zeros(&w_("gated norm input"), rows * di)?,
             rstd_g: a.zeros(&w_("gated norm rstd"), rows)?,
         });
