@@ -9,8 +9,9 @@
 //! [`kernels::mamba::SSD_CHUNK`] tokens a diagonal block and the state the
 //! chunk enters with, the states passed from chunk to chunk; its backward
 //! recomputes the entry states and keeps every sum in a fixed order (no
-//! atomics). Its activations are f32 in every precision; the GEMMs take
-//! the precision, as for Mamba-1, and so do the scan's chunk products (f32
+//! atomics). bf16 runs keep `zx` and `y` in bf16 alone (the module's other
+//! activations stay f32: the SSD kernels stage `uc` as f32, the gated norm
+//! reads `g` as f32); the GEMMs take the precision, as for Mamba-1, and so do the scan's chunk products (f32
 //! FMAs in f32 runs, tf32 tensor cores in tf32 and bf16 runs:
 //! [`kernels::mamba::SsdProducts`], the engine's choice). Its
 //! chunk length is the kernels' constant, so the model's `chunk_size`
