@@ -62,10 +62,12 @@ extern "C" __global__ void mamba_embed_bwd(const unsigned* __restrict__ uniq,
 // ------------------------------------------------------------------ RMSNorm
 
 // y = w * (x * r), r = 1 / sqrt(mean(x^2) + eps) (Hugging Face MambaRMSNorm),
-// into y and/or its bf16 copy y_h (either may be null).
+// into y and/or its bf16 copy y_h (either may be null); x is f32 (`x`) or,
+// when that is null, kept in bf16 (`x_h`).
 // One warp per row: lane-strided serial sums, then a xor butterfly.
 // grid ceil(M / 8), block 256.
 extern "C" __global__ void mamba_rmsnorm_fwd(const float* __restrict__ x,
+                                             const unsigned short* __restrict__ x_h,
                                              const float* __restrict__ w,
                                              float* __restrict__ y,
                                              unsigned short* __restrict__ y_h,
@@ -74,21 +76,26 @@ extern "C" __global__ void mamba_rmsnorm_fwd(const float* __restrict__ x,
     const long long m = (long long)blockIdx.x * 8 + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (m >= M) return;  // whole warp leaves together
-    const float* xr = x + m * d;
     float ss = 0.0f;
-    for (int j = lane; j < d; j += 32) ss = ss + xr[j] * xr[j];
+    for (int j = lane; j < d; j += 32) {
+        const float v = load_f32_bf16(x, x_h, m * d + j);
+        ss = ss + v * v;
+    }
     ss = group_sum(ss, 32);
     const float r = 1.0f / sqrtf(ss / (float)d + eps);
-    for (int j = lane; j < d; j += 32) store_f32_bf16(y, y_h, m * d + j, w[j] * (xr[j] * r));
+    for (int j = lane; j < d; j += 32)
+        store_f32_bf16(y, y_h, m * d + j, w[j] * (load_f32_bf16(x, x_h, m * d + j) * r));
     if (lane == 0) rstd[m] = r;
 }
 
 // dx = r * w * dy - x * r^3 * (sum_k dy_k w_k x_k) / d; written (accumulate
 // = 0) or added to dx (accumulate = 1: the residual stream's gradient); the
-// result's bf16 copy into dx_h when it is not null.
+// result's bf16 copy into dx_h when it is not null. x is f32 (`x`) or, when
+// that is null, kept in bf16 (`x_h`).
 // grid ceil(M / 8), block 256.
 extern "C" __global__ void mamba_rmsnorm_bwd(const float* __restrict__ dy,
                                              const float* __restrict__ x,
+                                             const unsigned short* __restrict__ x_h,
                                              const float* __restrict__ w,
                                              const float* __restrict__ rstd,
                                              float* __restrict__ dx,
@@ -97,16 +104,15 @@ extern "C" __global__ void mamba_rmsnorm_bwd(const float* __restrict__ dy,
     const long long m = (long long)blockIdx.x * 8 + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (m >= M) return;
-    const float* xr = x + m * d;
     const float* gr = dy + m * d;
     float s = 0.0f;
-    for (int j = lane; j < d; j += 32) s = s + gr[j] * w[j] * xr[j];
+    for (int j = lane; j < d; j += 32) s = s + gr[j] * w[j] * load_f32_bf16(x, x_h, m * d + j);
     s = group_sum(s, 32);
     const float r = rstd[m];
     const float k = r * r * r * s / (float)d;
     float* out = dx + m * d;
     for (int j = lane; j < d; j += 32) {
-        const float v = r * w[j] * gr[j] - xr[j] * k;
+        const float v = r * w[j] * gr[j] - load_f32_bf16(x, x_h, m * d + j) * k;
         store_f32_bf16(out, dx_h ? dx_h + m * d : nullptr, j, accumulate ? out[j] + v : v);
     }
 }

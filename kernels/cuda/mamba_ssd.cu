@@ -255,6 +255,9 @@ extern "C" __global__ void mamba_ssd_state_pass(float* __restrict__ st,
 
 // y = the chunk's output (module docs) and gate = y SiLU(z) ([M, H*P];
 // z's columns h*P + p with leading dimension ldz), from the entry states st.
+// z is f32 (`z`) or, when that is null, bf16 (`zh`); y and gate are stored
+// in f32 and / or bf16 (either of each pair may be null), and the gate reads
+// y as it is kept.
 // grid (nbc, H), block kThreads.
 extern "C" __global__ void __launch_bounds__(kThreads)
     mamba_ssd_chunk_out(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
@@ -262,7 +265,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                         const float* __restrict__ dpar, const float* __restrict__ st,
                         const float* __restrict__ z, const unsigned short* __restrict__ zh,
                         long long ldz, float* __restrict__ y, unsigned short* __restrict__ yh,
-                        float* __restrict__ gate, int T, int H, int P, int N, int hpg, int nc) {
+                        float* __restrict__ gate, unsigned short* __restrict__ gateh, int T,
+                        int H, int P, int N, int hpg, int nc) {
     __shared__ __align__(16) float sA[kTile], sB[kTile];
     __shared__ float sM[kQ * (kQ + 1)];
     __shared__ float sX[kQ * kTp];
@@ -322,7 +326,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                 const long long col = (long long)h * P + p0 + pp;
                 // The gate reads y as it is kept, as the gate's backward does.
                 const float yk = store_kept(y, yh, r * E + col, yv);
-                gate[r * E + col] = gate_out(yk, load_f32_bf16(z, zh, r * ldz + col));
+                store_f32_bf16(gate, gateh, r * E + col,
+                               gate_out(yk, load_f32_bf16(z, zh, r * ldz + col)));
             }
         }
     }

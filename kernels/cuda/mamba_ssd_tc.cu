@@ -204,8 +204,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
                            const float* __restrict__ dpar, const float* __restrict__ st,
                            const float* __restrict__ z, const unsigned short* __restrict__ zh,
                            long long ldz, float* __restrict__ y,
-                           unsigned short* __restrict__ yh, float* __restrict__ gate, int T,
-                           int H, int P, int N, int hpg, int nc,
+                           unsigned short* __restrict__ yh, float* __restrict__ gate,
+                           unsigned short* __restrict__ gateh, int T, int H, int P, int N,
+                           int hpg, int nc,
                            const float* __restrict__ cbg) {
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
@@ -312,7 +313,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
                 const float yv = t.acc[nt][e] + dh * sX[i * kKm + pp];
                 // The gate reads y as it is kept, as the gate's backward does.
                 const float yk = store_kept(y, yh, r * E + col, yv);
-                gate[r * E + col] = gate_out(yk, load_f32_bf16(z, zh, r * ldz + col));
+                store_f32_bf16(gate, gateh, r * E + col,
+                               gate_out(yk, load_f32_bf16(z, zh, r * ldz + col)));
             }
     }
 }

@@ -26,12 +26,15 @@
 //!   0.2 in the parameters the GPU runs is flagged on that layer's `A_log`
 //!   or `dt_bias` gradient (so passing parity is not vacuous).
 //! - `tf32_and_bf16_are_within_their_tolerances_and_really_change_the_gemms`.
+//! - `norm_kernels_read_a_bf16_input_as_its_widened_f32`: RMSNorm's forward,
+//!   backward and weight-gradient column sum give the same bits from a
+//!   bf16 input as from the f32 values it widens to (the gated norm's `g`).
 //! - `the_bits_repeat_and_do_not_depend_on_recompute_or_the_chunk_size`:
 //!   one loss and gradient bit pattern on two fresh models (f32, bf16),
 //!   with `set_recompute(true)` (and less workspace), and for chunk sizes 4,
 //!   16 and 64 (the CUDA scan's chunk is its kernels' constant); negative
 //!   control: another batch, another digest. In bf16, `set_bf16_acts(false)`
-//!   (in_proj's output and `y` kept in f32) gives other bits, which repeat,
+//!   (in_proj's output, `y` and `g` kept in f32) gives other bits, which repeat,
 //!   on a larger workspace.
 //! - `graph_replays_give_the_eager_bits`: the pass replayed as a CUDA graph
 //!   over 4 changing batches (tokens, distinct tokens, counted targets) is
@@ -77,7 +80,7 @@ use cuda_common::{
     batch, digest, gpu_required, kernels_on_device0, no_gpu_reason, perturbed, rel_l2,
 };
 use kernels::mamba::heads::{group_sum_host, GroupShape};
-use kernels::mamba::Stored;
+use kernels::mamba::{ColSum, Store, Stored};
 use mamba_train::config::{Arch, SsdConfig};
 use mamba_train::model::cpu::Mamba2Model;
 use mamba_train::model::cuda::{CudaModel, GraphStats, Precision};
@@ -607,6 +610,92 @@ fn bits_of(m: &mut CudaModel, p: &[f32], b: &Batch) -> (u32, String) {
 }
 
 #[test]
+fn norm_kernels_read_a_bf16_input_as_its_widened_f32() {
+    // Mamba-2's gated-norm input g is kept in bf16 in bf16 runs: the norm's
+    // forward, backward and weight-gradient sum must read it as exactly the
+    // f32 it widens to (the same bits as the f32 input of those values).
+    let Some((ctx, k)) = kernels_on_device0() else {
+        return;
+    };
+    let s = ctx.default_stream();
+    let mut r = Rng::new(43);
+    let (rows, d) = (37, 200);
+    let n = rows * d;
+    let xh: Vec<u16> = mixed(&mut r, n)
+        .iter()
+        .map(|x| (x.to_bits() >> 16) as u16)
+        .collect();
+    let xw: Vec<f32> = xh
+        .iter()
+        .map(|&h| f32::from_bits(u32::from(h) << 16))
+        .collect();
+    let (w, dy) = (mixed(&mut r, d), mixed(&mut r, n));
+    let (d_xh, d_xw) = (s.clone_htod(&xh).unwrap(), s.clone_htod(&xw).unwrap());
+    let (d_w, d_dy) = (s.clone_htod(&w).unwrap(), s.clone_htod(&dy).unwrap());
+    let run = |x: Stored<'_>| -> Vec<u32> {
+        let (mut y, mut rstd) = (
+            s.alloc_zeros::<f32>(n).unwrap(),
+            s.alloc_zeros::<f32>(rows).unwrap(),
+        );
+        let mut dx = s.alloc_zeros::<f32>(n).unwrap();
+        let mut scratch = s
+            .alloc_zeros::<f32>(kernels::mamba::MambaKernels::colsum_scratch_len(rows, d))
+            .unwrap();
+        let mut dw = s.alloc_zeros::<f32>(d).unwrap();
+        k.rmsnorm_fwd(
+            &s,
+            x,
+            &d_w.as_view(),
+            Store::F32(y.as_view_mut()),
+            &mut rstd.as_view_mut(),
+            rows,
+            d,
+            1e-5,
+        )
+        .expect("rmsnorm_fwd");
+        k.rmsnorm_bwd(
+            &s,
+            &d_dy.as_view(),
+            x,
+            &d_w.as_view(),
+            &rstd.as_view(),
+            Store::F32(dx.as_view_mut()),
+            rows,
+            d,
+            false,
+        )
+        .expect("rmsnorm_bwd");
+        let rs = rstd.as_view();
+        k.colsum(
+            &s,
+            ColSum::ProductRowScaled {
+                a: &d_dy.as_view(),
+                lda: d,
+                b: x,
+                ldb: d,
+                row_scale: &rs,
+            },
+            rows,
+            d,
+            &mut scratch.as_view_mut(),
+            &mut dw.as_view_mut(),
+        )
+        .expect("colsum");
+        [y, rstd, dx, dw]
+            .iter()
+            .flat_map(|v| s.clone_dtoh(v).unwrap())
+            .map(f32::to_bits)
+            .collect()
+    };
+    let (half, wide) = (
+        run(Stored::Bf16(&d_xh.as_view())),
+        run(Stored::F32(&d_xw.as_view())),
+    );
+    assert!(half.iter().any(|&b| b != 0), "all-zero outputs");
+    assert_eq!(half, wide, "bf16 x read otherwise than its widened f32");
+}
+
+#[test]
 fn the_bits_repeat_and_do_not_depend_on_recompute_or_the_chunk_size() {
     // 3 blocks (recompute keeps one block's activations of three).
     let cfg = m2(60, 32, 3, 32, 4, 8, 8);
@@ -633,7 +722,7 @@ fn the_bits_repeat_and_do_not_depend_on_recompute_or_the_chunk_size() {
         eprintln!("{prec}: workspace {bytes} bytes with recompute, {plain_bytes} without");
         assert!(bytes < plain_bytes, "{prec}: recompute saved nothing");
         if prec == Precision::Bf16 {
-            // in_proj's output and y kept in bf16 alone are a precision
+            // in_proj's output, y and g kept in bf16 alone are a precision
             // choice: f32 activations are other bits, which repeat, on a
             // larger workspace.
             let half_bytes = fresh.workspace_bytes();

@@ -105,12 +105,12 @@ impl MambaKernels {
 
     /// RMSNorm forward over `rows` rows of width `d`: `y = w * (x * r)`
     /// (f32, bf16 or both), `r = 1/sqrt(mean(x^2) + eps)`, saving
-    /// `rstd[m] = r`.
+    /// `rstd[m] = r`; `x` f32 or kept in bf16.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_fwd(
         &self,
         stream: &CudaStream,
-        x: &CudaView<f32>,
+        x: Stored<'_>,
         w: &CudaView<f32>,
         mut y: Store<'_>,
         rstd: &mut CudaViewMut<f32>,
@@ -135,8 +135,10 @@ impl MambaKernels {
             block: REDUCE_THREADS,
         };
         let [y_f32, y_bf16] = y.args();
+        let [x_f32, x_bf16] = x.args();
         let mut args = [
-            Arg::In(x),
+            x_f32,
+            x_bf16,
             Arg::In(w),
             y_f32,
             y_bf16,
@@ -145,24 +147,25 @@ impl MambaKernels {
             Arg::Int("d", d),
             Arg::F32(eps),
         ];
-        // SAFETY: matches mamba_rmsnorm_fwd(const float* x, const float* w,
-        // float* y, unsigned short* y_h, float* rstd, long long M, int d,
-        // float eps) (y and y_h each null or checked); all extents checked
-        // above.
+        // SAFETY: matches mamba_rmsnorm_fwd(const float* x, const unsigned
+        // short* x_h (one of the two null: Stored), const float* w, float*
+        // y, unsigned short* y_h, float* rstd, long long M, int d, float eps)
+        // (y and y_h each null or checked); all extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
     /// RMSNorm backward: `dx = r w dy - x r^3 (sum_k dy_k w_k x_k) / d`,
     /// written to `dx` or, with `accumulate`, added to it (the residual
     /// stream's gradient; `dx` must then hold f32 values), and the result's
-    /// bf16 copy stored too when `dx` has one. The weight gradient is a
-    /// [`ColSum::ProductRowScaled`] of `dy`, `x` and `rstd`.
+    /// bf16 copy stored too when `dx` has one; `x` f32 or kept in bf16.
+    /// The weight gradient is a [`ColSum::ProductRowScaled`] of `dy`, `x`
+    /// and `rstd`.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_bwd(
         &self,
         stream: &CudaStream,
         dy: &CudaView<f32>,
-        x: &CudaView<f32>,
+        x: Stored<'_>,
         w: &CudaView<f32>,
         rstd: &CudaView<f32>,
         mut dx: Store<'_>,
@@ -194,9 +197,11 @@ impl MambaKernels {
             block: REDUCE_THREADS,
         };
         let [dx_f32, dx_bf16] = dx.args();
+        let [x_f32, x_bf16] = x.args();
         let mut args = [
             Arg::In(dy),
-            Arg::In(x),
+            x_f32,
+            x_bf16,
             Arg::In(w),
             Arg::In(rstd),
             dx_f32,
@@ -206,7 +211,8 @@ impl MambaKernels {
             Arg::I32(accumulate as i32),
         ];
         // SAFETY: matches mamba_rmsnorm_bwd(const float* dy, const float* x,
-        // const float* w, const float* rstd, float* dx, unsigned short* dx_h,
+        // const unsigned short* x_h (one of the two null: Stored), const
+        // float* w, const float* rstd, float* dx, unsigned short* dx_h,
         // long long M, int d, int accumulate) (dx and dx_h each null or
         // checked; dx not null when accumulating); extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }

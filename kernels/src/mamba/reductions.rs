@@ -38,11 +38,11 @@ pub enum ColSum<'a> {
         ldb: usize,
     },
     /// `a[m, c] * b[m, c] * row_scale[m]` (RMSNorm's weight gradient with
-    /// `row_scale` = the saved 1/rms).
+    /// `row_scale` = the saved 1/rms; `b` f32 or kept in bf16).
     ProductRowScaled {
         a: &'a CudaView<'a, f32>,
         lda: usize,
-        b: &'a CudaView<'a, f32>,
+        b: Stored<'a>,
         ldb: usize,
         row_scale: &'a CudaView<'a, f32>,
     },
@@ -114,7 +114,7 @@ impl MambaKernels {
                 row_scale,
             } => {
                 check::len(K, "row_scale", row_scale.len(), rows)?;
-                (a, lda, Stored::F32(b), ldb, row_scale, 2)
+                (a, lda, b, ldb, row_scale, 2)
             }
         };
         check::matrix(K, "a", a.len(), rows, cols, lda)?;

@@ -225,7 +225,8 @@ impl MambaKernels {
         let n = check::mul(K, "y", rows, inner)?;
         out.y
             .check_each("y", |what, have| check::len(K, what, have, n))?;
-        check::matrix(K, "gate", out.gate.len(), rows, inner, inner)?;
+        out.gate
+            .check_each("gate", |what, have| check::len(K, what, have, n))?;
         let products = self.products(products);
         if products.cb.is_some() {
             let need = shape.group_matrix_len();
@@ -250,8 +251,9 @@ impl MambaKernels {
             block: THREADS,
         };
         let [z_f32, z_bf16] = out.z.args();
-        let mut y = out.y;
+        let (mut y, mut gate) = (out.y, out.gate);
         let [y_f32, y_bf16] = y.args();
+        let [gate_f32, gate_bf16] = gate.args();
         let mut args = [
             Arg::In(inp.xbc),
             Arg::Long("ldu", inp.ldu),
@@ -266,7 +268,8 @@ impl MambaKernels {
             Arg::Long("ldz", out.ldz),
             y_f32,
             y_bf16,
-            Arg::Out(out.gate),
+            gate_f32,
+            gate_bf16,
             Arg::Int("seq_len", shape.seq_len),
             Arg::Int("heads", shape.heads),
             Arg::Int("head_dim", shape.head_dim),
@@ -281,8 +284,9 @@ impl MambaKernels {
         // ldu, int b_off, int c_off, const float* dt, const float* s, const
         // float* dpar, const float* st, const float* z, const unsigned
         // short* zh (one of the two null: Stored), long long ldz, float* y,
-        // unsigned short* yh (either null: Store), float* gate, int T, int
-        // H, int P, int N, int hpg, int nc); block (bc, h) reads its chunk's
+        // unsigned short* yh, float* gate, unsigned short* gateh (either of
+        // each pair null: Store), int T, int H, int P, int N, int hpg, int
+        // nc); block (bc, h) reads its chunk's
         // rows of xbc (columns < conv_channels), dt / s at [row, h], D[h],
         // its state st[bc][h][P][N], z at [row, h*P + p], and writes y /
         // gate there: all checked above. Its dynamic shared memory (none for the SIMT

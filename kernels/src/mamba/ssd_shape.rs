@@ -231,11 +231,11 @@ pub struct SsdForward<'a> {
     /// Out: `y`, `[rows, inner]` (kept for the gate's backward): f32, its
     /// bf16 rounding alone, or both.
     pub y: Store<'a>,
-    /// Out: `y SiLU(z)`, `[rows, inner]`, from `y` as it is kept (its
-    /// rounding when only bf16 is), so
+    /// Out: `y SiLU(z)`, `[rows, inner]` (f32, its bf16 rounding alone, or
+    /// both), from `y` as it is kept (its rounding when only bf16 is), so
     /// [`MambaKernels::gate_bwd`](super::MambaKernels::gate_bwd) recomputes
     /// the same bits from the kept `y` and `z`.
-    pub gate: &'a mut CudaViewMut<'a, f32>,
+    pub gate: Store<'a>,
 }
 
 /// Inputs and outputs of [`MambaKernels::ssd_backward`](super::MambaKernels::ssd_backward).

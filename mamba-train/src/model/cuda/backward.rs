@@ -30,7 +30,7 @@
 //! ```
 
 use cudarc::driver::CudaSlice;
-use kernels::mamba::{ColSum, ScanBackward, ScanInputs, Store};
+use kernels::mamba::{ColSum, ScanBackward, ScanInputs, Store, Stored};
 
 use super::forward::{
     again, block_forward, block_norm, cast_copy, half, op, op_t, store_into, stored, Scratch,
@@ -71,7 +71,7 @@ pub(super) fn backward(
         ColSum::ProductRowScaled {
             a: &ws.dxn.as_view(),
             lda: d,
-            b: &last,
+            b: Stored::F32(&last),
             ldb: d,
             row_scale: &ws.rstd_f.as_view(),
         },
@@ -83,7 +83,7 @@ pub(super) fn backward(
     kr.rmsnorm_bwd(
         s,
         &ws.dxn.as_view(),
-        &last,
+        Stored::F32(&last),
         &norm_f,
         &ws.rstd_f.as_view(),
         Store::f32_and(ws.dres.as_view_mut(), store_into(&mut ws.dres_h, m * d)),
@@ -400,7 +400,7 @@ pub(super) fn block_norm_bwd(
         ColSum::ProductRowScaled {
             a: &dxn,
             lda: d,
-            b: &x_in,
+            b: Stored::F32(&x_in),
             ldb: d,
             row_scale: &rstd,
         },
@@ -412,7 +412,7 @@ pub(super) fn block_norm_bwd(
     kr.rmsnorm_bwd(
         s,
         &dxn,
-        &x_in,
+        Stored::F32(&x_in),
         &p.slice(norm.clone()),
         &rstd,
         Store::f32_and(dres.as_view_mut(), dres_h),

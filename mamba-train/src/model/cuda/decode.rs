@@ -178,7 +178,7 @@ impl CudaDecoder {
             let w = |range: &std::ops::Range<usize>| p.slice(range.clone());
             kr.rmsnorm_fwd(
                 s,
-                &b.x.as_view(),
+                Stored::F32(&b.x.as_view()),
                 &w(&lo.norm),
                 Store::F32(b.xn.as_view_mut()),
                 &mut b.rstd.as_view_mut(),
@@ -256,7 +256,7 @@ impl CudaDecoder {
         }
         kr.rmsnorm_fwd(
             s,
-            &b.x.as_view(),
+            Stored::F32(&b.x.as_view()),
             &p.slice(lay.norm_f.clone()),
             Store::F32(b.xf.as_view_mut()),
             &mut b.rstd.as_view_mut(),
@@ -400,7 +400,7 @@ fn ssd_layer_step(
     let wv = |range: &std::ops::Range<usize>| p.slice(range.clone());
     kr.rmsnorm_fwd(
         s,
-        &b.x.as_view(),
+        Stored::F32(&b.x.as_view()),
         &wv(&lo.norm),
         Store::F32(b.xn.as_view_mut()),
         &mut b.rstd.as_view_mut(),
@@ -481,7 +481,7 @@ fn ssd_layer_step(
     }
     kr.rmsnorm_fwd(
         s,
-        &b.g.as_view(),
+        Stored::F32(&b.g.as_view()),
         &wv(&lo.norm_gated),
         Store::F32(b.gn.as_view_mut()),
         &mut b.rstd.as_view_mut(),

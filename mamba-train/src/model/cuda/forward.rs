@@ -19,7 +19,7 @@
 //! [`super::ssd`]'s, around the same embedding and final norm.
 
 use cudarc::driver::CudaSlice;
-use kernels::mamba::{ScanForward, ScanInputs, ScanShape, Store};
+use kernels::mamba::{ScanForward, ScanInputs, ScanShape, Store, Stored};
 
 use super::blas::{Elems, Operand};
 use super::workspace::{ActBuf, LayerActs, Workspace};
@@ -149,7 +149,7 @@ pub(super) fn forward(
     let norm_f = p.slice(lay.norm_f.clone());
     kr.rmsnorm_fwd(
         s,
-        &last.as_view(),
+        Stored::F32(&last.as_view()),
         &norm_f,
         Store::f32_and(ws.xf.as_view_mut(), store_into(&mut ws.xf_h, m * d)),
         &mut ws.rstd_f.as_view_mut(),
@@ -187,7 +187,7 @@ pub(super) fn block_norm(
 ) -> Result<()> {
     e.kernels.rmsnorm_fwd(
         &e.stream,
-        &x_in.as_view(),
+        Stored::F32(&x_in.as_view()),
         &p.slice(norm.clone()),
         xn.produce(),
         &mut rstd.as_view_mut(),

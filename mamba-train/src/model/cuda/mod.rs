@@ -51,10 +51,10 @@
 //! Mamba-2 ([`crate::config::Arch::Mamba2`], any number of groups of B and
 //! C) runs through the same passes, workspace, graph and optimizer: its
 //! blocks are `ssd`'s, over the chunked SSD kernels
-//! ([`kernels::mamba::ssd`]). bf16 runs keep its in_proj output and scan
-//! output `y` in bf16 alone (as Mamba-1's, [`CudaModel::set_bf16_acts`]),
-//! its conv output, `dt` and gated-norm input in f32; the GEMMs take the
-//! precision, and so do the scan's chunk products: f32
+//! ([`kernels::mamba::ssd`]). bf16 runs keep its in_proj output, scan
+//! output `y` and gated-norm input in bf16 alone (as Mamba-1's,
+//! [`CudaModel::set_bf16_acts`]), its conv output and `dt` in f32; the GEMMs
+//! take the precision, and so do the scan's chunk products: f32
 //! FMAs in f32 runs, tf32 tensor cores in tf32 and bf16 runs
 //! ([`SsdProducts`]). Its chunk length is the kernels' constant, so it
 //! agrees with the CPU's chunked SSD within tolerance and its bits do not

@@ -9,9 +9,9 @@
 //! [`kernels::mamba::SSD_CHUNK`] tokens a diagonal block and the state the
 //! chunk enters with, the states passed from chunk to chunk; its backward
 //! recomputes the entry states and keeps every sum in a fixed order (no
-//! atomics). bf16 runs keep `zx` and `y` in bf16 alone (the module's other
-//! activations stay f32: the SSD kernels stage `uc` as f32, the gated norm
-//! reads `g` as f32); the GEMMs take the precision, as for Mamba-1, and so do the scan's chunk products (f32
+//! atomics). bf16 runs keep `zx`, `y` and `g` in bf16 alone (`uc` and `dt`
+//! stay f32: the SSD kernels stage them as f32); the GEMMs take the
+//! precision, as for Mamba-1, and so do the scan's chunk products (f32
 //! FMAs in f32 runs, tf32 tensor cores in tf32 and bf16 runs:
 //! [`kernels::mamba::SsdProducts`], the engine's choice). Its
 //! chunk length is the kernels' constant, so the model's `chunk_size`
@@ -243,12 +243,12 @@ fn block_forward(
             z: z.stored(),
             ldz: w,
             y: a.y.produce(),
-            gate: &mut a.g.as_view_mut(),
+            gate: a.g.produce(),
         },
     )?;
     kr.rmsnorm_fwd(
         s,
-        &a.g.as_view(),
+        a.g.view().stored(),
         &wv(&lo.norm_gated),
         gn.produce(),
         &mut a.rstd_g.as_view_mut(),
@@ -380,7 +380,7 @@ pub(super) fn backward_blocks(
         )?;
         kr.rmsnorm_fwd(
             s,
-            &a.g.as_view(),
+            a.g.view().stored(),
             &wv(&lo.norm_gated),
             gn.produce(),
             &mut rstd_again.as_view_mut(),
@@ -401,13 +401,13 @@ pub(super) fn backward_blocks(
         )?;
 
         // Gated RMSNorm, then the gate (dz into zx's z columns).
-        let (gv, rstd_g) = (a.g.as_view(), a.rstd_g.as_view());
+        let (gv, rstd_g) = (a.g.view(), a.rstd_g.as_view());
         kr.colsum(
             s,
             ColSum::ProductRowScaled {
                 a: &dgn.as_view(),
                 lda: di,
-                b: &gv,
+                b: gv.stored(),
                 ldb: di,
                 row_scale: &rstd_g,
             },
@@ -419,7 +419,7 @@ pub(super) fn backward_blocks(
         kr.rmsnorm_bwd(
             s,
             &dgn.as_view(),
-            &gv,
+            gv.stored(),
             &wv(&lo.norm_gated),
             &rstd_g,
             Store::F32(dg.as_view_mut()),

@@ -21,8 +21,9 @@
 //! not a layout one: [`WorkspaceOptions::bf16_acts`] (on by default; off
 //! keeps them in f32, the bits of the builds before it). A `d_inner` that
 //! is odd keeps them in f32 (the scan stages bf16 columns two channels a
-//! copy). Mamba-2 blocks keep their in_proj output `zx` and scan output `y`
-//! in bf16 alone the same way, at any width ([`SsdActs`]).
+//! copy). Mamba-2 blocks keep their in_proj output `zx`, scan output `y`
+//! and gated-norm input `g` in bf16 alone the same way, at any width
+//! ([`SsdActs`]).
 //!
 //! Two activations are not kept per block at all, because remaking them is
 //! a pass over memory that costs less than keeping them: the norm output
@@ -207,10 +208,10 @@ impl<A> BlockActs<A> {
 
 /// What one Mamba-2 block's backward pass needs from its forward pass
 /// (`cd = d_inner + 2 n_groups d_state` conv channels, in_proj width `w =
-/// d_inner + cd + heads`). `zx` and `y` are bf16 alone in bf16 runs with
-/// `bf16_acts` (f32 otherwise); the others are f32 in every precision (the
-/// SSD kernels stage `uc` as f32, the gated norm reads `g` as f32). The scan
-/// keeps nothing of its own: its backward recomputes the chunk states.
+/// d_inner + cd + heads`). `zx`, `y` and `g` are bf16 alone in bf16 runs
+/// with `bf16_acts` (f32 otherwise); `uc` and `dt` are f32 in every
+/// precision (the SSD kernels stage them as f32). The scan keeps nothing of
+/// its own: its backward recomputes the chunk states.
 pub(crate) struct SsdActs {
     /// 1/rms of each row of the block's input, `[rows]`.
     pub rstd: CudaSlice<f32>,
@@ -223,7 +224,7 @@ pub(crate) struct SsdActs {
     /// Scan output `y` (with `D x`), `[rows, d_inner]` (the gate's backward).
     pub y: ActBuf,
     /// `y SiLU(z)`, `[rows, d_inner]`: the gated norm's input.
-    pub g: CudaSlice<f32>,
+    pub g: ActBuf,
     /// 1/rms of each row of `g`, `[rows]`.
     pub rstd_g: CudaSlice<f32>,
 }
@@ -645,7 +646,7 @@ fn ssd_bufs(
             uc: a.zeros(&w_("conv output"), rows * cd)?,
             dt: a.zeros(&w_("dt"), rows * heads)?,
             y: a.act(half_acts, &w_("scan output"), rows * di)?,
-            g: a.zeros(&w_("gated norm input"), rows * di)?,
+            g: a.act(half_acts, &w_("gated norm input"), rows * di)?,
             rstd_g: a.zeros(&w_("gated norm rstd"), rows)?,
         });
     }
