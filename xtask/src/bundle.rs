@@ -8,7 +8,8 @@
 //!   programs;
 //! - `scripts/`: the Python references (transformers cross-check, PyTorch
 //!   step benchmark);
-//! - `run.sh`: `./run.sh tests [FILTER]`, `./run.sh bench reduce|peer|train|scaling|tree`,
+//! - `run.sh`: `./run.sh tests [FILTER]` (`MAMBA_TEST_ONLY` names a subset
+//!   of the binaries), `./run.sh bench reduce|peer|train|scaling|tree`,
 //!   `./run.sh hf-crosscheck`.
 //!
 //! The runner sets `MAMBA_REQUIRE_GPU=1`, so a GPU test that cannot find its
@@ -196,4 +197,94 @@ fn set_executable(path: &Path) -> TaskResult {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(0o755))
         .map_err(|e| format!("cannot chmod {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Output;
+
+    /// A bundle of stand-in test binaries (each prints a passing result
+    /// line and names itself into `ran`) and a fake `nvidia-smi` listing
+    /// one GPU, so the runner's test loop runs on a machine without one.
+    fn fake_bundle(root: &Path, names: &[&str]) -> TaskResult {
+        let (tests, bin) = (root.join("b/tests"), root.join("fakebin"));
+        fs::create_dir_all(&tests).map_err(|e| e.to_string())?;
+        fs::create_dir_all(&bin).map_err(|e| e.to_string())?;
+        let write = |path: PathBuf, text: String| -> TaskResult {
+            fs::write(&path, text).map_err(|e| e.to_string())?;
+            set_executable(&path)
+        };
+        write(
+            bin.join("nvidia-smi"),
+            "#!/bin/sh\necho 'GPU 0: fake'\n".into(),
+        )?;
+        write(root.join("b/run.sh"), RUNNER.into())?;
+        for name in names {
+            write(
+                tests.join(name),
+                format!(
+                    "#!/bin/sh\necho {name} >> {}\necho 'test result: ok. 1 passed; 0 failed'\n",
+                    root.join("ran").display()
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn run_tests(root: &Path, only: Option<&str>) -> (Output, String) {
+        let _ = fs::remove_file(root.join("ran"));
+        let path = format!(
+            "{}:{}",
+            root.join("fakebin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut cmd = Command::new("bash");
+        cmd.arg(root.join("b/run.sh"))
+            .arg("tests")
+            .env("PATH", path)
+            .env("MAMBA_LOG_DIR", root.join("logs"))
+            .env_remove("MAMBA_TEST_ONLY");
+        if let Some(only) = only {
+            cmd.env("MAMBA_TEST_ONLY", only);
+        }
+        let out = cmd.output().expect("bash runs");
+        let ran = fs::read_to_string(root.join("ran")).unwrap_or_default();
+        (out, ran)
+    }
+
+    #[test]
+    fn the_runner_runs_the_named_subset_and_refuses_a_name_that_matches_nothing() {
+        let root = std::env::temp_dir().join(format!("xtask-runner-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let names = [
+            "cuda_mamba2-1a",
+            "cuda_mamba2_extra-2b",
+            "digest_pins-3c",
+            "cuda_train-4d",
+        ];
+        fake_bundle(&root, &names).expect("fake bundle");
+
+        let (out, ran) = run_tests(&root, None);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            ran.lines().count(),
+            4,
+            "the whole suite runs every binary: {ran}"
+        );
+
+        // Exact names before the hash: cuda_mamba2 is not cuda_mamba2_extra.
+        let (out, ran) = run_tests(&root, Some("cuda_mamba2 digest_pins"));
+        assert!(out.status.success(), "{out:?}");
+        let mut got: Vec<&str> = ran.lines().collect();
+        got.sort_unstable();
+        assert_eq!(got, ["cuda_mamba2-1a", "digest_pins-3c"]);
+
+        // A name that matches no binary fails, naming it.
+        let (out, _) = run_tests(&root, Some("cuda_mamba digest_pins"));
+        assert!(!out.status.success(), "a misspelt subset passed: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cuda_mamba,"), "{err}");
+        let _ = fs::remove_dir_all(&root);
+    }
 }

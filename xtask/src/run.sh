@@ -2,7 +2,9 @@
 # Runner of a bundle written by `cargo xtask bundle DIR` (also used by
 # `cargo xtask test-multigpu`). Needs no Rust toolchain.
 #
-#   ./run.sh tests [FILTER]     every test binary, GPU tests required (logs in $MAMBA_LOG_DIR or ./logs)
+#   ./run.sh tests [FILTER]     every test binary, GPU tests required (logs in $MAMBA_LOG_DIR or ./logs);
+#                               MAMBA_TEST_ONLY="cuda_mamba2 digest_pins" runs only the binaries so named
+#                               (the same environment as the whole suite: a short device lease's subset)
 #   ./run.sh bench reduce|train the benchmarks, printed as tables
 #   ./run.sh bench scaling      P = 2 vs P = 1 step time of the CLI at the 130m shape (dp_scaling)
 #   ./run.sh bench tree         gradient memory and step time, fixed-order vs fixed-tree, L/P = 1..64 on one GPU (tree_memory)
@@ -34,9 +36,14 @@ tests)
     # unless MAMBA_REQUIRE_GPUS demands that many.
     export MAMBA_REQUIRE_GPUS="${MAMBA_REQUIRE_GPUS:-$n}"
     echo "run.sh: $n GPU(s), tests needing up to $MAMBA_REQUIRE_GPUS required; logs in $log"
-    fail=0 passed=0 failed=0
+    fail=0 passed=0 failed=0 ran=0
     for t in "$here"/tests/*; do
         name=$(basename "$t")
+        if [ -n "${MAMBA_TEST_ONLY:-}" ]; then
+            # Binaries are named <test>-<hash>: match the part before the hash.
+            case " $MAMBA_TEST_ONLY " in *" ${name%-*} "*) ;; *) continue ;; esac
+        fi
+        ran=$((ran + 1))
         start=$(date +%s)
         # A hung binary must not eat the whole lease: each gets a hard limit.
         if timeout -k 5 "${MAMBA_TEST_TIMEOUT:-300}" "$t" --test-threads=1 --nocapture $filter >"$log/$name.log" 2>&1; then st=ok; else st=FAILED; fail=1; fi
@@ -52,7 +59,14 @@ tests)
         echo "run.sh: some tests skipped although MAMBA_REQUIRE_GPU=$MAMBA_REQUIRE_GPU:"
         grep -h 'skipping:' "$log"/*.log | sort | uniq -c
     fi
-    echo "$passed passed, $failed failed"
+    # A subset that names no binary must not pass vacuously.
+    for want in ${MAMBA_TEST_ONLY:-}; do
+        if ! ls "$here"/tests/"$want"-* >/dev/null 2>&1; then
+            echo "run.sh: MAMBA_TEST_ONLY names $want, which is no test binary of this bundle (see $here/tests)" >&2
+            fail=1
+        fi
+    done
+    echo "$passed passed, $failed failed${MAMBA_TEST_ONLY:+ ($ran binaries of MAMBA_TEST_ONLY)}"
     exit $fail
     ;;
 bench)
