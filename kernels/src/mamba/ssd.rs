@@ -286,10 +286,10 @@ impl MambaKernels {
         // short* zh (one of the two null: Stored), long long ldz, float* y,
         // unsigned short* yh, float* gate, unsigned short* gateh (either of
         // each pair null: Store), int T, int H, int P, int N, int hpg, int
-        // nc); block (bc, h) reads its chunk's
-        // rows of xbc (columns < conv_channels), dt / s at [row, h], D[h],
-        // its state st[bc][h][P][N], z at [row, h*P + p], and writes y /
-        // gate there: all checked above. Its dynamic shared memory (none for the SIMT
+        // nc); block (bc, h) reads its chunk's rows of xbc (columns <
+        // conv_channels), dt / s at [row, h], D[h], its state
+        // st[bc][h][P][N], z at [row, h*P + p], and writes y / gate there:
+        // all checked above. Its dynamic shared memory (none for the SIMT
         // kernel) is the size the tensor-core kernel's attribute was raised
         // to when the module was loaded.
         unsafe { self.launch(stream, launch, &mut args) }
