@@ -234,8 +234,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     // (rows i, [i][kOutLd]) and H (rows p, [p][kOutLd]) into buffer buf.
     auto stage_x = [&](int p0) {
         tile_pieces(vec, [&](int j, int c, int width) {
-            cp_async_piece(sX + j * kKm + c, rows + j * ldu + h * P + p0 + c, j < ck.q && p0 + c < P,
-                  width);
+            cp_async_piece(sX + j * kKm + c, rows + j * ldu + h * P + p0 + c,
+                           j < ck.q && p0 + c < P, width);
         });
         cp_async_commit();
     };
@@ -246,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
             const bool in_n = n0 + c < N;
             cp_async_piece(dC + r * kOutLd + c, Cr + r * ldu + n0 + c, r < ck.q && in_n, width);
             cp_async_piece(dH + r * kOutLd + c, hst + (long long)(p0 + r) * N + n0 + c,
-                  p0 + r < P && in_n, width);
+                           p0 + r < P && in_n, width);
         });
         cp_async_commit();
     };
