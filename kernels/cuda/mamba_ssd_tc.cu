@@ -9,7 +9,10 @@
 // read by chunk_out and bwd_qq (their one extra argument) instead of once
 // per head; and the chunk states never reach memory, only the entry states
 // made from them. The other SSD kernels (running sums, psum, d dt, dA_log)
-// have no product and are shared. f32 runs keep the SIMT kernels: their
+// have no product and are shared. The state kernels come twice: the
+// entry states and their gradients kept in f32 (tf32 runs) or in bf16
+// (the _h twins, bf16 runs; ssd_tc_tiles.cuh says how they are staged).
+// f32 runs keep the SIMT kernels: their
 // contract is 5e-5 of the f64 program, which tf32 operands (2^-11 relative)
 // cannot keep.
 //
@@ -75,12 +78,16 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 // barrier a chunk. 16-byte copies when every row of both tiles starts
 // 16-byte aligned (`vec`), else 4-byte ones; either lands the same values.
 // grid (B, H, ceil(P / 64) * ceil(N / 64)), block kThreads.
-extern "C" __global__ void __launch_bounds__(kThreads, 3)
-    mamba_ssd_state_scan_tc(const float* __restrict__ X, long long ldx,
-                            const float* __restrict__ Y, long long ldy, int y_off,
-                            const float* __restrict__ dt, const float* __restrict__ s,
-                            float* __restrict__ out, int T, int H, int P, int N, int hpg,
-                            int nc, int mode) {
+//
+// The states are written as S (ssd_tc_tiles.cuh): f32, or their bf16
+// rounding (mamba_ssd_state_scan_tc_h); the carry stays f32 either way.
+template <class S>
+__device__ __forceinline__ void state_scan_tc(const float* __restrict__ X, long long ldx,
+                                              const float* __restrict__ Y, long long ldy,
+                                              int y_off, const float* __restrict__ dt,
+                                              const float* __restrict__ s, S* __restrict__ out,
+                                              int T, int H, int P, int N, int hpg, int nc,
+                                              int mode) {
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
@@ -94,6 +101,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
     const bool vec = ((reinterpret_cast<unsigned long long>(X) |
                        reinterpret_cast<unsigned long long>(Y)) & 15) == 0 &&
                      ((ldx | ldy) & 3) == 0 && ((P | N | y_off) & 3) == 0;
+    const bool pairs =
+        (N & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & (2 * sizeof(S) - 1)) == 0;
     // Step k of the pass: chunk c (of sequence b) and its rows.
     auto chunk_at = [&](int k) { return mode == 0 ? k : nc - 1 - k; };
     auto rows_of = [&](int k) { return chunk_of(b * nc + chunk_at(k), nc, T); };
@@ -163,27 +172,46 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
         t.mma_a([&](int r, int j) { return wk[j] * sX[j * kKm + w.r0 + r]; }, sY + w.c0, kKm,
                 1, (ck.q + 7) / 8);
         const float decay = sdecay[buf];
-        float* o = out + ((long long)(b * nc + chunk_at(k)) * H + h) * P * N;
+        S* o = out + ((long long)(b * nc + chunk_at(k)) * H + h) * P * N;
         // A fragment's elements e and e + 1 are adjacent states (n even):
-        // one 8-byte store when both exist and N is even (the pair then
-        // starts 8-byte aligned), so each 32-byte sector is written whole.
+        // one store of the pair when both exist and N is even (the pair then
+        // starts aligned to its size when out does), so each 32-byte sector
+        // is written whole.
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; e += 2) {
                 const int p = p0 + w.r0 + Tile::row(e), n = n0 + w.c0 + Tile::col(nt, e);
-                float* on = o + (long long)p * N + n;
-                if (p < P && n + 1 < N && (N & 1) == 0) {
-                    *reinterpret_cast<float2*>(on) = float2{carry[nt][e], carry[nt][e + 1]};
+                S* on = o + (long long)p * N + n;
+                if (p < P && n + 1 < N && pairs) {
+                    put_state_pair(on, carry[nt][e], carry[nt][e + 1]);
                 } else if (p < P) {
-                    if (n < N) on[0] = carry[nt][e];
-                    if (n + 1 < N) on[1] = carry[nt][e + 1];
+                    if (n < N) put_state(on, carry[nt][e]);
+                    if (n + 1 < N) put_state(on + 1, carry[nt][e + 1]);
                 }
                 carry[nt][e] = decay * carry[nt][e] + t.acc[nt][e];
                 carry[nt][e + 1] = decay * carry[nt][e + 1] + t.acc[nt][e + 1];
             }
         if (k + 1 < nc) put_weights(k + 1, buf ^ 1);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    mamba_ssd_state_scan_tc(const float* __restrict__ X, long long ldx,
+                            const float* __restrict__ Y, long long ldy, int y_off,
+                            const float* __restrict__ dt, const float* __restrict__ s,
+                            float* __restrict__ out, int T, int H, int P, int N, int hpg,
+                            int nc, int mode) {
+    state_scan_tc(X, ldx, Y, ldy, y_off, dt, s, out, T, H, P, N, hpg, nc, mode);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    mamba_ssd_state_scan_tc_h(const float* __restrict__ X, long long ldx,
+                              const float* __restrict__ Y, long long ldy, int y_off,
+                              const float* __restrict__ dt, const float* __restrict__ s,
+                              unsigned short* __restrict__ out, int T, int H, int P, int N,
+                              int hpg, int nc, int mode) {
+    state_scan_tc(X, ldx, Y, ldy, y_off, dt, s, out, T, H, P, N, hpg, nc, mode);
 }
 
 // mamba_ssd_chunk_out on tensor cores (its arguments, then the group's
@@ -198,16 +226,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
 // next state tile's while the current one's mma runs. exp(s_i) scales C as
 // the mma reads it (the product a staged operand would hold), and D x reads
 // the staged x: the register-staged kernel's values and order, so its bits.
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    mamba_ssd_chunk_out_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
-                           const float* __restrict__ dt, const float* __restrict__ s,
-                           const float* __restrict__ dpar, const float* __restrict__ st,
-                           const float* __restrict__ z, const unsigned short* __restrict__ zh,
-                           long long ldz, float* __restrict__ y,
-                           unsigned short* __restrict__ yh, float* __restrict__ gate,
-                           unsigned short* __restrict__ gateh, int T, int H, int P, int N,
-                           int hpg, int nc,
-                           const float* __restrict__ cbg) {
+// bf16 states (S, mamba_ssd_chunk_out_tc_h) come through registers instead
+// (StateTileRegs): tile nt + 1's loads are issued with C's copies and
+// stored after tile nt's mma, into the buffer tile nt - 1's mma last read.
+template <class S>
+__device__ __forceinline__ void chunk_out_tc(
+    const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+    const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ dpar,
+    const S* __restrict__ st, const float* __restrict__ z, const unsigned short* __restrict__ zh,
+    long long ldz, float* __restrict__ y, unsigned short* __restrict__ yh,
+    float* __restrict__ gate, unsigned short* __restrict__ gateh, int T, int H, int P, int N,
+    int hpg, int nc, const float* __restrict__ cbg) {
+    constexpr bool kRegs = sizeof(S) == 2;
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
@@ -226,10 +256,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     const long long E = (long long)H * P;
     const float* rows = xbc + ck.m0 * ldu;
     const float* Cr = rows + c_off + g * N;
-    const float* hst = st + ((long long)bc * H + h) * P * N;
+    const S* hst = st + ((long long)bc * H + h) * P * N;
     const bool vec = ((reinterpret_cast<unsigned long long>(xbc) |
                        reinterpret_cast<unsigned long long>(st)) & 15) == 0 &&
                      ((ldu | P | N | c_off) & 3) == 0;
+    bool vec_h = vec;
+    if constexpr (kRegs) vec_h = state_rows_vec8(st, N);
+    StateTileRegs hreg;
     // x of channels p0.. (step-major [j][kKm]) and the state tile nt of C
     // (rows i, [i][kOutLd]) and H (rows p, [p][kOutLd]) into buffer buf.
     auto stage_x = [&](int p0) {
@@ -245,10 +278,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
         tile_pieces(vec, [&](int r, int c, int width) {
             const bool in_n = n0 + c < N;
             cp_async_piece(dC + r * kOutLd + c, Cr + r * ldu + n0 + c, r < ck.q && in_n, width);
-            cp_async_piece(dH + r * kOutLd + c, hst + (long long)(p0 + r) * N + n0 + c,
-                           p0 + r < P && in_n, width);
+            if constexpr (!kRegs) {
+                cp_async_piece(dH + r * kOutLd + c, hst + (long long)(p0 + r) * N + n0 + c,
+                               p0 + r < P && in_n, width);
+            }
         });
         cp_async_commit();
+        if constexpr (kRegs) {
+            hreg.load(vec_h, [&](int r, int c) -> const unsigned short* {
+                return p0 + r < P && n0 + c < N ? hst + (long long)(p0 + r) * N + n0 + c
+                                                : nullptr;
+            });
+        }
+    };
+    // bf16 states: the H tile in registers into buffer buf.
+    auto put_h = [&](int buf) {
+        if constexpr (kRegs) hreg.store(vec_h, sH(buf));
     };
     const int ntn = (N + kQ - 1) / kQ;
     // The 8-step mma steps of the state product: those of its 32-state
@@ -270,11 +315,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
         }
     if (tid < kQ) ses[tid] = tid < ck.q ? expf(ss[tid]) : 0.0f;
     const float dh = dpar[h];
+    put_h(0);
     for (int p0 = 0; p0 < P; p0 += kQ) {
         if (p0 > 0) {
             __syncthreads();  // the previous channels' reads of sX and the buffers
             stage_x(p0);
             stage_state(p0, 0, 0);
+            put_h(0);
         }
         t.zero();
         for (int nt = 0; nt < ntn; ++nt) {
@@ -301,6 +348,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
             const float* es = ses + w.r0;
             t.mma_a([&](int r, int k) { return es[r] * cb_[r * kOutLd + k]; },
                     sH(nt & 1) + w.c0 * kOutLd, 1, kOutLd, min(8, state_steps - 8 * nt));
+            if (nt + 1 < ntn) put_h((nt + 1) & 1);
         }
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
@@ -317,6 +365,33 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
                                gate_out(yk, load_f32_bf16(z, zh, r * ldz + col)));
             }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    mamba_ssd_chunk_out_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                           const float* __restrict__ dt, const float* __restrict__ s,
+                           const float* __restrict__ dpar, const float* __restrict__ st,
+                           const float* __restrict__ z, const unsigned short* __restrict__ zh,
+                           long long ldz, float* __restrict__ y,
+                           unsigned short* __restrict__ yh, float* __restrict__ gate,
+                           unsigned short* __restrict__ gateh, int T, int H, int P, int N,
+                           int hpg, int nc, const float* __restrict__ cbg) {
+    chunk_out_tc(xbc, ldu, b_off, c_off, dt, s, dpar, st, z, zh, ldz, y, yh, gate, gateh, T, H,
+                 P, N, hpg, nc, cbg);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    mamba_ssd_chunk_out_tc_h(const float* __restrict__ xbc, long long ldu, int b_off,
+                             int c_off, const float* __restrict__ dt,
+                             const float* __restrict__ s, const float* __restrict__ dpar,
+                             const unsigned short* __restrict__ st,
+                             const float* __restrict__ z, const unsigned short* __restrict__ zh,
+                             long long ldz, float* __restrict__ y,
+                             unsigned short* __restrict__ yh, float* __restrict__ gate,
+                             unsigned short* __restrict__ gateh, int T, int H, int P, int N,
+                             int hpg, int nc, const float* __restrict__ cbg) {
+    chunk_out_tc(xbc, ldu, b_off, c_off, dt, s, dpar, st, z, zh, ldz, y, yh, gate, gateh, T, H,
+                 P, N, hpg, nc, cbg);
 }
 
 // mamba_ssd_bwd_qq on tensor cores (its arguments, then the group's C B^T
@@ -404,14 +479,17 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 // cp.async, the next tile in flight while the current one's mma runs; the
 // dots and D dy read the staged dy. The sums and their order are the
 // register-staged kernel's (32-state mma steps, 32-row tiles of M^T dy).
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    mamba_ssd_bwd_dx_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
-                        const float* __restrict__ dt, const float* __restrict__ s,
-                        const float* __restrict__ dpar, const float* __restrict__ dy,
-                        const float* __restrict__ Mq, const float* __restrict__ st,
-                        const float* __restrict__ dst, float* __restrict__ dxbc,
-                        long long lddx, float* __restrict__ rst, float* __restrict__ o_row,
-                        float* __restrict__ dsh, int T, int H, int P, int N, int hpg, int nc) {
+// bf16 states (S, mamba_ssd_bwd_dx_tc_h): H and dS through registers, as
+// in chunk_out_tc.
+template <class S>
+__device__ __forceinline__ void bwd_dx_tc(
+    const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+    const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ dpar,
+    const float* __restrict__ dy, const float* __restrict__ Mq, const S* __restrict__ st,
+    const S* __restrict__ dst, float* __restrict__ dxbc, long long lddx,
+    float* __restrict__ rst, float* __restrict__ o_row, float* __restrict__ dsh, int T, int H,
+    int P, int N, int hpg, int nc) {
+    constexpr bool kRegs = sizeof(S) == 2;
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
@@ -430,8 +508,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     const long long E = (long long)H * P;
     const float* rows = xbc + ck.m0 * ldu;
     const float* dyr = dy + ck.m0 * E + (long long)h * P;
-    const float* ds = dst + ((long long)bc * H + h) * P * N;
-    const float* hst = st + ((long long)bc * H + h) * P * N;
+    const S* ds = dst + ((long long)bc * H + h) * P * N;
+    const S* hst = st + ((long long)bc * H + h) * P * N;
     const float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
     const bool vec = ((reinterpret_cast<unsigned long long>(xbc) |
                        reinterpret_cast<unsigned long long>(dy) |
@@ -439,6 +517,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
                        reinterpret_cast<unsigned long long>(st) |
                        reinterpret_cast<unsigned long long>(dst)) & 15) == 0 &&
                      ((ldu | P | N | b_off | c_off) & 3) == 0;
+    bool vec_h = vec;
+    if constexpr (kRegs) {
+        vec_h = state_rows_vec8(reinterpret_cast<const unsigned short*>(st), N) &&
+                state_rows_vec8(reinterpret_cast<const unsigned short*>(dst), N);
+    }
+    StateTileRegs hreg;
     // M (every step of it, the first tile only) and dy of the channels p0..
     auto stage_dy = [&](int p0) {
         tile_pieces(vec, [&](int r, int c, int width) {
@@ -455,15 +539,26 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
         const bool first = k < ntn;
         const int n0 = (first ? k : k - ntn) * kQ;
         const float* Ar = rows + (first ? c_off : b_off) + g * N + n0;
-        const float* Br = (first ? hst : ds) + n0;
+        const S* Br = (first ? hst : ds) + n0;
         float *dA = sA(buf), *dB = sB(buf);
         tile_pieces(vec, [&](int r, int c, int width) {
             const bool in_n = n0 + c < N;
             cp_async_piece(dA + r * kOutLd + c, Ar + r * ldu + c, r < ck.q && in_n, width);
-            cp_async_piece(dB + r * kOutLd + c, Br + (long long)(p0 + r) * N + c,
-                           p0 + r < P && in_n, width);
+            if constexpr (!kRegs) {
+                cp_async_piece(dB + r * kOutLd + c, Br + (long long)(p0 + r) * N + c,
+                               p0 + r < P && in_n, width);
+            }
         });
         cp_async_commit();
+        if constexpr (kRegs) {
+            hreg.load(vec_h, [&](int r, int c) -> const unsigned short* {
+                return p0 + r < P && n0 + c < N ? Br + (long long)(p0 + r) * N + c : nullptr;
+            });
+        }
+    };
+    // bf16 states: the state tile in registers into buffer buf.
+    auto put_b = [&](int buf) {
+        if constexpr (kRegs) hreg.store(vec_h, sB(buf));
     };
     const int state_steps = 4 * ((N + kKt - 1) / kKt);
     stage_dy(0);
@@ -475,11 +570,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     const Share w = share();
     float part[2] = {0.0f, 0.0f}, po[2] = {0.0f, 0.0f};
     Tile t;
+    put_b(0);
     for (int p0 = 0; p0 < P; p0 += kQ) {
         if (p0 > 0) {
             __syncthreads();  // the previous channels' reads of sDy and the buffers
             stage_dy(p0);
             stage_state(p0, 0, 0);
+            put_b(0);
         }
         t.zero();
         for (int k = 0; k < 2 * ntn; ++k) {
@@ -495,6 +592,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
             const int nt = k < ntn ? k : k - ntn;
             t.mma(sA(k & 1) + w.r0 * kOutLd, kOutLd, 1, sB(k & 1) + w.c0 * kOutLd, 1, kOutLd,
                   min(8, state_steps - 8 * nt));
+            if (k + 1 < 2 * ntn) put_b((k + 1) & 1);
             if (k == ntn - 1) {
                 // (H C_i)[p] of this tile's channels, dotted with dy_i.
 #pragma unroll
@@ -555,7 +653,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
         o_row[(ck.m0 + j) * H + h] = expf(ss[j]) * (sdot[1][0][j] + sdot[1][1][j]);
     }
     float v = 0.0f;
-    for (long long e = tid; e < (long long)P * N; e += kThreads) v = v + ds[e] * hst[e];
+    for (long long e = tid; e < (long long)P * N; e += kThreads) {
+        v = v + state_f32(ds[e]) * state_f32(hst[e]);
+    }
     v = group_sum(v, 32);
     if (tid % 32 == 0) sred[tid / 32] = v;
     __syncthreads();
@@ -566,21 +666,45 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     }
 }
 
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    mamba_ssd_bwd_dx_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                        const float* __restrict__ dt, const float* __restrict__ s,
+                        const float* __restrict__ dpar, const float* __restrict__ dy,
+                        const float* __restrict__ Mq, const float* __restrict__ st,
+                        const float* __restrict__ dst, float* __restrict__ dxbc,
+                        long long lddx, float* __restrict__ rst, float* __restrict__ o_row,
+                        float* __restrict__ dsh, int T, int H, int P, int N, int hpg, int nc) {
+    bwd_dx_tc(xbc, ldu, b_off, c_off, dt, s, dpar, dy, Mq, st, dst, dxbc, lddx, rst, o_row, dsh,
+              T, H, P, N, hpg, nc);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    mamba_ssd_bwd_dx_tc_h(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                          const float* __restrict__ dt, const float* __restrict__ s,
+                          const float* __restrict__ dpar, const float* __restrict__ dy,
+                          const float* __restrict__ Mq, const unsigned short* __restrict__ st,
+                          const unsigned short* __restrict__ dst, float* __restrict__ dxbc,
+                          long long lddx, float* __restrict__ rst, float* __restrict__ o_row,
+                          float* __restrict__ dsh, int T, int H, int P, int N, int hpg, int nc) {
+    bwd_dx_tc(xbc, ldu, b_off, c_off, dt, s, dpar, dy, Mq, st, dst, dxbc, lddx, rst, o_row, dsh,
+              T, H, P, N, hpg, nc);
+}
+
 // mamba_ssd_bwd_dbc on tensor cores (same arguments and outputs): the Psum
 // steps into the output's accumulator, then per head of the group
 // (ascending) its (p) steps into a head accumulator, added to the output's
 // scaled by the head's row factor (e^h_j for dB, exp(s^h_i) for dC: the
 // factor multiplies the head's product, not its operand). The tiles of all
 // heads run as one contraction, its operands staged by cp.async
-// (contract_async: no register holds them). grid (nbc, G, 2 ceil(N / 64)),
-// block kThreads.
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    mamba_ssd_bwd_dbc_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
-                         const float* __restrict__ dt, const float* __restrict__ s,
-                         const float* __restrict__ dy, const float* __restrict__ psum,
-                         const float* __restrict__ st, const float* __restrict__ dst,
-                         float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N,
-                         int hpg, int nc) {
+// (contract_async: no register holds them; bf16 states, S of
+// mamba_ssd_bwd_dbc_tc_h, through registers: contract_async_rb). grid (nbc,
+// G, 2 ceil(N / 64)), block kThreads.
+template <class S>
+__device__ __forceinline__ void bwd_dbc_tc(
+    const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+    const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ dy,
+    const float* __restrict__ psum, const S* __restrict__ st, const S* __restrict__ dst,
+    float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N, int hpg, int nc) {
     // Two buffers of each operand tile (contract_async).
     __shared__ float sA[2 * kStage], sB[2 * kStage];
     const int bc = blockIdx.x, g = blockIdx.y;
@@ -623,40 +747,43 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     const int ptiles = (P + kKt - 1) / kKt;
     const int lda = (int)(want_c ? E : ldu);
     const float* a0 = want_c ? dy + ck.m0 * E : rows;
-    const float* m0 = (want_c ? st : dst) + (long long)bc * H * P * N + n0;
+    const S* m0 = (want_c ? st : dst) + (long long)bc * H * P * N + n0;
     Tile th;
-    contract_async<Rows, Steps>(
-        hpg * ptiles, sA, sB, kStage,
-        [&](int k, int r, int kk) -> const float* {
-            const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
-            return r < ck.q && p < P ? a0 + r * lda + h * P + p : nullptr;
-        },
-        [&](int k, int kk, int nn) -> const float* {
-            const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
-            return p < P && n0 + nn < N ? m0 + (h * P + p) * N + nn : nullptr;
-        },
-        [&](int k, const float* a, const float* b) {
-            const int h = g * hpg + k / ptiles;
-            if (k % ptiles == 0) th.zero();
-            mma_rows_steps(th, w, a, b);
-            if (k % ptiles != ptiles - 1) return;
-            float f[2];
+    const auto a_at = [&](int k, int r, int kk) -> const float* {
+        const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
+        return r < ck.q && p < P ? a0 + r * lda + h * P + p : nullptr;
+    };
+    const auto m_at = [&](int k, int kk, int nn) -> const S* {
+        const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
+        return p < P && n0 + nn < N ? m0 + (h * P + p) * N + nn : nullptr;
+    };
+    const auto head_mma = [&](int k, const float* a, const float* b) {
+        const int h = g * hpg + k / ptiles;
+        if (k % ptiles == 0) th.zero();
+        mma_rows_steps(th, w, a, b);
+        if (k % ptiles != ptiles - 1) return;
+        float f[2];
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const int r = w.r0 + Tile::row(2 * u);
-                const long long m = ck.m0 + r;
-                f[u] = 0.0f;
-                if (r < ck.q) {
-                    f[u] = want_c ? expf(s[m * H + h])
-                                  : expf(s[(ck.m0 + ck.last_row) * H + h] - s[m * H + h]) *
-                                        dt[m * H + h];
-                }
+        for (int u = 0; u < 2; ++u) {
+            const int r = w.r0 + Tile::row(2 * u);
+            const long long m = ck.m0 + r;
+            f[u] = 0.0f;
+            if (r < ck.q) {
+                f[u] = want_c ? expf(s[m * H + h])
+                              : expf(s[(ck.m0 + ck.last_row) * H + h] - s[m * H + h]) *
+                                    dt[m * H + h];
             }
+        }
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) t.acc[nt][e] = t.acc[nt][e] + f[e >> 1] * th.acc[nt][e];
-        });
+            for (int e = 0; e < 4; ++e) t.acc[nt][e] = t.acc[nt][e] + f[e >> 1] * th.acc[nt][e];
+    };
+    if constexpr (sizeof(S) == 2) {
+        contract_async_rb<Rows, Steps>(hpg * ptiles, sA, sB, kStage, a_at, m_at, head_mma);
+    } else {
+        contract_async<Rows, Steps>(hpg * ptiles, sA, sB, kStage, a_at, m_at, head_mma);
+    }
     const int col0 = (want_c ? c_off : b_off) + g * N + n0;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -665,4 +792,26 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
             const int r = w.r0 + Tile::row(e), nn = w.c0 + Tile::col(nt, e);
             if (r < ck.q && n0 + nn < N) dxbc[(ck.m0 + r) * lddx + col0 + nn] = t.acc[nt][e];
         }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    mamba_ssd_bwd_dbc_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                         const float* __restrict__ dt, const float* __restrict__ s,
+                         const float* __restrict__ dy, const float* __restrict__ psum,
+                         const float* __restrict__ st, const float* __restrict__ dst,
+                         float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N,
+                         int hpg, int nc) {
+    bwd_dbc_tc(xbc, ldu, b_off, c_off, dt, s, dy, psum, st, dst, dxbc, lddx, T, H, P, N, hpg,
+               nc);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    mamba_ssd_bwd_dbc_tc_h(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+                           const float* __restrict__ dt, const float* __restrict__ s,
+                           const float* __restrict__ dy, const float* __restrict__ psum,
+                           const unsigned short* __restrict__ st,
+                           const unsigned short* __restrict__ dst, float* __restrict__ dxbc,
+                           long long lddx, int T, int H, int P, int N, int hpg, int nc) {
+    bwd_dbc_tc(xbc, ldu, b_off, c_off, dt, s, dy, psum, st, dst, dxbc, lddx, T, H, P, N, hpg,
+               nc);
 }

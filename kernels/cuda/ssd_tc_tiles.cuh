@@ -19,6 +19,10 @@
 // scales an operand or the accumulator before the next product: the same
 // quantity, different rounding, inside the tf32 tolerance.
 //
+// Over 450 lines: the one staging vocabulary of those kernels (the f32
+// operands' cp.async and register paths, and the bf16 states' register
+// path), which reads best beside the layouts it fills.
+//
 // Offsets inside a chunk are 32-bit: 64 rows of any operand and one
 // chunk's H x P x N states span fewer than 2^31 elements (SsdShape's
 // checks), which keeps the staging loads' address arithmetic in single
@@ -233,6 +237,155 @@ __device__ __forceinline__ void contract_async(int tiles, float* sA, float* sB, 
         }
         __syncthreads();
         mma(k, sA + (k & 1) * stride, sB + (k & 1) * stride);
+    }
+}
+
+// How the entry states and their gradients are kept between the state
+// kernels: f32 (tf32 runs) or their bf16 rounding alone (bf16 runs, as the
+// reference keeps its passed states in the input's type). The kernels that
+// make or read them are templates over that type S. A bf16 state is widened
+// to f32 as it is staged, so a product reads the values an f32 kernel fed
+// the states' bf16 rounding would read, in the same order: its bits.
+__device__ __forceinline__ float state_f32(float v) { return v; }
+__device__ __forceinline__ float state_f32(unsigned short h) { return bf16_to_f32(h); }
+__device__ __forceinline__ void put_state(float* o, float v) { *o = v; }
+__device__ __forceinline__ void put_state(unsigned short* o, float v) {
+    *o = (unsigned short)bf16_rne(v);
+}
+// Two adjacent states in one store (o aligned to the pair's size).
+__device__ __forceinline__ void put_state_pair(float* o, float a, float b) {
+    *reinterpret_cast<float2*>(o) = float2{a, b};
+}
+__device__ __forceinline__ void put_state_pair(unsigned short* o, float a, float b) {
+    *reinterpret_cast<unsigned*>(o) = bf16_rne(a) | (bf16_rne(b) << 16);
+}
+
+// A 64 x 64 tile of bf16 states on its way into a row-major f32 tile
+// ([r][kOutLd], where the f32 kernels' cp.async puts it) through this
+// thread's registers, two states a register as loaded (half the registers
+// of widened values): load issues all of the thread's loads before any
+// value is used, store widens and writes them. at(r, c) is element (r,
+// c)'s address, or nullptr for a zero. With vec (every row 16-byte aligned
+// and a piece of 8 along c inside or outside as a whole) the thread's
+// pieces are 8 wide, else single elements; a warp's are consecutive along
+// a row.
+struct StateTileRegs {
+    static constexpr int kN = kQ * kQ / kThreads;
+    unsigned raw[kN / 2];
+
+    template <class F>
+    __device__ __forceinline__ void load(bool vec, F at) {
+        const int tid = threadIdx.x;
+        if (vec) {
+#pragma unroll
+            for (int i = 0; i < kN / 8; ++i) {
+                const int idx = tid + i * kThreads;
+                const unsigned short* p = at(idx / (kQ / 8), 8 * (idx % (kQ / 8)));
+                const uint4 u = p ? *reinterpret_cast<const uint4*>(p) : uint4{0u, 0u, 0u, 0u};
+                raw[4 * i] = u.x;
+                raw[4 * i + 1] = u.y;
+                raw[4 * i + 2] = u.z;
+                raw[4 * i + 3] = u.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < kN; ++i) {
+                const int idx = tid + i * kThreads;
+                const unsigned short* p = at(idx / kQ, idx % kQ);
+                const unsigned h = p ? *p : 0u;
+                raw[i / 2] = i % 2 ? raw[i / 2] | h << 16 : h;
+            }
+        }
+    }
+
+    // Element i of the thread's share (the low half of a register first).
+    __device__ __forceinline__ float value(int i) const {
+        return bf16_to_f32((unsigned short)(i % 2 ? raw[i / 2] >> 16 : raw[i / 2] & 0xffffu));
+    }
+
+    __device__ __forceinline__ void store(bool vec, float* dst) const {
+        const int tid = threadIdx.x;
+        if (vec) {
+#pragma unroll
+            for (int i = 0; i < kN / 8; ++i) {
+                const int idx = tid + i * kThreads;
+                float4* d = reinterpret_cast<float4*>(dst + idx / (kQ / 8) * kOutLd +
+                                                      8 * (idx % (kQ / 8)));
+                const int v = 8 * i;
+                d[0] = float4{value(v), value(v + 1), value(v + 2), value(v + 3)};
+                d[1] = float4{value(v + 4), value(v + 5), value(v + 6), value(v + 7)};
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < kN; ++i) {
+                const int idx = tid + i * kThreads;
+                dst[idx / kQ * kOutLd + idx % kQ] = value(i);
+            }
+        }
+    }
+};
+
+// Whether a bf16 state tile's rows can be loaded in pieces of 8: the
+// states start 16-byte aligned and every row of N does.
+__device__ __forceinline__ bool state_rows_vec8(const unsigned short* st, int N) {
+    return (reinterpret_cast<unsigned long long>(st) & 15) == 0 && (N & 7) == 0;
+}
+
+// contract_async's twin whose B operand is bf16 states (src_b gives an
+// element's address, or nullptr for a zero): A arrives by cp.async as
+// there; B through this thread's registers, widened, tile k + 1's loads
+// issued with A's copies and stored into the other buffer after tile k's
+// mma (that buffer's last reader was tile k - 1's mma, before this
+// iteration's barrier). The same tiles, values and order as contract_async
+// fed the states' rounding, so the same bits.
+template <class LA, class LB, class SA, class SB, class M>
+__device__ __forceinline__ void contract_async_rb(int tiles, float* sA, float* sB, int stride,
+                                                  SA src_a, SB src_b, M mma) {
+    static_assert(LB::kIt % 2 == 0, "two bf16 a register");
+    unsigned rb[LB::kIt / 2];  // two states a register, as loaded
+    auto stage_a = [&](int k) {
+        float* a = sA + (k & 1) * stride;
+#pragma unroll
+        for (int i = 0; i < LA::kIt; ++i) {
+            const int idx = threadIdx.x + i * kThreads;
+            const float* p = src_a(k, LA::first(idx), LA::second(idx));
+            cp_async_piece(a + LA::at(idx), p, p != nullptr, 1);
+        }
+        cp_async_commit();
+    };
+    auto load_b = [&](int k) {
+#pragma unroll
+        for (int i = 0; i < LB::kIt; ++i) {
+            const int idx = threadIdx.x + i * kThreads;
+            const unsigned short* p = src_b(k, LB::first(idx), LB::second(idx));
+            const unsigned h = p ? *p : 0u;
+            rb[i / 2] = i % 2 ? rb[i / 2] | h << 16 : h;
+        }
+    };
+    auto store_b = [&](int k) {
+        float* b = sB + (k & 1) * stride;
+#pragma unroll
+        for (int i = 0; i < LB::kIt; ++i) {
+            const unsigned h = i % 2 ? rb[i / 2] >> 16 : rb[i / 2] & 0xffffu;
+            b[LB::at(threadIdx.x + i * kThreads)] = bf16_to_f32((unsigned short)h);
+        }
+    };
+    __syncthreads();
+    stage_a(0);
+    load_b(0);
+    store_b(0);
+    for (int k = 0; k < tiles; ++k) {
+        if (k + 1 < tiles) {
+            if (k > 0) __syncthreads();
+            stage_a(k + 1);
+            load_b(k + 1);
+            cp_async_wait(1);
+        } else {
+            cp_async_wait(0);
+        }
+        __syncthreads();
+        mma(k, sA + (k & 1) * stride, sB + (k & 1) * stride);
+        if (k + 1 < tiles) store_b(k + 1);
     }
 }
 

@@ -105,6 +105,10 @@ struct alignas(8) float2 {
     float x, y;
 };
 
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+
 // A single-rounding fused multiply-add, as the device's.
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 // A product never contracted into a neighbouring add (the host does not

@@ -11,6 +11,7 @@
 // against the same oracle at tf32's tolerances. Exit status 0 only when
 // every quantity of every shape is within tolerance.
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include "check_report.h"
 #include "mamba_ssd.cu"
@@ -34,6 +35,9 @@ static const auto bwd_dbc = EMU_TC ? mamba_ssd_bwd_dbc_tc : mamba_ssd_bwd_dbc;
 // 3e-4 relative, the gradients' about twice that.
 static const double kTolFwd = EMU_TC ? 1e-3 : 2e-6;
 static const double kTolBwd = EMU_TC ? 2e-3 : 1e-5;
+// bf16 entry states (tensor-core kernels of bf16 runs): each stored state
+// carries 2^-9 relative rounding on top of tf32's.
+static const double kTolStatesH = 2e-3;
 
 // pad: the conv output's columns past x, B and C (odd: rows unaligned, the
 // 4-byte staging; a multiple of 4: 16-byte rows, the vector staging).
@@ -241,6 +245,90 @@ int main() {
         emu_launch({blocks(H), 1, 1}, 256, 0, [&] {
             mamba_ssd_dalog(da_part.data(), fal.data(), da_log.data(), H, nbc);
         });
+        // bf16 runs keep the entry states and their gradients in bf16
+        // (the _h kernels): the state scan stores the rounding of the f32
+        // kernel's states, and every reader gives the bits of the f32
+        // kernel fed those states widened (y, the gate, d x, d B, d C and
+        // the dot terms, compared bit for bit), within bf16's tolerance of
+        // the oracle.
+        long long states_bad = 0;
+        std::vector<float> yh_st((size_t)M * E, nan), dxbc_h((size_t)M * ldu, nan);
+        if (EMU_TC) {
+            auto rne = [](const std::vector<float>& v) {
+                std::vector<unsigned short> r(v.size());
+                for (size_t i = 0; i < v.size(); ++i) r[i] = (unsigned short)mamba::bf16_rne(v[i]);
+                return r;
+            };
+            auto widen = [](const std::vector<unsigned short>& v) {
+                std::vector<float> r(v.size());
+                for (size_t i = 0; i < v.size(); ++i) r[i] = mamba::bf16_to_f32(v[i]);
+                return r;
+            };
+            auto differ = [](const std::vector<float>& a, const std::vector<float>& b) {
+                return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0;
+            };
+            auto states_h = [&](std::vector<unsigned short>& out, const float* Xp, long long ldx,
+                                int y_off, int mode) {
+                emu_launch({(unsigned)B, (unsigned)H, (unsigned)tiles_state}, kThreads,
+                           kStateScanSmemFloats, [&] {
+                    mamba_ssd_state_scan_tc_h(Xp, ldx, fx.data(), ldu, y_off, fdt.data(),
+                                              s.data(), out.data(), T, H, P, N, hpg, nc, mode);
+                });
+            };
+            std::vector<unsigned short> sth(st_len, 0xffff), dsth(st_len, 0xffff);
+            states_h(sth, fx.data(), ldu, b_off, 0);
+            states_bad += sth != rne(st) || sth != rne(st2);
+            states_h(dsth, fdy.data(), E, c_off, 1);
+            states_bad += dsth != rne(dst);
+            const auto stw = widen(sth), dstw = widen(dsth);
+            // The chunk outputs need C B^T, which the psum kernel has since
+            // overwritten in the backward's buffer: made again.
+            group_cb();
+            std::vector<float> ya((size_t)M * E, nan), ga((size_t)M * E, nan),
+                gb((size_t)M * E, nan);
+            emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, kStagedSmemFloats, [&] {
+                mamba_ssd_chunk_out_tc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
+                                       fdp.data(), stw.data(), fz.data(), nullptr, ldz,
+                                       ya.data(), nullptr, ga.data(), nullptr, T, H, P, N, hpg,
+                                       nc, cbg.data());
+            });
+            emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, kStagedSmemFloats, [&] {
+                mamba_ssd_chunk_out_tc_h(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
+                                         fdp.data(), sth.data(), fz.data(), nullptr, ldz,
+                                         yh_st.data(), nullptr, gb.data(), nullptr, T, H, P, N,
+                                         hpg, nc, cbg.data());
+            });
+            states_bad += differ(ya, yh_st) || differ(ga, gb);
+            std::vector<float> dxa((size_t)M * ldu, nan), rsa((size_t)M * H, nan),
+                rsb((size_t)M * H, nan), ora((size_t)M * H, nan), orb((size_t)M * H, nan),
+                dsa((size_t)nbc * H, nan), dsb((size_t)nbc * H, nan);
+            emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, kStagedSmemFloats, [&] {
+                mamba_ssd_bwd_dx_tc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
+                                    fdp.data(), fdy.data(), mq.data(), stw.data(), dstw.data(),
+                                    dxa.data(), ldu, rsa.data(), ora.data(), dsa.data(), T, H, P,
+                                    N, hpg, nc);
+            });
+            emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, kStagedSmemFloats, [&] {
+                mamba_ssd_bwd_dx_tc_h(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
+                                      fdp.data(), fdy.data(), mq.data(), sth.data(),
+                                      dsth.data(), dxbc_h.data(), ldu, rsb.data(), orb.data(),
+                                      dsb.data(), T, H, P, N, hpg, nc);
+            });
+            emu_launch({(unsigned)nbc, (unsigned)G, (unsigned)(2 * ntn)}, kThreads, 0, [&] {
+                mamba_ssd_bwd_dbc_tc(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
+                                     fdy.data(), psum.data(), stw.data(), dstw.data(),
+                                     dxa.data(), ldu, T, H, P, N, hpg, nc);
+            });
+            emu_launch({(unsigned)nbc, (unsigned)G, (unsigned)(2 * ntn)}, kThreads, 0, [&] {
+                mamba_ssd_bwd_dbc_tc_h(fx.data(), ldu, b_off, c_off, fdt.data(), s.data(),
+                                       fdy.data(), psum.data(), sth.data(), dsth.data(),
+                                       dxbc_h.data(), ldu, T, H, P, N, hpg, nc);
+            });
+            // NaN != NaN under memcmp too only when the bits differ: the
+            // columns neither kernel writes hold the same NaN in both.
+            states_bad += differ(dxa, dxbc_h) || differ(rsa, rsb) || differ(ora, orb) ||
+                          differ(dsa, dsb);
+        }
         // Compare.
         std::vector<float> gdx, gdb, gdc, gddt;
         for (int m = 0; m < M; ++m) {
@@ -254,6 +342,26 @@ int main() {
         printf("B %d T %d H %d P %d N %d G %d (chunks %d):", B, T, H, P, N, G, nc);
         printf(" bf16-acts %s", half_bad ? "FAIL" : "ok");
         fails += half_bad != 0;
+        if (EMU_TC) {
+            // The bf16 states' own error against the oracle: y, d x, d B, d C
+            // of the _h kernels (2^-9 relative per stored state).
+            std::vector<float> hdx, hdb, hdc;
+            for (int m = 0; m < M; ++m) {
+                for (int e = 0; e < E; ++e) hdx.push_back(dxbc_h[(size_t)m * ldu + e]);
+                for (int j = 0; j < G * N; ++j) {
+                    hdb.push_back(dxbc_h[(size_t)m * ldu + b_off + j]);
+                    hdc.push_back(dxbc_h[(size_t)m * ldu + c_off + j]);
+                }
+            }
+            const double ey_h = rel_l2(yh_st, ey), edx_h = rel_l2(hdx, edx),
+                         edb_h = rel_l2(hdb, edb), edc_h = rel_l2(hdc, edc);
+            const bool tol_bad = !(ey_h <= kTolStatesH && edx_h <= kTolStatesH &&
+                                   edb_h <= kTolStatesH && edc_h <= kTolStatesH);
+            printf(" bf16-states %s (y %.1e dx %.1e dB %.1e dC %.1e)",
+                   states_bad ? "FAIL(bits)" : tol_bad ? "FAIL(tolerance)" : "ok", ey_h, edx_h,
+                   edb_h, edc_h);
+            fails += states_bad != 0 || tol_bad;
+        }
         fails += report({{"y", rel_l2(y, ey), kTolFwd},
                          {"gate", rel_l2(gate, egate), kTolFwd},
                          {"dx", rel_l2(gdx, edx), kTolBwd},

@@ -29,6 +29,13 @@
 //! - `norm_kernels_read_a_bf16_input_as_its_widened_f32`: RMSNorm's forward,
 //!   backward and weight-gradient column sum give the same bits from a
 //!   bf16 input as from the f32 values it widens to (the gated norm's `g`).
+//! - `ssd_states_kept_in_bf16_are_the_rounding_of_the_f32_states`: the
+//!   tensor-core SSD kernels with their entry states and state gradients
+//!   kept in bf16 (bf16 runs) store the bf16 rounding of the f32-states
+//!   kernels' states bit for bit, and give `y` and every scan gradient
+//!   within 2e-3 of the f32-states run (and not its bits), the same bits
+//!   twice, at the 130m head shape and a ragged d_state 20 one; the SIMT
+//!   products refuse bf16 states.
 //! - `the_bits_repeat_and_do_not_depend_on_recompute_or_the_chunk_size`:
 //!   one loss and gradient bit pattern on two fresh models (f32, bf16),
 //!   with `set_recompute(true)` (and less workspace), and for chunk sizes 4,
@@ -693,6 +700,268 @@ fn norm_kernels_read_a_bf16_input_as_its_widened_f32() {
     );
     assert!(half.iter().any(|&b| b != 0), "all-zero outputs");
     assert_eq!(half, wide, "bf16 x read otherwise than its widened f32");
+}
+
+/// What one SSD forward and backward on the GPU leaves: the entry states
+/// and their gradients as kept (f32 bits, or bf16 bits widened to u32),
+/// then `y`, the scan's gradients (`dxbc`'s x, B, C columns, `ddt_raw`,
+/// `dA_log`).
+struct SsdRun {
+    states: Vec<u32>,
+    dstates: Vec<u32>,
+    y: Vec<f32>,
+    grads: Vec<f32>,
+}
+
+/// The SSD scratch of one shape, with both kinds of state buffers.
+struct SsdBuffers {
+    f32s: Vec<cudarc::driver::CudaSlice<f32>>,
+    states_f: [cudarc::driver::CudaSlice<f32>; 2],
+    states_h: [cudarc::driver::CudaSlice<u16>; 2],
+}
+
+impl SsdBuffers {
+    fn new(
+        s: &std::sync::Arc<cudarc::driver::CudaStream>,
+        l: kernels::mamba::SsdScratchLens,
+    ) -> Self {
+        let f = |n: usize| s.alloc_zeros::<f32>(n.max(1)).expect("alloc");
+        let h = |n: usize| s.alloc_zeros::<u16>(n.max(1)).expect("alloc");
+        let (rh, cm, ch) = (l.row_heads, l.chunk_matrix, l.chunk_heads);
+        SsdBuffers {
+            f32s: [rh, cm, cm, l.group_matrix, rh, rh, rh, rh, ch, ch]
+                .into_iter()
+                .map(f)
+                .collect(),
+            states_f: [f(l.states), f(l.states)],
+            states_h: [h(l.states), h(l.states)],
+        }
+    }
+
+    /// The scratch of one call, its states in bf16 when `half`.
+    fn views(&mut self, half: bool) -> kernels::mamba::SsdScratch<'_> {
+        use kernels::mamba::SsdStates;
+        let [st_f, dst_f] = &mut self.states_f;
+        let [st_h, dst_h] = &mut self.states_h;
+        let (states, dstates) = if half {
+            (
+                SsdStates::Bf16(st_h.as_view_mut()),
+                SsdStates::Bf16(dst_h.as_view_mut()),
+            )
+        } else {
+            (
+                SsdStates::F32(st_f.as_view_mut()),
+                SsdStates::F32(dst_f.as_view_mut()),
+            )
+        };
+        let [cum, cm, cp, cps, ds_in, ddt_in, rst, o_row, dsh, da_part] = &mut self.f32s[..] else {
+            unreachable!("ten f32 buffers");
+        };
+        kernels::mamba::SsdScratch {
+            cum: cum.as_view_mut(),
+            states,
+            dstates,
+            chunk_m: cm.as_view_mut(),
+            chunk_p: cp.as_view_mut(),
+            chunk_psum: cps.as_view_mut(),
+            ds_in: ds_in.as_view_mut(),
+            ddt_in: ddt_in.as_view_mut(),
+            rst: rst.as_view_mut(),
+            o_row: o_row.as_view_mut(),
+            dsh: dsh.as_view_mut(),
+            da_part: da_part.as_view_mut(),
+        }
+    }
+
+    /// State buffer `i` (0 states, 1 their gradients) as kept.
+    fn states(
+        &self,
+        s: &std::sync::Arc<cudarc::driver::CudaStream>,
+        half: bool,
+        i: usize,
+    ) -> Vec<u32> {
+        if half {
+            let h = s.clone_dtoh(&self.states_h[i]).expect("download");
+            h.into_iter().map(u32::from).collect()
+        } else {
+            let f = s.clone_dtoh(&self.states_f[i]).expect("download");
+            f.into_iter().map(f32::to_bits).collect()
+        }
+    }
+}
+
+/// The SSD kernels at `shape` on `inputs` (xbc, dt, A_log, D, z, dy: host
+/// values), their states kept in bf16 when `half`, else f32.
+fn ssd_run(
+    k: &kernels::mamba::MambaKernels,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    shape: kernels::mamba::SsdShape,
+    products: kernels::mamba::SsdProducts,
+    half: bool,
+    inputs: &[Vec<f32>; 6],
+) -> Result<SsdRun, kernels::KernelError> {
+    use kernels::mamba::{SsdBackward, SsdForward, SsdInputs};
+    let up = |v: &Vec<f32>| s.clone_htod(v).expect("upload");
+    let [xbc, dt, a_log, d, z, dy] = inputs.each_ref().map(up);
+    let (rows, inner, heads) = (shape.rows(), shape.inner(), shape.heads);
+    let cd = shape.conv_channels();
+    let mut bufs = SsdBuffers::new(s, shape.scratch_lens());
+    let f = |n: usize| s.alloc_zeros::<f32>(n.max(1)).expect("alloc");
+    let (mut y, mut gate) = (f(rows * inner), f(rows * inner));
+    let (mut dxbc, mut ddt, mut dalog) = (f(rows * cd), f(rows * heads), f(heads));
+    let (xv, dtv, av, dv, zv, dyv) = (
+        xbc.as_view(),
+        dt.as_view(),
+        a_log.as_view(),
+        d.as_view(),
+        z.as_view(),
+        dy.as_view(),
+    );
+    let inp = SsdInputs {
+        xbc: &xv,
+        ldu: cd,
+        dt: &dtv,
+        a_log: &av,
+        d: &dv,
+    };
+    k.ssd_forward(
+        s,
+        products,
+        shape,
+        inp,
+        &mut bufs.views(half),
+        SsdForward {
+            z: Stored::F32(&zv),
+            ldz: inner,
+            y: Store::F32(y.as_view_mut()),
+            gate: Store::F32(gate.as_view_mut()),
+        },
+    )?;
+    let states = bufs.states(s, half, 0);
+    k.ssd_backward(
+        s,
+        products,
+        shape,
+        inp,
+        &mut bufs.views(half),
+        SsdBackward {
+            dy: &dyv,
+            dxbc: &mut dxbc.as_view_mut(),
+            lddx: cd,
+            ddt_raw: &mut ddt.as_view_mut(),
+            ld_ddt: heads,
+            da_log: &mut dalog.as_view_mut(),
+        },
+    )?;
+    let mut grads = s.clone_dtoh(&dxbc).expect("download");
+    grads.extend(s.clone_dtoh(&ddt).expect("download"));
+    grads.extend(s.clone_dtoh(&dalog).expect("download"));
+    Ok(SsdRun {
+        states,
+        dstates: bufs.states(s, half, 1),
+        y: s.clone_dtoh(&y).expect("download"),
+        grads,
+    })
+}
+
+#[test]
+fn ssd_states_kept_in_bf16_are_the_rounding_of_the_f32_states() {
+    // bf16 runs keep the SSD's entry states and their gradients in bf16
+    // (the tensor-core `_h` kernels): the stored states must be the bf16
+    // rounding of the f32 kernels' states bit for bit (the carry between
+    // chunks stays f32), and what reads them must stay within bf16's
+    // rounding of the f32-states results. Shapes: the 130m head (64
+    // channels, 128 states: the 8-wide loads) over 3 chunks, and d_state 20
+    // with a ragged chunk (single loads).
+    use kernels::mamba::{SsdProducts, SsdShape};
+    let Some((ctx, k)) = kernels_on_device0() else {
+        return;
+    };
+    let s = ctx.default_stream();
+    for (i, shape) in [
+        SsdShape {
+            batch: 2,
+            seq_len: 150,
+            heads: 4,
+            head_dim: 64,
+            d_state: 128,
+            groups: 1,
+        },
+        SsdShape {
+            batch: 1,
+            seq_len: 100,
+            heads: 3,
+            head_dim: 16,
+            d_state: 20,
+            groups: 3,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut r = Rng::new(50 + i as u64);
+        let (rows, heads) = (shape.rows(), shape.heads);
+        let mut uni = |lo: f32, hi: f32, n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| lo + (hi - lo) * r.next_f64() as f32)
+                .collect()
+        };
+        let inputs = [
+            uni(-1.0, 1.0, rows * shape.conv_channels()),
+            uni(0.001, 0.6, rows * heads),
+            uni(-1.0, 1.5, heads),
+            uni(0.5, 1.5, heads),
+            uni(-2.0, 2.0, rows * shape.inner()),
+            uni(-1.0, 1.0, rows * shape.inner()),
+        ];
+        let wide = ssd_run(&k, &s, shape, SsdProducts::Tf32, false, &inputs).expect("f32 states");
+        let half = ssd_run(&k, &s, shape, SsdProducts::Tf32, true, &inputs).expect("bf16 states");
+        let rne = |bits: &[u32]| -> Vec<u32> {
+            bits.iter()
+                .map(|&b| u32::from(kernels::mamba::f32_to_bf16_rne(f32::from_bits(b))))
+                .collect()
+        };
+        assert_eq!(half.states, rne(&wide.states), "shape {i}: entry states");
+        assert_eq!(
+            half.dstates,
+            rne(&wide.dstates),
+            "shape {i}: state gradients"
+        );
+        assert!(
+            wide.states.iter().any(|&b| b != 0) && wide.dstates.iter().any(|&b| b != 0),
+            "shape {i}: all-zero states"
+        );
+        for (what, h, w) in [
+            ("y", &half.y, &wide.y),
+            ("gradients", &half.grads, &wide.grads),
+        ] {
+            assert!(
+                h.iter().all(|x| x.is_finite()),
+                "shape {i}: non-finite {what}"
+            );
+            let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
+            let (d, _) = rel_l2(h, &w64);
+            eprintln!("shape {i}: {what} with bf16 states vs f32 states rel L2 {d:.2e}");
+            // Negative control: the rounding really reached the products.
+            assert!(d > 0.0, "shape {i}: bf16 states changed no bit of {what}");
+            assert!(
+                d < 2e-3,
+                "shape {i}: {what} {d:.2e} from the f32-states run"
+            );
+        }
+        let again = ssd_run(&k, &s, shape, SsdProducts::Tf32, true, &inputs).expect("again");
+        assert_eq!(
+            (digest(&again.y), digest(&again.grads)),
+            (digest(&half.y), digest(&half.grads)),
+            "shape {i}: bf16 states, a second run"
+        );
+        // The SIMT products keep f32 states only: refused, naming them.
+        let e = ssd_run(&k, &s, shape, SsdProducts::F32, true, &inputs)
+            .err()
+            .expect("SIMT products with bf16 states")
+            .to_string();
+        assert!(e.contains("tensor-core products"), "{e}");
+    }
 }
 
 #[test]

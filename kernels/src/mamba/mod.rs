@@ -62,7 +62,7 @@ pub use scan::{
 };
 pub use ssd::{
     SsdBackward, SsdForward, SsdInputs, SsdProducts, SsdScratch, SsdScratchLens, SsdShape,
-    SSD_CHUNK,
+    SsdStates, SSD_CHUNK,
 };
 pub use store::{Store, Stored};
 pub use tokens::{DeviceTokenCsr, TokenCsr};
@@ -86,7 +86,7 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 41] = [
+const SYMBOLS: [(usize, &str); 45] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -128,6 +128,10 @@ const SYMBOLS: [(usize, &str); 41] = [
     (4, "mamba_ssd_bwd_dx_tc"),
     (4, "mamba_ssd_bwd_dbc_tc"),
     (4, "mamba_ssd_cb_tc"),
+    (4, "mamba_ssd_state_scan_tc_h"),
+    (4, "mamba_ssd_chunk_out_tc_h"),
+    (4, "mamba_ssd_bwd_dx_tc_h"),
+    (4, "mamba_ssd_bwd_dbc_tc_h"),
 ];
 
 #[derive(Debug, Clone)]
@@ -173,6 +177,10 @@ struct Functions {
     ssd_bwd_dx_tc: CudaFunction,
     ssd_bwd_dbc_tc: CudaFunction,
     ssd_cb_tc: CudaFunction,
+    ssd_state_scan_tc_h: CudaFunction,
+    ssd_chunk_out_tc_h: CudaFunction,
+    ssd_bwd_dx_tc_h: CudaFunction,
+    ssd_bwd_dbc_tc_h: CudaFunction,
 }
 
 impl MambaKernels {
@@ -256,6 +264,10 @@ impl MambaKernels {
             ssd_bwd_dx_tc: next()?,
             ssd_bwd_dbc_tc: next()?,
             ssd_cb_tc: next()?,
+            ssd_state_scan_tc_h: next()?,
+            ssd_chunk_out_tc_h: next()?,
+            ssd_bwd_dx_tc_h: next()?,
+            ssd_bwd_dbc_tc_h: next()?,
         };
         // The scan kernels and the SSD's tensor-core state scan, chunk
         // outputs and d x take their staging buffers as dynamic shared
@@ -278,6 +290,21 @@ impl MambaKernels {
                 "mamba_ssd_chunk_out_tc",
             ),
             (&f.ssd_bwd_dx_tc, STAGED_SMEM_BYTES, "mamba_ssd_bwd_dx_tc"),
+            (
+                &f.ssd_state_scan_tc_h,
+                STATE_SCAN_SMEM_BYTES,
+                "mamba_ssd_state_scan_tc_h",
+            ),
+            (
+                &f.ssd_chunk_out_tc_h,
+                STAGED_SMEM_BYTES,
+                "mamba_ssd_chunk_out_tc_h",
+            ),
+            (
+                &f.ssd_bwd_dx_tc_h,
+                STAGED_SMEM_BYTES,
+                "mamba_ssd_bwd_dx_tc_h",
+            ),
         ] {
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

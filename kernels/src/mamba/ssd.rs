@@ -18,7 +18,12 @@
 //! call by [`SsdProducts`]: SIMT f32 (`mamba_ssd.cu`) and tf32 tensor cores
 //! (`mamba_ssd_tc.cu`, the same arguments and outputs; its chunk states are
 //! passed by the kernel that makes them, where the SIMT set stores them for
-//! the state pass). The kernels without a product are shared.
+//! the state pass). The kernels without a product are shared. The entry
+//! states and their gradients are kept as [`SsdScratch::states`]' type
+//! says ([`SsdStates`]): f32, or their bf16 rounding alone, which the
+//! tensor-core set's `_h` twins store and read (f32 pointers become
+//! `unsigned short*`; the SAFETY arguments below, which name the f32
+//! kernels, hold for them as written, over the same elements).
 //!
 //! The kernels' twin on the host is `kernels/emu/ssd_check.cpp` (the same
 //! sources compiled as C++ and checked against a sequential f64 recurrence,
@@ -30,7 +35,7 @@
 //! `ssd_shape.rs`; the two sets of product kernels in `ssd_products.rs`. Over 450 lines: the launches of one algorithm in their
 //! order, each with the SAFETY argument it rests on.
 
-use cudarc::driver::{CudaFunction, CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::{CudaFunction, CudaStream, CudaView};
 
 use super::check;
 use super::launcher::{Arg, Grid, Launch};
@@ -41,7 +46,7 @@ use crate::error::KernelError;
 
 pub use super::ssd_products::SsdProducts;
 pub use super::ssd_shape::{
-    SsdBackward, SsdForward, SsdInputs, SsdScratch, SsdScratchLens, SsdShape, SSD_CHUNK,
+    SsdBackward, SsdForward, SsdInputs, SsdScratch, SsdScratchLens, SsdShape, SsdStates, SSD_CHUNK,
 };
 
 impl MambaKernels {
@@ -122,7 +127,7 @@ impl MambaKernels {
         (x, ldx): (&CudaView<'_, f32>, usize),
         (y, y_off): (&CudaView<'_, f32>, usize),
         inp: &SsdInputs<'_>,
-        out: &mut CudaViewMut<'_, f32>,
+        out: &mut SsdStates<'_>,
         cum: &CudaView<'_, f32>,
         mode: usize,
     ) -> Result<(), KernelError> {
@@ -227,7 +232,7 @@ impl MambaKernels {
             .check_each("y", |what, have| check::len(K, what, have, n))?;
         out.gate
             .check_each("gate", |what, have| check::len(K, what, have, n))?;
-        let products = self.products(products);
+        let products = self.products(K, products, scratch.states.is_bf16())?;
         if products.cb.is_some() {
             let need = shape.group_matrix_len();
             check::len(K, "chunk_psum", scratch.chunk_psum.len(), need)?;
@@ -324,7 +329,7 @@ impl MambaKernels {
         )?;
         check::matrix(K, "ddt_raw", out.ddt_raw.len(), rows, heads, out.ld_ddt)?;
         check::len(K, "dA_log", out.da_log.len(), heads)?;
-        let products = self.products(products);
+        let products = self.products(K, products, scratch.states.is_bf16())?;
         // SAFETY: all three were checked above.
         unsafe { self.ssd_entry_states(stream, &products, &shape, &inp, scratch)? };
         let SsdScratch {

@@ -34,7 +34,9 @@ pub enum SsdProducts {
 /// tensor-core chunk_out and bwd_qq take one more argument last, each
 /// group's `C B^T` (`[nbc][G][Q][Q]`), which `cb` (tensor cores only)
 /// makes into `chunk_psum` first (the backward's psum overwrites it after
-/// bwd_qq, its last reader).
+/// bwd_qq, its last reader). The `_h` kernels of bf16 states have their
+/// f32 twin's signature with `unsigned short*` for the states (the same
+/// elements, half the bytes).
 pub(super) struct Products<'a> {
     pub(super) cb: Option<(&'static str, &'a CudaFunction)>,
     pub(super) states: ChunkStates<'a>,
@@ -60,10 +62,26 @@ pub(super) enum ChunkStates<'a> {
 }
 
 impl MambaKernels {
-    pub(super) fn products(&self, which: SsdProducts) -> Products<'_> {
+    /// The kernels of `which`, for states kept in bf16 when `bf16_states`
+    /// (the tensor-core set's `_h` kernels, which store and read them so;
+    /// the SIMT set keeps f32 states only, an error naming the kernel
+    /// `kernel` otherwise).
+    pub(super) fn products(
+        &self,
+        kernel: &'static str,
+        which: SsdProducts,
+        bf16_states: bool,
+    ) -> Result<Products<'_>, KernelError> {
         let f = &self.f;
-        match which {
-            SsdProducts::F32 => Products {
+        Ok(match (which, bf16_states) {
+            (SsdProducts::F32, true) => {
+                return Err(KernelError::invalid(
+                    kernel,
+                    "the SIMT f32 products keep the SSD states in f32; bf16 states need the \
+                     tensor-core products (SsdProducts::Tf32)",
+                ))
+            }
+            (SsdProducts::F32, false) => Products {
                 cb: None,
                 states: ChunkStates::TwoPass(("mamba_ssd_chunk_state", &f.ssd_chunk_state)),
                 chunk_out: ("mamba_ssd_chunk_out", &f.ssd_chunk_out),
@@ -72,7 +90,7 @@ impl MambaKernels {
                 bwd_dx: ("mamba_ssd_bwd_dx", &f.ssd_bwd_dx),
                 bwd_dbc: ("mamba_ssd_bwd_dbc", &f.ssd_bwd_dbc),
             },
-            SsdProducts::Tf32 => Products {
+            (SsdProducts::Tf32, false) => Products {
                 cb: Some(("mamba_ssd_cb_tc", &f.ssd_cb_tc)),
                 states: ChunkStates::Scan(("mamba_ssd_state_scan_tc", &f.ssd_state_scan_tc)),
                 chunk_out: ("mamba_ssd_chunk_out_tc", &f.ssd_chunk_out_tc),
@@ -81,7 +99,16 @@ impl MambaKernels {
                 bwd_dx: ("mamba_ssd_bwd_dx_tc", &f.ssd_bwd_dx_tc),
                 bwd_dbc: ("mamba_ssd_bwd_dbc_tc", &f.ssd_bwd_dbc_tc),
             },
-        }
+            (SsdProducts::Tf32, true) => Products {
+                cb: Some(("mamba_ssd_cb_tc", &f.ssd_cb_tc)),
+                states: ChunkStates::Scan(("mamba_ssd_state_scan_tc_h", &f.ssd_state_scan_tc_h)),
+                chunk_out: ("mamba_ssd_chunk_out_tc_h", &f.ssd_chunk_out_tc_h),
+                staged_smem: STAGED_SMEM_BYTES as u32,
+                bwd_qq: ("mamba_ssd_bwd_qq_tc", &f.ssd_bwd_qq_tc),
+                bwd_dx: ("mamba_ssd_bwd_dx_tc_h", &f.ssd_bwd_dx_tc_h),
+                bwd_dbc: ("mamba_ssd_bwd_dbc_tc_h", &f.ssd_bwd_dbc_tc_h),
+            },
+        })
     }
 
     /// Each group's `C B^T` into `out` (`[nbc][G][Q][Q]`) when the products

@@ -3,9 +3,10 @@
 //! launches in `ssd.rs` rest on; the launch geometry's constants mirror
 //! `mamba_ssd.cu`'s.
 
-use cudarc::driver::{CudaView, CudaViewMut};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchArgs};
 
 use super::check;
+use super::launcher::{ReadArg, WriteArg};
 use super::{Store, Stored};
 use crate::error::KernelError;
 
@@ -191,6 +192,71 @@ pub struct SsdInputs<'a> {
     pub d: &'a CudaView<'a, f32>,
 }
 
+/// How the SSD keeps the chunks' entry states and their gradients between
+/// its kernels ([`SsdScratch::states`], [`SsdScratch::dstates`]): f32, or
+/// their bf16 rounding alone. The type picks the kernels: bf16 states need
+/// the tensor-core products ([`super::SsdProducts::Tf32`]), whose `_h`
+/// kernels store them rounded and widen them as they stage them (bf16 runs
+/// keep them so, as the reference keeps its passed states in the input's
+/// type; the carry from chunk to chunk stays f32). Half the bytes of the
+/// largest buffers the SSD kernels move.
+pub enum SsdStates<'a> {
+    F32(CudaViewMut<'a, f32>),
+    Bf16(CudaViewMut<'a, u16>),
+}
+
+impl SsdStates<'_> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            SsdStates::F32(v) => v.len(),
+            SsdStates::Bf16(v) => v.len(),
+        }
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the states are kept in bf16.
+    pub fn is_bf16(&self) -> bool {
+        matches!(self, SsdStates::Bf16(_))
+    }
+
+    /// A shared view, for the kernels that read the states.
+    pub(super) fn as_view(&self) -> SsdStatesView<'_> {
+        match self {
+            SsdStates::F32(v) => SsdStatesView::F32(v.as_view()),
+            SsdStates::Bf16(v) => SsdStatesView::Bf16(v.as_view()),
+        }
+    }
+}
+
+/// [`SsdStates`] lent to the kernels that read them.
+pub(super) enum SsdStatesView<'a> {
+    F32(CudaView<'a, f32>),
+    Bf16(CudaView<'a, u16>),
+}
+
+impl ReadArg for SsdStatesView<'_> {
+    fn push_read<'s>(&'s self, b: &mut LaunchArgs<'s>) {
+        match self {
+            SsdStatesView::F32(v) => v.push_read(b),
+            SsdStatesView::Bf16(v) => v.push_read(b),
+        }
+    }
+}
+
+impl WriteArg for SsdStates<'_> {
+    fn push_write<'s>(&'s mut self, b: &mut LaunchArgs<'s>) {
+        match self {
+            SsdStates::F32(v) => v.push_write(b),
+            SsdStates::Bf16(v) => v.push_write(b),
+        }
+    }
+}
+
 /// Scratch of one call, overwritten by it ([`SsdShape::scratch_lens`] gives
 /// each length; the forward uses `cum` and `states` alone, and
 /// `chunk_psum` too with tensor-core products). Nothing in it
@@ -199,9 +265,10 @@ pub struct SsdScratch<'a> {
     /// The decays' running sums per chunk, `[rows, heads]`.
     pub cum: CudaViewMut<'a, f32>,
     /// Chunk entry states.
-    pub states: CudaViewMut<'a, f32>,
-    /// Backward: the gradients of the states each chunk passes on.
-    pub dstates: CudaViewMut<'a, f32>,
+    pub states: SsdStates<'a>,
+    /// Backward: the gradients of the states each chunk passes on (kept as
+    /// `states` is).
+    pub dstates: SsdStates<'a>,
     /// Backward: the diagonal block's weights per chunk.
     pub chunk_m: CudaViewMut<'a, f32>,
     /// Backward: the diagonal block's dB / dC weights per chunk and head.
@@ -269,6 +336,12 @@ impl SsdScratch<'_> {
         check::len(kernel, "states", self.states.len(), l.states)?;
         if forward_only {
             return Ok(());
+        }
+        if self.dstates.is_bf16() != self.states.is_bf16() {
+            return Err(KernelError::invalid(
+                kernel,
+                "states and dstates must both be f32 or both bf16 (one kept type of the states)",
+            ));
         }
         for (what, have, need) in [
             ("dstates", self.dstates.len(), l.states),

@@ -53,7 +53,10 @@
 //! blocks are `ssd`'s, over the chunked SSD kernels
 //! ([`kernels::mamba::ssd`]). bf16 runs keep its in_proj output, scan
 //! output `y` and gated-norm input in bf16 alone (as Mamba-1's,
-//! [`CudaModel::set_bf16_acts`]), its conv output and `dt` in f32; the GEMMs
+//! [`CudaModel::set_bf16_acts`]), and so the SSD's entry states and their
+//! gradients between its kernels (as the reference keeps its passed
+//! states in the input's type; [`kernels::mamba::SsdStates`]); its conv
+//! output and `dt` stay f32; the GEMMs
 //! take the precision, and so do the scan's chunk products: f32
 //! FMAs in f32 runs, tf32 tensor cores in tf32 and bf16 runs
 //! ([`SsdProducts`]). Its chunk length is the kernels' constant, so it

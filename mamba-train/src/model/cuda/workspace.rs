@@ -50,7 +50,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
 use kernels::mamba::{
     DeviceTokenCsr, LossScale, MambaKernels, ScanShape, SsdScratch, SsdScratchLens, SsdShape,
-    Store, Stored, TokenCsr,
+    SsdStates, Store, Stored, TokenCsr,
 };
 
 use super::blas::{Elems, GemmOut};
@@ -80,6 +80,15 @@ impl ActBuf {
         match self {
             ActBuf::F32(x) => Store::f32_and(x.as_view_mut(), copy),
             ActBuf::Bf16(h) => Store::Bf16(h.as_view_mut()),
+        }
+    }
+
+    /// Lent to the SSD kernels as the states they keep
+    /// ([`SsdStates`]): f32, or bf16 alone.
+    pub fn ssd_states(&mut self) -> SsdStates<'_> {
+        match self {
+            ActBuf::F32(x) => SsdStates::F32(x.as_view_mut()),
+            ActBuf::Bf16(h) => SsdStates::Bf16(h.as_view_mut()),
         }
     }
 
@@ -211,7 +220,8 @@ impl<A> BlockActs<A> {
 /// d_inner + cd + heads`). `zx`, `y` and `g` are bf16 alone in bf16 runs
 /// with `bf16_acts` (f32 otherwise); `uc` and `dt` are f32 in every
 /// precision (the SSD kernels stage them as f32). The scan keeps nothing of
-/// its own: its backward recomputes the chunk states.
+/// its own: its backward recomputes the chunk states (into the shared
+/// [`SsdScanScratch`], in bf16 in those same runs).
 pub(crate) struct SsdActs {
     /// 1/rms of each row of the block's input, `[rows]`.
     pub rstd: CudaSlice<f32>,
@@ -230,11 +240,14 @@ pub(crate) struct SsdActs {
 }
 
 /// The SSD kernels' scratch ([`kernels::mamba::SsdScratch`]): shared by
-/// every block, rewritten by each scan call before it is read.
+/// every block, rewritten by each scan call before it is read. The entry
+/// states and their gradients, its largest buffers, are kept as the
+/// block's activations are: bf16 alone in bf16 runs with `bf16_acts`
+/// ([`kernels::mamba::SsdStates`]), f32 otherwise.
 pub(crate) struct SsdScanScratch {
     cum: CudaSlice<f32>,
-    states: CudaSlice<f32>,
-    dstates: CudaSlice<f32>,
+    states: ActBuf,
+    dstates: ActBuf,
     chunk_m: CudaSlice<f32>,
     chunk_p: CudaSlice<f32>,
     chunk_psum: CudaSlice<f32>,
@@ -247,12 +260,13 @@ pub(crate) struct SsdScanScratch {
 }
 
 impl SsdScanScratch {
-    /// Buffers of the lengths `lens` gives.
-    fn new(a: &mut Alloc<'_>, lens: SsdScratchLens) -> Result<Self> {
+    /// Buffers of the lengths `lens` gives; the states in bf16 when
+    /// `half_states`.
+    fn new(a: &mut Alloc<'_>, lens: SsdScratchLens, half_states: bool) -> Result<Self> {
         Ok(SsdScanScratch {
             cum: a.zeros("SSD decay sums", lens.row_heads)?,
-            states: a.zeros("SSD chunk states", lens.states)?,
-            dstates: a.zeros("SSD chunk state gradients", lens.states)?,
+            states: a.act(half_states, "SSD chunk states", lens.states)?,
+            dstates: a.act(half_states, "SSD chunk state gradients", lens.states)?,
             chunk_m: a.zeros("SSD chunk weights", lens.chunk_matrix)?,
             chunk_p: a.zeros("SSD chunk B/C weights", lens.chunk_matrix)?,
             chunk_psum: a.zeros("SSD chunk B/C weights per group", lens.group_matrix)?,
@@ -269,8 +283,8 @@ impl SsdScanScratch {
     pub fn views(&mut self) -> SsdScratch<'_> {
         SsdScratch {
             cum: self.cum.as_view_mut(),
-            states: self.states.as_view_mut(),
-            dstates: self.dstates.as_view_mut(),
+            states: self.states.ssd_states(),
+            dstates: self.dstates.ssd_states(),
             chunk_m: self.chunk_m.as_view_mut(),
             chunk_p: self.chunk_p.as_view_mut(),
             chunk_psum: self.chunk_psum.as_view_mut(),
@@ -660,7 +674,7 @@ fn ssd_bufs(
     };
     Ok(SsdBufs {
         acts: BlockActs::new(acts, shared),
-        scan: SsdScanScratch::new(a, shape.scratch_lens())?,
+        scan: SsdScanScratch::new(a, shape.scratch_lens(), half_acts)?,
         grads: SsdGradBufs {
             duc: a.zeros("conv output gradient", rows * cd)?,
             dg: a.zeros("gated norm input gradient", rows * di)?,
