@@ -632,7 +632,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4)
 }
 
 // d dt of one (chunk, head) (module docs), times softplus' from dt itself
-// (sigmoid(pre) = -expm1(-dt)), into ddt_raw[m * ld_ddt + h]; and
+// (sigmoid(pre) = -expm1(-dt)), into ddt_raw[m * ld_ddt + h] and / or its
+// bf16 rounding into ddt_h there (the one not wanted null); and
 // da_part[bc, h] = sum_k da_k dt_k. One warp per (chunk, head), lane l
 // holding rows 2l and 2l + 1: the sums over the chunk are a butterfly
 // (group_sum), the suffix sums da_k a fixed shuffle scan over the lanes'
@@ -641,8 +642,9 @@ extern "C" __global__ void mamba_ssd_bwd_dt(
     const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ a_log,
     const float* __restrict__ ds_in, const float* __restrict__ ddt_in,
     const float* __restrict__ rst, const float* __restrict__ o_row,
-    const float* __restrict__ dsh, float* __restrict__ ddt_raw, long long ld_ddt,
-    float* __restrict__ da_part, int T, int H, int nc, int nbc) {
+    const float* __restrict__ dsh, float* __restrict__ ddt_raw,
+    unsigned short* __restrict__ ddt_h, long long ld_ddt, float* __restrict__ da_part, int T,
+    int H, int nc, int nbc) {
     static_assert(kQ == 64, "two rows a lane");
     const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
@@ -687,7 +689,7 @@ extern "C" __global__ void mamba_ssd_bwd_dt(
         if (k >= ck.q) continue;
         const long long r = (ck.m0 + k) * H + h;
         const float ddt = (ddt_in[r] + rst[r]) + suffix[u] * A;
-        ddt_raw[(ck.m0 + k) * ld_ddt + h] = ddt * -expm1f(-dtv[u]);
+        store_f32_bf16(ddt_raw, ddt_h, (ck.m0 + k) * ld_ddt + h, ddt * -expm1f(-dtv[u]));
         da = da + suffix[u] * dtv[u];
     }
     da = group_sum(da, 32);

@@ -198,6 +198,7 @@ int main() {
                                 gate_h[i] != (unsigned short)mamba::bf16_rne(want);
                 }
         }
+
         // Backward, from fresh scratch as the host runs it (s and the
         // entry states recomputed).
         std::vector<float> s2((size_t)M * H, nan), st2(st_len, nan), dst(st_len, nan),
@@ -205,6 +206,8 @@ int main() {
             rst((size_t)M * H, nan), o_row((size_t)M * H, nan), dsh((size_t)nbc * H, nan),
             psum(psum_len, nan), dxbc((size_t)M * ldu, nan),
             ddt_raw((size_t)M * ld_ddt, nan), da_part((size_t)nbc * H, nan), da_log(H, nan);
+        // bwd_dt also stores d dt_raw's bf16 rounding (bf16 runs' GEMMs read it).
+        std::vector<unsigned short> ddt_h((size_t)M * ld_ddt, 0xffff);
         emu_launch({blocks((long long)nbc * H), 1, 1}, 256, 0, [&] {
             mamba_ssd_cumsum(fdt.data(), fal.data(), s2.data(), T, H, nc, nbc);
         });
@@ -239,7 +242,7 @@ int main() {
         });
         emu_launch({blocks((long long)nbc * H * 32), 1, 1}, 256, 0, [&] {
             mamba_ssd_bwd_dt(fdt.data(), s.data(), fal.data(), ds_in.data(), ddt_in.data(),
-                             rst.data(), o_row.data(), dsh.data(), ddt_raw.data(), ld_ddt,
+                             rst.data(), o_row.data(), dsh.data(), ddt_raw.data(), ddt_h.data(), ld_ddt,
                              da_part.data(), T, H, nc, nbc);
         });
         emu_launch({blocks(H), 1, 1}, 256, 0, [&] {
@@ -340,6 +343,11 @@ int main() {
             for (int h = 0; h < H; ++h) gddt.push_back(ddt_raw[(size_t)m * ld_ddt + h]);
         }
         printf("B %d T %d H %d P %d N %d G %d (chunks %d):", B, T, H, P, N, G, nc);
+        for (int m = 0; m < M; ++m)
+            for (int h = 0; h < H; ++h) {
+                const size_t i = (size_t)m * ld_ddt + h;
+                half_bad += ddt_h[i] != (unsigned short)mamba::bf16_rne(ddt_raw[i]);
+            }
         printf(" bf16-acts %s", half_bad ? "FAIL" : "ok");
         fails += half_bad != 0;
         if (EMU_TC) {

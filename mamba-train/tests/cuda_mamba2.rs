@@ -848,7 +848,7 @@ fn ssd_run(
             dy: &dyv,
             dxbc: &mut dxbc.as_view_mut(),
             lddx: cd,
-            ddt_raw: &mut ddt.as_view_mut(),
+            ddt_raw: Store::F32(ddt.as_view_mut()),
             ld_ddt: heads,
             da_log: &mut dalog.as_view_mut(),
         },

@@ -327,7 +327,9 @@ impl MambaKernels {
             shape.conv_channels(),
             out.lddx,
         )?;
-        check::matrix(K, "ddt_raw", out.ddt_raw.len(), rows, heads, out.ld_ddt)?;
+        out.ddt_raw.check_each("ddt_raw", |what, have| {
+            check::matrix(K, what, have, rows, heads, out.ld_ddt)
+        })?;
         check::len(K, "dA_log", out.da_log.len(), heads)?;
         let products = self.products(K, products, scratch.states.is_bf16())?;
         // SAFETY: all three were checked above.
@@ -492,6 +494,8 @@ impl MambaKernels {
         unsafe { self.launch(stream, launch, &mut args)? };
         let (ds_in, ddt_in, rst) = (ds_in.as_view(), ddt_in.as_view(), rst.as_view());
         let (o_row, dsh) = (o_row.as_view(), dsh.as_view());
+        let mut ddt_raw = out.ddt_raw;
+        let [ddt_f32, ddt_bf16] = ddt_raw.args();
         let mut args = [
             Arg::In(inp.dt),
             Arg::In(&cum),
@@ -501,7 +505,8 @@ impl MambaKernels {
             Arg::In(&rst),
             Arg::In(&o_row),
             Arg::In(&dsh),
-            Arg::Out(out.ddt_raw),
+            ddt_f32,
+            ddt_bf16,
             Arg::Long("ld_ddt", out.ld_ddt),
             Arg::Out(da_part),
             Arg::Int("seq_len", shape.seq_len),
@@ -521,10 +526,11 @@ impl MambaKernels {
         // SAFETY: matches mamba_ssd_bwd_dt(const float* dt, const float* s,
         // const float* a_log, const float* ds_in, const float* ddt_in, const
         // float* rst, const float* o_row, const float* dsh, float* ddt_raw,
-        // long long ld_ddt, float* da_part, int T, int H, int nc, int nbc);
-        // a warp per (chunk, head) reads and writes at [row, h] of its
-        // chunk's rows, and reads dsh / writes da_part at [bc, h]: all
-        // checked above.
+        // unsigned short* ddt_h (either null: Store), long long ld_ddt,
+        // float* da_part, int T, int H, int nc, int nbc); a warp per (chunk,
+        // head) reads and writes at [row, h] of its chunk's rows (each given
+        // ddt output checked at ld_ddt), and reads dsh / writes da_part at
+        // [bc, h]: all checked above.
         unsafe { self.launch(stream, launch, &mut args)? };
         let da_part = da_part.as_view();
         let mut args = [

@@ -315,8 +315,10 @@ pub struct SsdBackward<'a> {
     pub dxbc: &'a mut CudaViewMut<'a, f32>,
     pub lddx: usize,
     /// Out: `dL/d dt_raw` (through softplus, from `dt` itself), `[rows,
-    /// heads]` with leading dimension `ld_ddt`.
-    pub ddt_raw: &'a mut CudaViewMut<'a, f32>,
+    /// heads]` with leading dimension `ld_ddt`: f32, its bf16 rounding (for
+    /// the bf16 GEMMs that read it, so no cast pass does) or both, each at
+    /// that leading dimension.
+    pub ddt_raw: Store<'a>,
     pub ld_ddt: usize,
     /// Out: `dL/dA_log`, `[heads]`.
     pub da_log: &'a mut CudaViewMut<'a, f32>,

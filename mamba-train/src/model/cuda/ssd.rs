@@ -53,7 +53,8 @@ use kernels::mamba::{
 };
 
 use super::backward::block_norm_bwd;
-use super::forward::{again, block_norm, cast_copy, half, op, op_t, store_into, stored};
+use super::blas::{Elems, Operand};
+use super::forward::{again, block_norm, half, op, op_t, store_into, stored};
 use super::workspace::{
     ssd_conv_channels, ssd_in_width, ActBuf, SsdActs, SsdBufs, SsdGradBufs, SsdScanScratch,
     Workspace,
@@ -435,7 +436,7 @@ pub(super) fn backward_blocks(
             zx.stored(),
             w,
             &mut dy.as_view_mut(),
-            Store::F32(dzx.as_view_mut()),
+            dzx_cols(dzx, dzx_h, 0),
             gn.produce(),
             m,
             di,
@@ -472,7 +473,10 @@ pub(super) fn backward_blocks(
                 dy: &dyv,
                 dxbc: &mut duc.as_view_mut(),
                 lddx: cd,
-                ddt_raw: &mut dzx.slice_mut(di + cd..),
+                ddt_raw: match dzx_h.as_mut() {
+                    Some(h) => Store::Both(dzx.slice_mut(di + cd..), h.slice_mut(di + cd..)),
+                    None => Store::F32(dzx.slice_mut(di + cd..)),
+                },
                 ld_ddt: w,
                 da_log: &mut grads.slice_mut(g(&lo.a_log)),
             },
@@ -510,7 +514,7 @@ pub(super) fn backward_blocks(
             s,
             &duc.as_view(),
             &conv_w,
-            Store::F32(dzx.slice_mut(di..)),
+            dzx_cols(dzx, dzx_h, di),
             w,
             m,
             t,
@@ -539,13 +543,13 @@ pub(super) fn backward_blocks(
 
         // in_proj, then the pre-norm.
         let dzx_v: CudaView<'_, f32> = dzx.as_view();
-        let dzx_hv = cast_copy(e, &dzx_v, dzx_h.as_mut())?;
+        let dzx_hv = dzx_h.as_ref().map(|h| h.as_view());
         e.blas.gemm(
             "in_proj dW",
             w,
             d,
             m,
-            op_t(&dzx_v, w).with_bf16(again(&dzx_hv)),
+            dzx_operand(&dzx_v, &dzx_hv, w, op_t),
             op(xn.elems(), d),
             0.0,
             &mut grads.slice_mut(g(&lo.in_proj)),
@@ -556,7 +560,7 @@ pub(super) fn backward_blocks(
             m,
             d,
             w,
-            op(&dzx_v, w).with_bf16(dzx_hv),
+            dzx_operand(&dzx_v, &dzx_hv, w, op),
             op(&wv(&lo.in_proj), d).with_bf16(half(pb, &lo.in_proj)),
             0.0,
             &mut dxn.as_view_mut(),
@@ -579,6 +583,36 @@ pub(super) fn backward_blocks(
         )?;
     }
     Ok(())
+}
+
+/// in_proj's output gradient from column `start` on, for a kernel that
+/// makes those columns: in bf16 runs (`dzx_h` given) its bf16 rounding
+/// alone, which only in_proj's two GEMMs read (the bits a cast of the f32
+/// values gives, without the cast pass), else the f32 values.
+fn dzx_cols<'b>(
+    dzx: &'b mut CudaSlice<f32>,
+    dzx_h: &'b mut Option<CudaSlice<u16>>,
+    start: usize,
+) -> Store<'b> {
+    match dzx_h {
+        Some(h) => Store::Bf16(h.slice_mut(start..)),
+        None => Store::F32(dzx.slice_mut(start..)),
+    }
+}
+
+/// in_proj's output gradient as its GEMMs read it (`make`: [`op`] or
+/// [`op_t`]): the bf16 copy its producers wrote in bf16 runs, else the f32
+/// values.
+fn dzx_operand<'b>(
+    f32s: &CudaView<'b, f32>,
+    h: &Option<CudaView<'b, u16>>,
+    ld: usize,
+    make: fn(Elems<'b>, usize) -> Operand<'b>,
+) -> Operand<'b> {
+    match h {
+        Some(h) => make(Elems::Bf16(h.slice(..)), ld),
+        None => make(Elems::F32(f32s.slice(..)), ld),
+    }
 }
 
 fn missing_buffers() -> TrainError {

@@ -308,10 +308,13 @@ pub(crate) struct SsdGradBufs {
     /// d D per channel, before its sums per head.
     pub dd_e: CudaSlice<f32>,
     /// in_proj's output gradient, `[rows, w]`, f32 (the scan writes its dt
-    /// columns, which dt_bias's column sum reads).
+    /// columns, which dt_bias's column sum reads; in bf16 runs only those).
     pub dzx: CudaSlice<f32>,
-    /// bf16 runs: `dzx`'s bf16 copy, which in_proj's two backward GEMMs
-    /// share.
+    /// bf16 runs: `dzx`'s bf16 rounding, which in_proj's two backward GEMMs
+    /// share, written by the kernels that make its columns (the gate, the
+    /// conv's input gradient, the scan's d dt_raw beside its f32), not cast
+    /// from `dzx`. (`dzx` could then shrink to its dt columns; it keeps
+    /// their leading dimension `w` so one store writes both.)
     pub dzx_h: Option<CudaSlice<u16>>,
     /// The gated norm's 1/rms as the remade norm writes it (the kept
     /// `rstd_g` bits again; the kept buffer is only read).
