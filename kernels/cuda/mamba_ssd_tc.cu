@@ -196,23 +196,18 @@ __device__ __forceinline__ void state_scan_tc(const float* __restrict__ X, long 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(kThreads, 3)
-    mamba_ssd_state_scan_tc(const float* __restrict__ X, long long ldx,
-                            const float* __restrict__ Y, long long ldy, int y_off,
-                            const float* __restrict__ dt, const float* __restrict__ s,
-                            float* __restrict__ out, int T, int H, int P, int N, int hpg,
-                            int nc, int mode) {
-    state_scan_tc(X, ldx, Y, ldy, y_off, dt, s, out, T, H, P, N, hpg, nc, mode);
-}
-
-extern "C" __global__ void __launch_bounds__(kThreads, 3)
-    mamba_ssd_state_scan_tc_h(const float* __restrict__ X, long long ldx,
-                              const float* __restrict__ Y, long long ldy, int y_off,
-                              const float* __restrict__ dt, const float* __restrict__ s,
-                              unsigned short* __restrict__ out, int T, int H, int P, int N,
-                              int hpg, int nc, int mode) {
-    state_scan_tc(X, ldx, Y, ldy, y_off, dt, s, out, T, H, P, N, hpg, nc, mode);
-}
+// The entry points of each kept type of the states (S): the f32 kernel,
+// and its _h twin whose states are unsigned short (bf16).
+#define MAMBA_SSD_STATE_SCAN(name, S)                                                       \
+    extern "C" __global__ void __launch_bounds__(kThreads, 3)                               \
+        name(const float* __restrict__ X, long long ldx, const float* __restrict__ Y,       \
+             long long ldy, int y_off, const float* __restrict__ dt,                        \
+             const float* __restrict__ s, S* __restrict__ out, int T, int H, int P, int N,  \
+             int hpg, int nc, int mode) {                                                   \
+        state_scan_tc(X, ldx, Y, ldy, y_off, dt, s, out, T, H, P, N, hpg, nc, mode);        \
+    }
+MAMBA_SSD_STATE_SCAN(mamba_ssd_state_scan_tc, float)
+MAMBA_SSD_STATE_SCAN(mamba_ssd_state_scan_tc_h, unsigned short)
 
 // mamba_ssd_chunk_out on tensor cores (its arguments, then the group's
 // C B^T from mamba_ssd_cb_tc; the same outputs): per 64 channels, y = M x +
@@ -367,32 +362,20 @@ __device__ __forceinline__ void chunk_out_tc(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    mamba_ssd_chunk_out_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
-                           const float* __restrict__ dt, const float* __restrict__ s,
-                           const float* __restrict__ dpar, const float* __restrict__ st,
-                           const float* __restrict__ z, const unsigned short* __restrict__ zh,
-                           long long ldz, float* __restrict__ y,
-                           unsigned short* __restrict__ yh, float* __restrict__ gate,
-                           unsigned short* __restrict__ gateh, int T, int H, int P, int N,
-                           int hpg, int nc, const float* __restrict__ cbg) {
-    chunk_out_tc(xbc, ldu, b_off, c_off, dt, s, dpar, st, z, zh, ldz, y, yh, gate, gateh, T, H,
-                 P, N, hpg, nc, cbg);
-}
-
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    mamba_ssd_chunk_out_tc_h(const float* __restrict__ xbc, long long ldu, int b_off,
-                             int c_off, const float* __restrict__ dt,
-                             const float* __restrict__ s, const float* __restrict__ dpar,
-                             const unsigned short* __restrict__ st,
-                             const float* __restrict__ z, const unsigned short* __restrict__ zh,
-                             long long ldz, float* __restrict__ y,
-                             unsigned short* __restrict__ yh, float* __restrict__ gate,
-                             unsigned short* __restrict__ gateh, int T, int H, int P, int N,
-                             int hpg, int nc, const float* __restrict__ cbg) {
-    chunk_out_tc(xbc, ldu, b_off, c_off, dt, s, dpar, st, z, zh, ldz, y, yh, gate, gateh, T, H,
-                 P, N, hpg, nc, cbg);
-}
+#define MAMBA_SSD_CHUNK_OUT(name, S)                                                         \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2)                                \
+        name(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,             \
+             const float* __restrict__ dt, const float* __restrict__ s,                      \
+             const float* __restrict__ dpar, const S* __restrict__ st,                       \
+             const float* __restrict__ z, const unsigned short* __restrict__ zh,             \
+             long long ldz, float* __restrict__ y, unsigned short* __restrict__ yh,          \
+             float* __restrict__ gate, unsigned short* __restrict__ gateh, int T, int H,     \
+             int P, int N, int hpg, int nc, const float* __restrict__ cbg) {                 \
+        chunk_out_tc(xbc, ldu, b_off, c_off, dt, s, dpar, st, z, zh, ldz, y, yh, gate,      \
+                     gateh, T, H, P, N, hpg, nc, cbg);                                       \
+    }
+MAMBA_SSD_CHUNK_OUT(mamba_ssd_chunk_out_tc, float)
+MAMBA_SSD_CHUNK_OUT(mamba_ssd_chunk_out_tc_h, unsigned short)
 
 // mamba_ssd_bwd_qq on tensor cores (its arguments, then the group's C B^T
 // from mamba_ssd_cb_tc; the same outputs): dd = dy x^T by mma, then the
@@ -666,29 +649,20 @@ __device__ __forceinline__ void bwd_dx_tc(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    mamba_ssd_bwd_dx_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
-                        const float* __restrict__ dt, const float* __restrict__ s,
-                        const float* __restrict__ dpar, const float* __restrict__ dy,
-                        const float* __restrict__ Mq, const float* __restrict__ st,
-                        const float* __restrict__ dst, float* __restrict__ dxbc,
-                        long long lddx, float* __restrict__ rst, float* __restrict__ o_row,
-                        float* __restrict__ dsh, int T, int H, int P, int N, int hpg, int nc) {
-    bwd_dx_tc(xbc, ldu, b_off, c_off, dt, s, dpar, dy, Mq, st, dst, dxbc, lddx, rst, o_row, dsh,
-              T, H, P, N, hpg, nc);
-}
-
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    mamba_ssd_bwd_dx_tc_h(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
-                          const float* __restrict__ dt, const float* __restrict__ s,
-                          const float* __restrict__ dpar, const float* __restrict__ dy,
-                          const float* __restrict__ Mq, const unsigned short* __restrict__ st,
-                          const unsigned short* __restrict__ dst, float* __restrict__ dxbc,
-                          long long lddx, float* __restrict__ rst, float* __restrict__ o_row,
-                          float* __restrict__ dsh, int T, int H, int P, int N, int hpg, int nc) {
-    bwd_dx_tc(xbc, ldu, b_off, c_off, dt, s, dpar, dy, Mq, st, dst, dxbc, lddx, rst, o_row, dsh,
-              T, H, P, N, hpg, nc);
-}
+#define MAMBA_SSD_BWD_DX(name, S)                                                            \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2)                                \
+        name(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,             \
+             const float* __restrict__ dt, const float* __restrict__ s,                      \
+             const float* __restrict__ dpar, const float* __restrict__ dy,                   \
+             const float* __restrict__ Mq, const S* __restrict__ st,                         \
+             const S* __restrict__ dst, float* __restrict__ dxbc, long long lddx,            \
+             float* __restrict__ rst, float* __restrict__ o_row, float* __restrict__ dsh,    \
+             int T, int H, int P, int N, int hpg, int nc) {                                  \
+        bwd_dx_tc(xbc, ldu, b_off, c_off, dt, s, dpar, dy, Mq, st, dst, dxbc, lddx, rst,    \
+                  o_row, dsh, T, H, P, N, hpg, nc);                                          \
+    }
+MAMBA_SSD_BWD_DX(mamba_ssd_bwd_dx_tc, float)
+MAMBA_SSD_BWD_DX(mamba_ssd_bwd_dx_tc_h, unsigned short)
 
 // mamba_ssd_bwd_dbc on tensor cores (same arguments and outputs): the Psum
 // steps into the output's accumulator, then per head of the group
@@ -794,24 +768,15 @@ __device__ __forceinline__ void bwd_dbc_tc(
         }
 }
 
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    mamba_ssd_bwd_dbc_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
-                         const float* __restrict__ dt, const float* __restrict__ s,
-                         const float* __restrict__ dy, const float* __restrict__ psum,
-                         const float* __restrict__ st, const float* __restrict__ dst,
-                         float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N,
-                         int hpg, int nc) {
-    bwd_dbc_tc(xbc, ldu, b_off, c_off, dt, s, dy, psum, st, dst, dxbc, lddx, T, H, P, N, hpg,
-               nc);
-}
-
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    mamba_ssd_bwd_dbc_tc_h(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
-                           const float* __restrict__ dt, const float* __restrict__ s,
-                           const float* __restrict__ dy, const float* __restrict__ psum,
-                           const unsigned short* __restrict__ st,
-                           const unsigned short* __restrict__ dst, float* __restrict__ dxbc,
-                           long long lddx, int T, int H, int P, int N, int hpg, int nc) {
-    bwd_dbc_tc(xbc, ldu, b_off, c_off, dt, s, dy, psum, st, dst, dxbc, lddx, T, H, P, N, hpg,
-               nc);
-}
+#define MAMBA_SSD_BWD_DBC(name, S)                                                           \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2)                                \
+        name(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,             \
+             const float* __restrict__ dt, const float* __restrict__ s,                      \
+             const float* __restrict__ dy, const float* __restrict__ psum,                   \
+             const S* __restrict__ st, const S* __restrict__ dst, float* __restrict__ dxbc,  \
+             long long lddx, int T, int H, int P, int N, int hpg, int nc) {                  \
+        bwd_dbc_tc(xbc, ldu, b_off, c_off, dt, s, dy, psum, st, dst, dxbc, lddx, T, H, P, N, \
+                   hpg, nc);                                                                 \
+    }
+MAMBA_SSD_BWD_DBC(mamba_ssd_bwd_dbc_tc, float)
+MAMBA_SSD_BWD_DBC(mamba_ssd_bwd_dbc_tc_h, unsigned short)
