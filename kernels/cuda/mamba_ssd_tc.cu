@@ -221,9 +221,8 @@ MAMBA_SSD_STATE_SCAN(mamba_ssd_state_scan_tc_h, unsigned short)
 // next state tile's while the current one's mma runs. exp(s_i) scales C as
 // the mma reads it (the product a staged operand would hold), and D x reads
 // the staged x: the register-staged kernel's values and order, so its bits.
-// bf16 states (S, mamba_ssd_chunk_out_tc_h) come through registers instead
-// (StateTileRegs): tile nt + 1's loads are issued with C's copies and
-// stored after tile nt's mma, into the buffer tile nt - 1's mma last read.
+// bf16 states (S, mamba_ssd_chunk_out_tc_h) are staged as bf16 in their f32
+// tile's space ([p][kLdH]) and widened as the mma reads them.
 template <class S>
 __device__ __forceinline__ void chunk_out_tc(
     const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
@@ -232,7 +231,7 @@ __device__ __forceinline__ void chunk_out_tc(
     long long ldz, float* __restrict__ y, unsigned short* __restrict__ yh,
     float* __restrict__ gate, unsigned short* __restrict__ gateh, int T, int H, int P, int N,
     int hpg, int nc, const float* __restrict__ cbg) {
-    constexpr bool kRegs = sizeof(S) == 2;
+    constexpr bool kHalf = sizeof(S) == 2;
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
@@ -256,8 +255,7 @@ __device__ __forceinline__ void chunk_out_tc(
                        reinterpret_cast<unsigned long long>(st)) & 15) == 0 &&
                      ((ldu | P | N | c_off) & 3) == 0;
     bool vec_h = vec;
-    if constexpr (kRegs) vec_h = state_rows_vec8(st, N);
-    StateTileRegs hreg;
+    if constexpr (kHalf) vec_h = state_rows_vec8(st, N);
     // x of channels p0.. (step-major [j][kKm]) and the state tile nt of C
     // (rows i, [i][kOutLd]) and H (rows p, [p][kOutLd]) into buffer buf.
     auto stage_x = [&](int p0) {
@@ -273,22 +271,19 @@ __device__ __forceinline__ void chunk_out_tc(
         tile_pieces(vec, [&](int r, int c, int width) {
             const bool in_n = n0 + c < N;
             cp_async_piece(dC + r * kOutLd + c, Cr + r * ldu + n0 + c, r < ck.q && in_n, width);
-            if constexpr (!kRegs) {
+            if constexpr (!kHalf) {
                 cp_async_piece(dH + r * kOutLd + c, hst + (long long)(p0 + r) * N + n0 + c,
                                p0 + r < P && in_n, width);
             }
         });
-        cp_async_commit();
-        if constexpr (kRegs) {
-            hreg.load(vec_h, [&](int r, int c) -> const unsigned short* {
-                return p0 + r < P && n0 + c < N ? hst + (long long)(p0 + r) * N + n0 + c
-                                                : nullptr;
+        if constexpr (kHalf) {
+            unsigned short* dHh = reinterpret_cast<unsigned short*>(dH);
+            tile_pieces_h<kQ>(vec_h, [&](int r, int c, int width) {
+                cp_async_piece_h(dHh + r * kLdH + c, hst + (long long)(p0 + r) * N + n0 + c,
+                                 p0 + r < P && n0 + c < N, width);
             });
         }
-    };
-    // bf16 states: the H tile in registers into buffer buf.
-    auto put_h = [&](int buf) {
-        if constexpr (kRegs) hreg.store(vec_h, sH(buf));
+        cp_async_commit();
     };
     const int ntn = (N + kQ - 1) / kQ;
     // The 8-step mma steps of the state product: those of its 32-state
@@ -310,13 +305,11 @@ __device__ __forceinline__ void chunk_out_tc(
         }
     if (tid < kQ) ses[tid] = tid < ck.q ? expf(ss[tid]) : 0.0f;
     const float dh = dpar[h];
-    put_h(0);
     for (int p0 = 0; p0 < P; p0 += kQ) {
         if (p0 > 0) {
             __syncthreads();  // the previous channels' reads of sX and the buffers
             stage_x(p0);
             stage_state(p0, 0, 0);
-            put_h(0);
         }
         t.zero();
         for (int nt = 0; nt < ntn; ++nt) {
@@ -341,9 +334,14 @@ __device__ __forceinline__ void chunk_out_tc(
             }
             const float* cb_ = sC(nt & 1) + w.r0 * kOutLd;
             const float* es = ses + w.r0;
-            t.mma_a([&](int r, int k) { return es[r] * cb_[r * kOutLd + k]; },
-                    sH(nt & 1) + w.c0 * kOutLd, 1, kOutLd, min(8, state_steps - 8 * nt));
-            if (nt + 1 < ntn) put_h((nt + 1) & 1);
+            const auto c_at = [&](int r, int k) { return es[r] * cb_[r * kOutLd + k]; };
+            const int steps = min(8, state_steps - 8 * nt);
+            if constexpr (kHalf) {
+                t.mma_a(c_at, reinterpret_cast<const unsigned short*>(sH(nt & 1)) + w.c0 * kLdH,
+                        1, kLdH, steps);
+            } else {
+                t.mma_a(c_at, sH(nt & 1) + w.c0 * kOutLd, 1, kOutLd, steps);
+            }
         }
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
@@ -462,8 +460,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 // cp.async, the next tile in flight while the current one's mma runs; the
 // dots and D dy read the staged dy. The sums and their order are the
 // register-staged kernel's (32-state mma steps, 32-row tiles of M^T dy).
-// bf16 states (S, mamba_ssd_bwd_dx_tc_h): H and dS through registers, as
-// in chunk_out_tc.
+// bf16 states (S, mamba_ssd_bwd_dx_tc_h): H and dS staged as bf16, as in
+// chunk_out_tc.
 template <class S>
 __device__ __forceinline__ void bwd_dx_tc(
     const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
@@ -472,7 +470,7 @@ __device__ __forceinline__ void bwd_dx_tc(
     const S* __restrict__ dst, float* __restrict__ dxbc, long long lddx,
     float* __restrict__ rst, float* __restrict__ o_row, float* __restrict__ dsh, int T, int H,
     int P, int N, int hpg, int nc) {
-    constexpr bool kRegs = sizeof(S) == 2;
+    constexpr bool kHalf = sizeof(S) == 2;
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
@@ -501,11 +499,7 @@ __device__ __forceinline__ void bwd_dx_tc(
                        reinterpret_cast<unsigned long long>(dst)) & 15) == 0 &&
                      ((ldu | P | N | b_off | c_off) & 3) == 0;
     bool vec_h = vec;
-    if constexpr (kRegs) {
-        vec_h = state_rows_vec8(reinterpret_cast<const unsigned short*>(st), N) &&
-                state_rows_vec8(reinterpret_cast<const unsigned short*>(dst), N);
-    }
-    StateTileRegs hreg;
+    if constexpr (kHalf) vec_h = state_rows_vec8(st, N) && state_rows_vec8(dst, N);
     // M (every step of it, the first tile only) and dy of the channels p0..
     auto stage_dy = [&](int p0) {
         tile_pieces(vec, [&](int r, int c, int width) {
@@ -527,21 +521,19 @@ __device__ __forceinline__ void bwd_dx_tc(
         tile_pieces(vec, [&](int r, int c, int width) {
             const bool in_n = n0 + c < N;
             cp_async_piece(dA + r * kOutLd + c, Ar + r * ldu + c, r < ck.q && in_n, width);
-            if constexpr (!kRegs) {
+            if constexpr (!kHalf) {
                 cp_async_piece(dB + r * kOutLd + c, Br + (long long)(p0 + r) * N + c,
                                p0 + r < P && in_n, width);
             }
         });
-        cp_async_commit();
-        if constexpr (kRegs) {
-            hreg.load(vec_h, [&](int r, int c) -> const unsigned short* {
-                return p0 + r < P && n0 + c < N ? Br + (long long)(p0 + r) * N + c : nullptr;
+        if constexpr (kHalf) {
+            unsigned short* dBh = reinterpret_cast<unsigned short*>(dB);
+            tile_pieces_h<kQ>(vec_h, [&](int r, int c, int width) {
+                cp_async_piece_h(dBh + r * kLdH + c, Br + (long long)(p0 + r) * N + c,
+                                 p0 + r < P && n0 + c < N, width);
             });
         }
-    };
-    // bf16 states: the state tile in registers into buffer buf.
-    auto put_b = [&](int buf) {
-        if constexpr (kRegs) hreg.store(vec_h, sB(buf));
+        cp_async_commit();
     };
     const int state_steps = 4 * ((N + kKt - 1) / kKt);
     stage_dy(0);
@@ -553,13 +545,11 @@ __device__ __forceinline__ void bwd_dx_tc(
     const Share w = share();
     float part[2] = {0.0f, 0.0f}, po[2] = {0.0f, 0.0f};
     Tile t;
-    put_b(0);
     for (int p0 = 0; p0 < P; p0 += kQ) {
         if (p0 > 0) {
             __syncthreads();  // the previous channels' reads of sDy and the buffers
             stage_dy(p0);
             stage_state(p0, 0, 0);
-            put_b(0);
         }
         t.zero();
         for (int k = 0; k < 2 * ntn; ++k) {
@@ -573,9 +563,15 @@ __device__ __forceinline__ void bwd_dx_tc(
             }
             __syncthreads();  // M, dy (and se) and state tile k landed for all
             const int nt = k < ntn ? k : k - ntn;
-            t.mma(sA(k & 1) + w.r0 * kOutLd, kOutLd, 1, sB(k & 1) + w.c0 * kOutLd, 1, kOutLd,
-                  min(8, state_steps - 8 * nt));
-            if (k + 1 < 2 * ntn) put_b((k + 1) & 1);
+            const int steps = min(8, state_steps - 8 * nt);
+            if constexpr (kHalf) {
+                t.mma(sA(k & 1) + w.r0 * kOutLd, kOutLd, 1,
+                      reinterpret_cast<const unsigned short*>(sB(k & 1)) + w.c0 * kLdH, 1, kLdH,
+                      steps);
+            } else {
+                t.mma(sA(k & 1) + w.r0 * kOutLd, kOutLd, 1, sB(k & 1) + w.c0 * kOutLd, 1, kOutLd,
+                      steps);
+            }
             if (k == ntn - 1) {
                 // (H C_i)[p] of this tile's channels, dotted with dy_i.
 #pragma unroll
@@ -671,8 +667,8 @@ MAMBA_SSD_BWD_DX(mamba_ssd_bwd_dx_tc_h, unsigned short)
 // factor multiplies the head's product, not its operand). The tiles of all
 // heads run as one contraction, its operands staged by cp.async
 // (contract_async: no register holds them; bf16 states, S of
-// mamba_ssd_bwd_dbc_tc_h, through registers: contract_async_rb). grid (nbc,
-// G, 2 ceil(N / 64)), block kThreads.
+// mamba_ssd_bwd_dbc_tc_h, staged as bf16: contract_async_h). grid (nbc, G,
+// 2 ceil(N / 64)), block kThreads.
 template <class S>
 __device__ __forceinline__ void bwd_dbc_tc(
     const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
@@ -731,10 +727,12 @@ __device__ __forceinline__ void bwd_dbc_tc(
         const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
         return p < P && n0 + nn < N ? m0 + (h * P + p) * N + nn : nullptr;
     };
-    const auto head_mma = [&](int k, const float* a, const float* b) {
+    // Tile k of the heads' contraction: its mma (step), then, after a
+    // head's last tile, its product scaled into the output's accumulator.
+    const auto th_step = [&](int k, auto step) {
         const int h = g * hpg + k / ptiles;
         if (k % ptiles == 0) th.zero();
-        mma_rows_steps(th, w, a, b);
+        step();
         if (k % ptiles != ptiles - 1) return;
         float f[2];
 #pragma unroll
@@ -754,9 +752,17 @@ __device__ __forceinline__ void bwd_dbc_tc(
             for (int e = 0; e < 4; ++e) t.acc[nt][e] = t.acc[nt][e] + f[e >> 1] * th.acc[nt][e];
     };
     if constexpr (sizeof(S) == 2) {
-        contract_async_rb<Rows, Steps>(hpg * ptiles, sA, sB, kStage, a_at, m_at, head_mma);
+        contract_async_h<Rows>(
+            hpg * ptiles, sA, sB, kStage, state_rows_vec8(st, N) && state_rows_vec8(dst, N),
+            a_at, m_at, [&](int k, const float* a, const unsigned short* b) {
+                // mma_rows_steps with B read as bf16.
+                th_step(k, [&] { th.mma(a + w.r0 * kRm, kRm, 1, b + w.c0, kLdH, 1, kKt / 8); });
+            });
     } else {
-        contract_async<Rows, Steps>(hpg * ptiles, sA, sB, kStage, a_at, m_at, head_mma);
+        contract_async<Rows, Steps>(hpg * ptiles, sA, sB, kStage, a_at, m_at,
+                                    [&](int k, const float* a, const float* b) {
+                                        th_step(k, [&] { mma_rows_steps(th, w, a, b); });
+                                    });
     }
     const int col0 = (want_c ? c_off : b_off) + g * N + n0;
 #pragma unroll

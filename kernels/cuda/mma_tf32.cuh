@@ -50,12 +50,21 @@ static __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&
 #endif
 }
 
+// A B operand element as tf32 bits: an f32 rounded as it is read, or a
+// bf16 widened (exact in tf32, so the rounding would change nothing: none
+// is done).
+static __device__ __forceinline__ unsigned b_tf32(const float* p) { return to_tf32(*p); }
+static __device__ __forceinline__ unsigned b_tf32(const unsigned short* p) {
+    return (unsigned)*p << 16;
+}
+
 // A warp's 16 x 8 NT share of a product tile in registers: acc[nt][e] is
 // (row(e), col(nt, e)) relative to the share's first row and column, and
 // warp_mma adds sum_k A(row, k) B(k, col) to it, k from 0 to 8 ksteps
 // ascending, with A(r, k) = sa[r * a_rs + k * a_ks] and B(k, c) = sb[k *
-// b_ks + c * b_ns] (shared memory, f32, rounded to tf32 as they are read;
-// sa and sb already offset to the share's first row / column and step).
+// b_ks + c * b_ns] (shared memory, f32 rounded to tf32 as they are read, or
+// B in bf16 (TB), widened; sa and sb already offset to the share's first
+// row / column and step).
 template <int NT>
 struct WarpTile {
     float acc[NT][4];
@@ -71,15 +80,16 @@ struct WarpTile {
         return 8 * nt + 2 * (threadIdx.x % 4) + (e & 1);
     }
 
-    __device__ __forceinline__ void mma(const float* sa, int a_rs, int a_ks, const float* sb,
+    template <class TB>
+    __device__ __forceinline__ void mma(const float* sa, int a_rs, int a_ks, const TB* sb,
                                         int b_ks, int b_ns, int ksteps) {
         mma_a([=](int r, int k) { return sa[r * a_rs + k * a_ks]; }, sb, b_ks, b_ns, ksteps);
     }
 
     // As mma, with A(r, k) = a_at(r, k), any f32 expression of shared
     // memory (rounded to tf32 once made, as a stored operand would be).
-    template <class A>
-    __device__ __forceinline__ void mma_a(A a_at, const float* sb, int b_ks, int b_ns,
+    template <class A, class TB>
+    __device__ __forceinline__ void mma_a(A a_at, const TB* sb, int b_ks, int b_ns,
                                           int ksteps) {
         const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll 2
@@ -90,8 +100,8 @@ struct WarpTile {
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const int c = 8 * nt + g;
-                const unsigned b[2] = {to_tf32(sb[k * b_ks + c * b_ns]),
-                                       to_tf32(sb[(k + 4) * b_ks + c * b_ns])};
+                const unsigned b[2] = {b_tf32(sb + k * b_ks + c * b_ns),
+                                       b_tf32(sb + (k + 4) * b_ks + c * b_ns)};
                 mma_tf32(acc[nt], a, b);
             }
         }

@@ -260,132 +260,97 @@ __device__ __forceinline__ void put_state_pair(unsigned short* o, float a, float
     *reinterpret_cast<unsigned*>(o) = bf16_rne(a) | (bf16_rne(b) << 16);
 }
 
-// A 64 x 64 tile of bf16 states on its way into a row-major f32 tile
-// ([r][kOutLd], where the f32 kernels' cp.async puts it) through this
-// thread's registers, two states a register as loaded (half the registers
-// of widened values): load issues all of the thread's loads before any
-// value is used, store widens and writes them. at(r, c) is element (r,
-// c)'s address, or nullptr for a zero. With vec (every row 16-byte aligned
-// and a piece of 8 along c inside or outside as a whole) the thread's
-// pieces are 8 wide, else single elements; a warp's are consecutive along
-// a row.
-struct StateTileRegs {
-    static constexpr int kN = kQ * kQ / kThreads;
-    unsigned raw[kN / 2];
+// A bf16 state tile is staged as bf16, in the space of the f32 tile it
+// replaces (half its bytes), with rows of kLdH values: 144 bytes, so rows
+// stay 16-byte aligned, and a fragment read's 32 lanes fall on 16 words of
+// distinct banks, two lanes a word (row-major [c][kLdH]: words 36 c + t / 2;
+// step-major [t][kLdH]: words 36 t + g / 2). The mma widens each value as it
+// reads it (b_tf32).
+constexpr int kLdH = kQ + 8;
+static_assert(kQ * kLdH * 2 <= kOutStateTile * 4, "a bf16 state tile fits its f32 tile's space");
+static_assert(kKt * kLdH * 2 <= kStage * 4, "a bf16 step tile fits its f32 buffer");
 
-    template <class F>
-    __device__ __forceinline__ void load(bool vec, F at) {
-        const int tid = threadIdx.x;
-        if (vec) {
-#pragma unroll
-            for (int i = 0; i < kN / 8; ++i) {
-                const int idx = tid + i * kThreads;
-                const unsigned short* p = at(idx / (kQ / 8), 8 * (idx % (kQ / 8)));
-                const uint4 u = p ? *reinterpret_cast<const uint4*>(p) : uint4{0u, 0u, 0u, 0u};
-                raw[4 * i] = u.x;
-                raw[4 * i + 1] = u.y;
-                raw[4 * i + 2] = u.z;
-                raw[4 * i + 3] = u.w;
-            }
+// One piece of a bf16 tile: 8 values by one 16-byte cp.async (both sides
+// 16-byte aligned), or 1 by a plain load and store (the barrier that
+// follows the copies' wait covers it too); zeros when outside.
+__device__ __forceinline__ void cp_async_piece_h(unsigned short* dst, const unsigned short* src,
+                                                 bool inside, int width) {
+    if (width == 8) {
+        if (inside) {
+            cp_async16(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src));
         } else {
+            *reinterpret_cast<uint4*>(dst) = uint4{0u, 0u, 0u, 0u};
+        }
+    } else {
+        *dst = inside ? *src : (unsigned short)0;
+    }
+}
+
+// This thread's share of a bf16 tile of `rows` x 64, as copy(r, c, width)
+// for each of its pieces: 8 wide along c when vec, else single values; a
+// warp's pieces are consecutive along a row.
+template <int Rows, class F>
+__device__ __forceinline__ void tile_pieces_h(bool vec, F copy) {
+    const int tid = threadIdx.x;
+    if (vec) {
 #pragma unroll
-            for (int i = 0; i < kN; ++i) {
-                const int idx = tid + i * kThreads;
-                const unsigned short* p = at(idx / kQ, idx % kQ);
-                const unsigned h = p ? *p : 0u;
-                raw[i / 2] = i % 2 ? raw[i / 2] | h << 16 : h;
-            }
+        for (int i = 0; i < Rows * kQ / 8 / kThreads; ++i) {
+            const int idx = tid + i * kThreads;
+            copy(idx / (kQ / 8), 8 * (idx % (kQ / 8)), 8);
+        }
+    } else {
+#pragma unroll 4
+        for (int i = 0; i < Rows * kQ / kThreads; ++i) {
+            const int idx = tid + i * kThreads;
+            copy(idx / kQ, idx % kQ, 1);
         }
     }
+}
 
-    // Element i of the thread's share (the low half of a register first).
-    __device__ __forceinline__ float value(int i) const {
-        return bf16_to_f32((unsigned short)(i % 2 ? raw[i / 2] >> 16 : raw[i / 2] & 0xffffu));
-    }
-
-    __device__ __forceinline__ void store(bool vec, float* dst) const {
-        const int tid = threadIdx.x;
-        if (vec) {
-#pragma unroll
-            for (int i = 0; i < kN / 8; ++i) {
-                const int idx = tid + i * kThreads;
-                float4* d = reinterpret_cast<float4*>(dst + idx / (kQ / 8) * kOutLd +
-                                                      8 * (idx % (kQ / 8)));
-                const int v = 8 * i;
-                d[0] = float4{value(v), value(v + 1), value(v + 2), value(v + 3)};
-                d[1] = float4{value(v + 4), value(v + 5), value(v + 6), value(v + 7)};
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < kN; ++i) {
-                const int idx = tid + i * kThreads;
-                dst[idx / kQ * kOutLd + idx % kQ] = value(i);
-            }
-        }
-    }
-};
-
-// Whether a bf16 state tile's rows can be loaded in pieces of 8: the
-// states start 16-byte aligned and every row of N does.
+// Whether a bf16 state tile's rows can be copied in pieces of 8: the
+// states start 16-byte aligned and every row of N does (a piece is then
+// inside or outside as a whole).
 __device__ __forceinline__ bool state_rows_vec8(const unsigned short* st, int N) {
     return (reinterpret_cast<unsigned long long>(st) & 15) == 0 && (N & 7) == 0;
 }
 
-// contract_async's twin whose B operand is bf16 states (src_b gives an
-// element's address, or nullptr for a zero): A arrives by cp.async as
-// there; B through this thread's registers, widened, tile k + 1's loads
-// issued with A's copies and stored into the other buffer after tile k's
-// mma (that buffer's last reader was tile k - 1's mma, before this
-// iteration's barrier). The same tiles, values and order as contract_async
-// fed the states' rounding, so the same bits.
-template <class LA, class LB, class SA, class SB, class M>
-__device__ __forceinline__ void contract_async_rb(int tiles, float* sA, float* sB, int stride,
-                                                  SA src_a, SB src_b, M mma) {
-    static_assert(LB::kIt % 2 == 0, "two bf16 a register");
-    unsigned rb[LB::kIt / 2];  // two states a register, as loaded
-    auto stage_a = [&](int k) {
+// contract_async's twin whose B operand is bf16 states, step-major ([kk]
+// [kLdH], 32 steps of 64): src_b(k, kk, nn) gives the address of a piece's
+// first value (8 along nn when vec), or nullptr for zeros; mma(k, a, b)
+// reads b as bf16. The same tiles, values and order as contract_async fed
+// the states' rounding, so the same bits.
+template <class LA, class SA, class SB, class M>
+__device__ __forceinline__ void contract_async_h(int tiles, float* sA, float* sB, int stride,
+                                                 bool vec, SA src_a, SB src_b, M mma) {
+    auto stage = [&](int k) {
         float* a = sA + (k & 1) * stride;
+        unsigned short* b = reinterpret_cast<unsigned short*>(sB + (k & 1) * stride);
 #pragma unroll
         for (int i = 0; i < LA::kIt; ++i) {
             const int idx = threadIdx.x + i * kThreads;
             const float* p = src_a(k, LA::first(idx), LA::second(idx));
             cp_async_piece(a + LA::at(idx), p, p != nullptr, 1);
         }
+        tile_pieces_h<kKt>(vec, [&](int kk, int nn, int width) {
+            const unsigned short* p = src_b(k, kk, nn);
+            cp_async_piece_h(b + kk * kLdH + nn, p, p != nullptr, width);
+        });
         cp_async_commit();
     };
-    auto load_b = [&](int k) {
-#pragma unroll
-        for (int i = 0; i < LB::kIt; ++i) {
-            const int idx = threadIdx.x + i * kThreads;
-            const unsigned short* p = src_b(k, LB::first(idx), LB::second(idx));
-            const unsigned h = p ? *p : 0u;
-            rb[i / 2] = i % 2 ? rb[i / 2] | h << 16 : h;
-        }
-    };
-    auto store_b = [&](int k) {
-        float* b = sB + (k & 1) * stride;
-#pragma unroll
-        for (int i = 0; i < LB::kIt; ++i) {
-            const unsigned h = i % 2 ? rb[i / 2] >> 16 : rb[i / 2] & 0xffffu;
-            b[LB::at(threadIdx.x + i * kThreads)] = bf16_to_f32((unsigned short)h);
-        }
-    };
     __syncthreads();
-    stage_a(0);
-    load_b(0);
-    store_b(0);
+    stage(0);
     for (int k = 0; k < tiles; ++k) {
         if (k + 1 < tiles) {
+            // Buffer (k + 1) & 1's last reader was tile k - 1's mma.
             if (k > 0) __syncthreads();
-            stage_a(k + 1);
-            load_b(k + 1);
+            stage(k + 1);
             cp_async_wait(1);
         } else {
             cp_async_wait(0);
         }
         __syncthreads();
-        mma(k, sA + (k & 1) * stride, sB + (k & 1) * stride);
-        if (k + 1 < tiles) store_b(k + 1);
+        mma(k, sA + (k & 1) * stride,
+            reinterpret_cast<const unsigned short*>(sB + (k & 1) * stride));
     }
 }
 
