@@ -196,6 +196,28 @@ __device__ __forceinline__ void tile_pieces(bool vec, F copy) {
     }
 }
 
+// The two-buffer pipeline of the cp.async contractions: tile k + 1's copies
+// (stage(k + 1): one committed group into buffer (k + 1) & 1) are in flight
+// while run(k) reads buffer k & 1. Every thread of the block calls it; it
+// synchronises before it first writes shared memory.
+template <class Stage, class Run>
+__device__ __forceinline__ void two_buffers(int tiles, Stage stage, Run run) {
+    __syncthreads();
+    stage(0);
+    for (int k = 0; k < tiles; ++k) {
+        if (k + 1 < tiles) {
+            // Buffer (k + 1) & 1's last reader was tile k - 1's run.
+            if (k > 0) __syncthreads();
+            stage(k + 1);
+            cp_async_wait(1);
+        } else {
+            cp_async_wait(0);
+        }
+        __syncthreads();
+        run(k);
+    }
+}
+
 // contract's twin for operands that are plain copies of global memory: each
 // tile's elements arrive by cp.async (src(k, ., .) gives an element's
 // address, or nullptr for a zero) in the other of two buffers per operand
@@ -224,20 +246,7 @@ __device__ __forceinline__ void contract_async(int tiles, float* sA, float* sB, 
         }
         cp_async_commit();
     };
-    __syncthreads();
-    stage(0);
-    for (int k = 0; k < tiles; ++k) {
-        if (k + 1 < tiles) {
-            // Buffer (k + 1) & 1's last reader was tile k - 1's mma.
-            if (k > 0) __syncthreads();
-            stage(k + 1);
-            cp_async_wait(1);
-        } else {
-            cp_async_wait(0);
-        }
-        __syncthreads();
-        mma(k, sA + (k & 1) * stride, sB + (k & 1) * stride);
-    }
+    two_buffers(tiles, stage, [&](int k) { mma(k, sA + (k & 1) * stride, sB + (k & 1) * stride); });
 }
 
 // How the entry states and their gradients are kept between the state
@@ -337,21 +346,10 @@ __device__ __forceinline__ void contract_async_h(int tiles, float* sA, float* sB
         });
         cp_async_commit();
     };
-    __syncthreads();
-    stage(0);
-    for (int k = 0; k < tiles; ++k) {
-        if (k + 1 < tiles) {
-            // Buffer (k + 1) & 1's last reader was tile k - 1's mma.
-            if (k > 0) __syncthreads();
-            stage(k + 1);
-            cp_async_wait(1);
-        } else {
-            cp_async_wait(0);
-        }
-        __syncthreads();
+    two_buffers(tiles, stage, [&](int k) {
         mma(k, sA + (k & 1) * stride,
             reinterpret_cast<const unsigned short*>(sB + (k & 1) * stride));
-    }
+    });
 }
 
 // t += sum over the 32 steps of the tiles staged row-major in sA (rows) and
