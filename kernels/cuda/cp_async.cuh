@@ -19,9 +19,11 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
 #endif
 }
 
-// Four floats; dst and src 16-byte aligned.
+// Four floats; dst and src 16-byte aligned (the emulator checks it: the
+// hardware faults on a misaligned 16-byte copy).
 __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
 #ifdef MAMBA_CUDA_EMU
+    emu_check_aligned16(dst, src);
     for (int i = 0; i < 4; ++i) emu_cp_async(dst + i, src + i);
 #else
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));

@@ -676,7 +676,9 @@ __device__ __forceinline__ void bwd_dbc_tc(
     const float* __restrict__ psum, const S* __restrict__ st, const S* __restrict__ dst,
     float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N, int hpg, int nc) {
     // Two buffers of each operand tile (contract_async).
-    __shared__ float sA[2 * kStage], sB[2 * kStage];
+    // 16-byte aligned: the bf16 states' tiles arrive by 16-byte cp.async.
+    __shared__ __align__(16) float sA[2 * kStage];
+    __shared__ __align__(16) float sB[2 * kStage];
     const int bc = blockIdx.x, g = blockIdx.y;
     const bool want_c = (blockIdx.z & 1) != 0;
     const int n0 = (int)(blockIdx.z >> 1) * kQ;

@@ -18,6 +18,8 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -136,6 +138,14 @@ struct EmuCopy {
 inline thread_local std::vector<std::vector<EmuCopy>> g_groups;
 inline thread_local std::vector<EmuCopy> g_open;
 inline void emu_cp_async(float* dst, const float* src) { g_open.push_back({dst, src}); }
+// A 16-byte cp.async (or vector store) needs both addresses 16-byte aligned;
+// the device faults otherwise, so the emulated run stops, naming them.
+inline void emu_check_aligned16(const void* dst, const void* src) {
+    if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) & 15) != 0) {
+        std::fprintf(stderr, "misaligned 16-byte cp.async: dst %p src %p\n", dst, src);
+        std::abort();
+    }
+}
 inline void emu_commit() {
     g_groups.push_back(std::move(g_open));
     g_open.clear();
