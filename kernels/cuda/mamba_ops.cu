@@ -127,7 +127,7 @@ extern "C" __global__ void mamba_rmsnorm_bwd(const float* __restrict__ dy,
 constexpr int kRowsPerThread = 8;
 
 // The conv kernels are templates over the width K (dispatched once per
-// launch), so a thread's window of kRowsPerThread + K - 1 input rows and the
+// launch), so a forward thread's window of kRowsPerThread + K - 1 input rows and the
 // K weights of its channel sit in registers: each input element is loaded
 // once instead of once per tap, and each tap is a compile-time register.
 // Widths 1..8 (conv.rs MAX_CONV_WIDTH, checked on the host) have a case.
@@ -144,13 +144,28 @@ constexpr int kRowsPerThread = 8;
         default: break;                  \
     }
 
+// The conv's pre-activation at one row: bias + sum_k w[k] x[row - (K-1) + k]
+// over the taps inside the sequence (t: the row's position in it), k =
+// 0..K-1 in order, where xs[k * S] holds x at row - (K-1) + k. The one
+// expression of the forward and the backward's recompute, so they agree bit
+// for bit.
+template <int K, int S>
+static __device__ __forceinline__ float conv_pre_at(const float* xs, const float (&wk)[K], float b,
+                                                    int t) {
+    float acc = b;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const int back = K - 1 - k;
+        if (t - back >= 0) acc = acc + wk[k] * xs[k * S];
+    }
+    return acc;
+}
+
 // pre[r] for rows m0 + r (r < kRowsPerThread; rows at or past m1 get a value
-// that is never written): pre[b, t, c] = bias[c] + sum_k w[c, k]
-// x[b, t - (K-1) + k, c] over the taps inside the sequence, k = 0..K-1 in
-// order, t the row's position in its sequence (a group may span a
-// sequence boundary). Window slot j holds row m0 - (K-1) + j; rows outside
-// [0, m1) are not read (the taps that would use them are outside the
-// sequence or past the group).
+// that is never written), by conv_pre_at; t is the row's position in its
+// sequence (a group may span a sequence boundary). Window slot j holds row
+// m0 - (K-1) + j; rows outside [0, m1) are not read (the taps that would
+// use them are outside the sequence or past the group).
 template <int K>
 static __device__ __forceinline__ void conv_pre_rows(const float* __restrict__ x,
                                                      const unsigned short* __restrict__ x_h,
@@ -171,13 +186,7 @@ static __device__ __forceinline__ void conv_pre_rows(const float* __restrict__ x
     int t = (int)(m0 % T);
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
-        float acc = b;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const int back = K - 1 - k;
-            if (t - back >= 0) acc = acc + wk[k] * xs[r + k];
-        }
-        pre[r] = acc;
+        pre[r] = conv_pre_at<K, 1>(&xs[r], wk, b, t);
         if (++t == T) t = 0;
     }
 }
@@ -200,56 +209,6 @@ static __device__ __forceinline__ void conv_fwd_rows(const float* __restrict__ x
     }
 }
 
-template <int K>
-static __device__ __forceinline__ void conv_bwd_pre_rows(const float* __restrict__ x,
-                                                         const unsigned short* __restrict__ x_h,
-                                                         long long ldx,
-                                                         const float* __restrict__ w,
-                                                         const float* __restrict__ bias,
-                                                         float* __restrict__ g, long long m0,
-                                                         long long m1, int T, int D, int c) {
-    float pre[kRowsPerThread];
-    conv_pre_rows<K>(x, x_h, ldx, w, bias, m0, m1, T, c, pre);
-#pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
-        const long long m = m0 + r;
-        if (m < m1) g[m * D + c] = g[m * D + c] * dsiluf_(pre[r]);
-    }
-}
-
-// dx for rows m0 + r: sum_k w[c, k] dpre[m + (K-1) - k, c] over the taps
-// inside the sequence, k = 0..K-1 in order. Window slot j holds dpre row
-// m0 + j (rows at or past M are not read).
-template <int K>
-static __device__ __forceinline__ void conv_bwd_dx_rows(const float* __restrict__ dpre,
-                                                        const float* __restrict__ w,
-                                                        float* __restrict__ dx,
-                                                        unsigned short* __restrict__ dx_h,
-                                                        long long ldo,
-                                                        long long m0, long long m1, long long M,
-                                                        int T, int D, int c) {
-    float ds[kRowsPerThread + K - 1], wk[K];
-#pragma unroll
-    for (int j = 0; j < kRowsPerThread + K - 1; ++j) {
-        const long long m = m0 + j;
-        ds[j] = m < M ? dpre[m * D + c] : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < K; ++k) wk[k] = w[c * K + k];
-    int t = (int)(m0 % T);
-#pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const int fwd = K - 1 - k;
-            if (t + fwd < T) acc = acc + wk[k] * ds[r + fwd];
-        }
-        if (m0 + r < m1) store_f32_bf16(dx, dx_h, (m0 + r) * ldo + c, acc);
-        if (++t == T) t = 0;
-    }
-}
-
 // u = SiLU(conv(x)), x = xz[:, :D] (ld ldx; f32 in x or, when x is null,
 // bf16 in x_h), for M rows; u's bf16 copy into u_h when it is not null.
 // grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128; K in 1..8.
@@ -268,98 +227,123 @@ extern "C" __global__ void mamba_conv_fwd(const float* __restrict__ x,
 #undef MAMBA_CONV_FWD
 }
 
-// In place: g <- g * SiLU'(pre), turning d u into d pre (pre recomputed
-// from x as mamba_conv_fwd reads it).
-// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128; K in 1..8.
-extern "C" __global__ void mamba_conv_bwd_pre(const float* __restrict__ x,
-                                              const unsigned short* __restrict__ x_h,
-                                              long long ldx,
-                                              const float* __restrict__ w,
-                                              const float* __restrict__ bias,
-                                              float* __restrict__ g, long long M, int T, int D,
-                                              int K) {
-    const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= D) return;
-    const long long m0 = (long long)blockIdx.x * kRowsPerThread;
-    const long long m1 = min(M, m0 + kRowsPerThread);
-#define MAMBA_CONV_BWD_PRE(KW) conv_bwd_pre_rows<KW>(x, x_h, ldx, w, bias, g, m0, m1, T, D, c)
-    MAMBA_CONV_DISPATCH(K, MAMBA_CONV_BWD_PRE)
-#undef MAMBA_CONV_BWD_PRE
+// Rows of a slab the fused conv backward stages at a time: its shared tiles
+// hold kConvTile rows plus the taps' halo. A multiple of 8, so a row keeps
+// its slab lane (row - slab start) mod 8 in every tile.
+constexpr int kConvTile = 64;
+
+// The conv's backward through SiLU for one slab of kColSlab rows and 32
+// channels (c = blockIdx.y * 32 + lane), in one pass:
+//   dpre[m, c] = du[m, c] * SiLU'(pre[m, c]), pre recomputed from x by
+//     conv_pre_at as mamba_conv_fwd makes it;
+//   dx[m, c] = sum_k w[c, k] dpre[m + (K-1) - k, c] over the taps inside the
+//     sequence, k = 0..K-1 in order, to dx (f32 and / or bf16, ld ldo);
+//   stage 1 of the weight and bias gradients: part[s * (D*K + D) + c*K + k]
+//     = sum over the slab's rows of dpre[m, c] x[m - (K-1) + k, c] (inside
+//     the sequence) and part[s * (D*K + D) + D*K + c] = sum of dpre[m, c].
+//     Row lane ty (of 8) sums rows r0 + ty, r0 + ty + 8, ... in ascending
+//     order, then the 8 lanes are added in a fixed tree: the association is
+//     the slab's, a function of the shape alone (mamba_reduce_partials is
+//     stage 2).
+// dpre is never stored: each tile of kConvTile rows stages x (with the K-1
+// rows before it) and du (with the K-1 rows after it) in shared memory,
+// makes dpre for the tile and the K-1 rows after it (the next tile makes
+// those again, by the same expression: the same bits), then dx and the
+// sums. x is f32 (`x`) or, when that is null, bf16 (`x_h`), ld ldx; du is
+// [M, D]. `smem` holds kConvBwdSmem floats (the kernel's one shared array:
+// one per width would add up, as every instantiation's statics are the
+// kernel's).
+template <int K>
+static __device__ __forceinline__ void conv_bwd_slab(
+    float* smem, const float* __restrict__ x, const unsigned short* __restrict__ x_h, long long ldx,
+    const float* __restrict__ w, const float* __restrict__ bias, const float* __restrict__ du,
+    float* __restrict__ dx, unsigned short* __restrict__ dx_h, long long ldo,
+    float* __restrict__ part, long long M, int T, int D) {
+    constexpr int kHalo = K - 1;
+    float(*sx)[32] = reinterpret_cast<float(*)[32]>(smem);  // x rows s - kHalo ..
+    float(*sd)[32] = sx + kConvTile + 2 * kHalo;            // du, then dpre, rows s ..
+    float(*sh)[8][32] = reinterpret_cast<float(*)[8][32]>(sd + kConvTile + kHalo);
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const int c = blockIdx.y * 32 + tx;
+    const bool live = c < D;
+    const long long r0 = (long long)blockIdx.x * kColSlab;
+    const long long r1 = min(M, r0 + kColSlab);
+    float wk[K], acc[K + 1];
+    const float b = live ? bias[c] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) wk[k] = live ? w[c * K + k] : 0.0f;
+#pragma unroll
+    for (int k = 0; k <= K; ++k) acc[k] = 0.0f;
+    for (long long s = r0; s < r1; s += kConvTile) {
+        for (int i = ty; i < kConvTile + 2 * kHalo; i += 8) {
+            const long long m = s - kHalo + i;
+            sx[i][tx] = (live && m >= 0 && m < M) ? load_f32_bf16(x, x_h, m * ldx + c) : 0.0f;
+        }
+        for (int i = ty; i < kConvTile + kHalo; i += 8) {
+            const long long m = s + i;
+            sd[i][tx] = (live && m < M) ? du[m * D + c] : 0.0f;
+        }
+        __syncthreads();
+        const int ts = (int)(s % T);
+        for (int i = ty; i < kConvTile + kHalo && s + i < M; i += 8) {
+            const float pre = conv_pre_at<K, 32>(&sx[i][0] + tx, wk, b, (ts + i) % T);
+            sd[i][tx] = sd[i][tx] * dsiluf_(pre);
+        }
+        __syncthreads();
+        for (int i = ty; i < kConvTile && s + i < r1; i += 8) {
+            const int t = (ts + i) % T;
+            const float g = sd[i][tx];
+            float a = 0.0f;
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                const int fwd = K - 1 - k;
+                if (t + fwd < T) a = a + wk[k] * sd[i + fwd][tx];
+            }
+            if (live) store_f32_bf16(dx, dx_h, (s + i) * ldo + c, a);
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                const int back = K - 1 - k;
+                if (t - back >= 0) acc[k] = acc[k] + g * sx[i + k][tx];
+            }
+            acc[K] = acc[K] + g;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k <= K; ++k) sh[k][ty][tx] = acc[k];
+    __syncthreads();
+    if (ty == 0 && live) {
+        float* out = part + (long long)blockIdx.x * ((long long)D * K + D);
+#pragma unroll
+        for (int k = 0; k <= K; ++k) {
+            const float v = ((sh[k][0][tx] + sh[k][1][tx]) + (sh[k][2][tx] + sh[k][3][tx])) +
+                            ((sh[k][4][tx] + sh[k][5][tx]) + (sh[k][6][tx] + sh[k][7][tx]));
+            out[k < K ? (long long)c * K + k : (long long)D * K + c] = v;
+        }
+    }
 }
 
-// dx[b, t, c] = sum_k w[c, k] dpre[b, t + (K-1) - k, c] over the positions
-// inside the sequence, k = 0..K-1 in order; written to dx (ld ldo) and, when
-// dx_h is not null, its bf16 copy to dx_h (ld ldo).
-// grid (ceil(M / kRowsPerThread), ceil(D / 128)), block 128; K in 1..8.
-extern "C" __global__ void mamba_conv_bwd_dx(const float* __restrict__ dpre,
-                                             const float* __restrict__ w,
-                                             float* __restrict__ dx,
-                                             unsigned short* __restrict__ dx_h, long long ldo,
-                                             long long M, int T, int D, int K) {
-    const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= D) return;
-    const long long m0 = (long long)blockIdx.x * kRowsPerThread;
-    const long long m1 = min(M, m0 + kRowsPerThread);
-#define MAMBA_CONV_BWD_DX(KW) conv_bwd_dx_rows<KW>(dpre, w, dx, dx_h, ldo, m0, m1, M, T, D, c)
-    MAMBA_CONV_DISPATCH(K, MAMBA_CONV_BWD_DX)
-#undef MAMBA_CONV_BWD_DX
+// Floats of conv_bwd_slab's shared tiles at the largest width (8): x with
+// its halos, du / dpre with its halo, the lanes' sums (28 KB).
+constexpr int kConvBwdSmem = (kConvTile + 14) * 32 + (kConvTile + 7) * 32 + 9 * 8 * 32;
+
+// grid (ceil(M / kColSlab), ceil(D / 32)), block 256 (32 channels x 8 row
+// lanes); K in 1..8. See conv_bwd_slab. The bounds ask for 4 blocks an SM
+// (64 registers, the whole register file): without them ptxas gave the
+// eight-width dispatch 48 registers and spilled (sm_90, CUDA 13.0).
+extern "C" __global__ void __launch_bounds__(256, 4)
+    mamba_conv_bwd(const float* __restrict__ x, const unsigned short* __restrict__ x_h,
+                   long long ldx, const float* __restrict__ w, const float* __restrict__ bias,
+                   const float* __restrict__ du, float* __restrict__ dx,
+                   unsigned short* __restrict__ dx_h, long long ldo, float* __restrict__ part,
+                   long long M, int T, int D, int K) {
+    __shared__ float smem[kConvBwdSmem];
+#define MAMBA_CONV_BWD(KW) conv_bwd_slab<KW>(smem, x, x_h, ldx, w, bias, du, dx, dx_h, ldo, part, M, T, D)
+    MAMBA_CONV_DISPATCH(K, MAMBA_CONV_BWD)
+#undef MAMBA_CONV_BWD
 }
 
 #undef MAMBA_CONV_DISPATCH
-
-// Stage 1 of the conv weight/bias gradients. For slab s (rows
-// [s*kColSlab, ...)) writes part[s * (D*K + D) + c*K + k] = sum over its rows
-// of dpre[m, c] * x[m - (K-1) + k, c] (inside the sequence) and
-// part[s * (D*K + D) + D*K + c] = sum of dpre[m, c]. Block: 32 channels x 8
-// row lanes; each lane sums rows lane, lane+8, ... in order, then the 8 lanes
-// are added in a fixed tree. K <= 8 (checked on the host). x is f32 (`x`)
-// or, when that is null, bf16 (`x_h`).
-// grid (nslabs, ceil(D / 32)), block 256.
-extern "C" __global__ void mamba_conv_wgrad_partial(const float* __restrict__ dpre,
-                                                    const float* __restrict__ x,
-                                                    const unsigned short* __restrict__ x_h,
-                                                    long long ldx,
-                                                    float* __restrict__ part, long long M,
-                                                    int T, int D, int K) {
-    __shared__ float sh[9][8][32];
-    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-    const int c = blockIdx.y * 32 + tx;
-    const long long r0 = (long long)blockIdx.x * kColSlab;
-    const long long r1 = min(M, r0 + kColSlab);
-    float acc[9];
-#pragma unroll
-    for (int k = 0; k < 9; ++k) acc[k] = 0.0f;
-    if (c < D) {
-        // t = m mod T per row: carrying t along with the row (t += 8, wrap)
-        // under `#pragma unroll 4` was tried and ran 23 % slower (2.47 ms
-        // against 2.00 ms for a 130m bf16 step's 24 launches, ncu
-        // 2026-12-03), so the remainder stays.
-        for (long long m = r0 + ty; m < r1; m += 8) {
-            const float g = dpre[m * D + c];
-            const int t = (int)(m % T);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const int back = K - 1 - k;
-                if (k < K && t - back >= 0) acc[k] = acc[k] + g * load_f32_bf16(x, x_h, (m - back) * ldx + c);
-            }
-            acc[8] = acc[8] + g;
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 9; ++k) sh[k][ty][tx] = acc[k];
-    __syncthreads();
-    if (ty == 0 && c < D) {
-        const long long stride = (long long)D * K + D;
-        float* out = part + (long long)blockIdx.x * stride;
-#pragma unroll
-        for (int k = 0; k < 9; ++k) {
-            const float s = ((sh[k][0][tx] + sh[k][1][tx]) + (sh[k][2][tx] + sh[k][3][tx])) +
-                            ((sh[k][4][tx] + sh[k][5][tx]) + (sh[k][6][tx] + sh[k][7][tx]));
-            if (k < K) out[(long long)c * K + k] = s;
-            if (k == 8) out[(long long)D * K + c] = s;
-        }
-    }
-}
 
 // ---------------------------------------------------- dt, gating, reductions
 

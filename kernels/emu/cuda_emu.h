@@ -128,6 +128,12 @@ inline float __uint_as_float(unsigned b) {
     return v;
 }
 
+inline float __int_as_float(int b) {
+    float v;
+    std::memcpy(&v, &b, 4);
+    return v;
+}
+
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 

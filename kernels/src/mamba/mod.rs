@@ -25,6 +25,8 @@
 pub mod cast;
 mod check;
 pub mod conv;
+#[cfg(test)]
+mod conv_emu_tests;
 pub mod decode;
 pub mod heads;
 mod launcher;
@@ -86,15 +88,13 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 45] = [
+const SYMBOLS: [(usize, &str); 43] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
     (0, "mamba_rmsnorm_bwd"),
     (0, "mamba_conv_fwd"),
-    (0, "mamba_conv_bwd_pre"),
-    (0, "mamba_conv_bwd_dx"),
-    (0, "mamba_conv_wgrad_partial"),
+    (0, "mamba_conv_bwd"),
     (0, "mamba_dt_softplus"),
     (0, "mamba_gate_bwd"),
     (0, "mamba_colsum_partial"),
@@ -141,9 +141,7 @@ struct Functions {
     rmsnorm_fwd: CudaFunction,
     rmsnorm_bwd: CudaFunction,
     conv_fwd: CudaFunction,
-    conv_bwd_pre: CudaFunction,
-    conv_bwd_dx: CudaFunction,
-    conv_wgrad_partial: CudaFunction,
+    conv_bwd: CudaFunction,
     dt_softplus: CudaFunction,
     gate_bwd: CudaFunction,
     colsum_partial: CudaFunction,
@@ -228,9 +226,7 @@ impl MambaKernels {
             rmsnorm_fwd: next()?,
             rmsnorm_bwd: next()?,
             conv_fwd: next()?,
-            conv_bwd_pre: next()?,
-            conv_bwd_dx: next()?,
-            conv_wgrad_partial: next()?,
+            conv_bwd: next()?,
             dt_softplus: next()?,
             gate_bwd: next()?,
             colsum_partial: next()?,

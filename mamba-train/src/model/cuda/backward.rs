@@ -278,24 +278,8 @@ pub(super) fn backward(
             di,
         )?;
 
-        // Conv + SiLU: du -> dpre in place, then dx (into dxz's x half) and
-        // the conv's weight and bias.
-        let xz = a.xz.view();
-        let (conv_w, conv_b) = (w(&lo.conv_w), w(&lo.conv_b));
-        kr.conv_bwd_pre(
-            s,
-            xz.stored(),
-            2 * di,
-            &conv_w,
-            &conv_b,
-            &mut ws.du.as_view_mut(),
-            m,
-            t,
-            di,
-            k,
-        )?;
-        let dpre = ws.du.as_view();
-        kr.conv_bwd_dx(s, &dpre, &conv_w, ws.dxz.produce(), 2 * di, m, t, di, k)?;
+        // Conv + SiLU, one pass: du -> dx (into dxz's x half) and the conv's
+        // weight and bias gradients.
         {
             // conv1d.weight and conv1d.bias are adjacent arena tensors, the
             // weight first (ParamLayout's order): the kernel writes both as
@@ -307,10 +291,15 @@ pub(super) fn backward(
                      the arena"
                 )));
             }
-            kr.conv_wgrad(
+            let xz = a.xz.view();
+            kr.conv_bwd(
                 s,
-                &dpre,
                 xz.stored(),
+                2 * di,
+                &w(&lo.conv_w),
+                &w(&lo.conv_b),
+                &ws.du.as_view(),
+                ws.dxz.produce(),
                 2 * di,
                 &mut ws.colsum.as_view_mut(),
                 &mut grads.slice_mut(wr.start..br.end),

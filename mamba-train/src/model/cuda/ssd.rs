@@ -493,34 +493,9 @@ pub(super) fn backward_blocks(
             &mut grads.slice_mut(g(&lo.dt_bias)),
         )?;
 
-        // Conv + SiLU over x, B, C: duc (the scan's dx | dB dC) through
-        // SiLU in place, then the input gradient into zx's conv columns and the
-        // conv's weight and bias.
-        let xbc = a.zx.view_from(di);
-        let (conv_w, conv_b) = (wv(&lo.conv_w), wv(&lo.conv_b));
-        kr.conv_bwd_pre(
-            s,
-            xbc.stored(),
-            w,
-            &conv_w,
-            &conv_b,
-            &mut duc.as_view_mut(),
-            m,
-            t,
-            cd,
-            k,
-        )?;
-        kr.conv_bwd_dx(
-            s,
-            &duc.as_view(),
-            &conv_w,
-            dzx_cols(dzx, dzx_h, di),
-            w,
-            m,
-            t,
-            cd,
-            k,
-        )?;
+        // Conv + SiLU over x, B, C, one pass: duc (the scan's dx | dB dC) to
+        // the input gradient in zx's conv columns and the conv's weight and
+        // bias gradients.
         let (wr, br) = (g(&lo.conv_w), g(&lo.conv_b));
         if wr.end != br.start {
             return Err(TrainError::Config(format!(
@@ -528,10 +503,14 @@ pub(super) fn backward_blocks(
                  arena"
             )));
         }
-        kr.conv_wgrad(
+        kr.conv_bwd(
             s,
+            a.zx.view_from(di).stored(),
+            w,
+            &wv(&lo.conv_w),
+            &wv(&lo.conv_b),
             &duc.as_view(),
-            xbc.stored(),
+            dzx_cols(dzx, dzx_h, di),
             w,
             &mut colsum.as_view_mut(),
             &mut grads.slice_mut(wr.start..br.end),
