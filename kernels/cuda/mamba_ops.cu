@@ -88,6 +88,29 @@ extern "C" __global__ void mamba_rmsnorm_fwd(const float* __restrict__ x,
     if (lane == 0) rstd[m] = r;
 }
 
+// RMSNorm's backward, the parts its kernels share: the row's
+// sum_k dy_k w_k x_k (lane-strided serial sums, then a xor butterfly over
+// the warp; every lane gets it), then per element
+// dx_j = r * w_j * dy_j - x_j * k with k = r^3 * sum / d.
+static __device__ __forceinline__ float rmsnorm_bwd_dot(const float* __restrict__ gr,
+                                                        const float* __restrict__ w,
+                                                        const float* __restrict__ x,
+                                                        const unsigned short* __restrict__ x_h,
+                                                        long long m, int d, int lane) {
+    float s = 0.0f;
+    for (int j = lane; j < d; j += 32) s = s + gr[j] * w[j] * load_f32_bf16(x, x_h, m * d + j);
+    return group_sum(s, 32);
+}
+
+static __device__ __forceinline__ float rmsnorm_bwd_k(float r, float dot, int d) {
+    return r * r * r * dot / (float)d;
+}
+
+static __device__ __forceinline__ float rmsnorm_bwd_at(float r, float wj, float gj, float xj,
+                                                       float k) {
+    return r * wj * gj - xj * k;
+}
+
 // dx = r * w * dy - x * r^3 * (sum_k dy_k w_k x_k) / d; written (accumulate
 // = 0) or added to dx (accumulate = 1: the residual stream's gradient); the
 // result's bf16 copy into dx_h when it is not null. x is f32 (`x`) or, when
@@ -105,14 +128,12 @@ extern "C" __global__ void mamba_rmsnorm_bwd(const float* __restrict__ dy,
     const int lane = threadIdx.x % 32;
     if (m >= M) return;
     const float* gr = dy + m * d;
-    float s = 0.0f;
-    for (int j = lane; j < d; j += 32) s = s + gr[j] * w[j] * load_f32_bf16(x, x_h, m * d + j);
-    s = group_sum(s, 32);
+    const float dot = rmsnorm_bwd_dot(gr, w, x, x_h, m, d, lane);
     const float r = rstd[m];
-    const float k = r * r * r * s / (float)d;
+    const float k = rmsnorm_bwd_k(r, dot, d);
     float* out = dx + m * d;
     for (int j = lane; j < d; j += 32) {
-        const float v = r * w[j] * gr[j] - load_f32_bf16(x, x_h, m * d + j) * k;
+        const float v = rmsnorm_bwd_at(r, w[j], gr[j], load_f32_bf16(x, x_h, m * d + j), k);
         store_f32_bf16(out, dx_h ? dx_h + m * d : nullptr, j, accumulate ? out[j] + v : v);
     }
 }
@@ -367,6 +388,18 @@ extern "C" __global__ void mamba_dt_softplus(float* __restrict__ raw,
     }
 }
 
+// The gate's backward at one element, out = y * SiLU(z) with gradient g:
+// d y = g * z * sigmoid(z) -> *dy; d z = g * y * SiLU'(z) -> dz / dz_h at i
+// (either may be null).
+static __device__ __forceinline__ void gate_bwd_at(float g, float yv, float zv,
+                                                   float* __restrict__ dy,
+                                                   float* __restrict__ dz,
+                                                   unsigned short* __restrict__ dz_h, long long i) {
+    const float s = sigmoidf_(zv);
+    *dy = g * (zv * s);
+    store_f32_bf16(dz, dz_h, i, g * yv * (s * (1.0f + zv * (1.0f - s))));
+}
+
 // Backward of out = y * SiLU(z): dy = dout * SiLU(z) -> dy (ld D);
 // dz = dout * y * SiLU'(z) -> dz (ld ldz) and, when dz_h is not null, its
 // bf16 copy -> dz_h (ld ldz); and out itself again, recomputed with
@@ -389,11 +422,37 @@ extern "C" __global__ void mamba_gate_bwd(const float* __restrict__ dout,
     if (c >= D) return;
     const float zv = load_f32_bf16(z, z_h, m * ldz + c);
     const float yv = load_f32_bf16(y, y_h, m * D + c);
-    const float s = sigmoidf_(zv);
-    const float g = dout[m * D + c];
-    dy[m * D + c] = g * (zv * s);
-    store_f32_bf16(dz, dz_h, m * ldz + c, g * yv * (s * (1.0f + zv * (1.0f - s))));
+    gate_bwd_at(dout[m * D + c], yv, zv, dy + m * D + c, dz, dz_h, m * ldz + c);
     store_f32_bf16(g_out, g_h, m * D + c, gate_out(yv, zv));
+}
+
+// Mamba-2's gated RMSNorm backward and the gate's in one pass, one warp per
+// row: the norm's input gradient dg (mamba_rmsnorm_bwd's expressions, over
+// the norm's input g, f32 or kept in bf16 in g_h) is never stored; it goes
+// through the gate out = y * SiLU(z) (mamba_gate_bwd's expressions) into dy
+// (f32, ld D) and dz (f32 and / or bf16, ld ldz). The bits of
+// mamba_rmsnorm_bwd into an f32 dg followed by mamba_gate_bwd (the emulated
+// ops check compares them). dgn is the gradient of the norm's output, [M, D].
+// grid ceil(M / 8), block 256.
+extern "C" __global__ void mamba_gated_norm_bwd(
+    const float* __restrict__ dgn, const float* __restrict__ g, const unsigned short* __restrict__ g_h,
+    const float* __restrict__ w, const float* __restrict__ rstd, const float* __restrict__ y,
+    const unsigned short* __restrict__ y_h, const float* __restrict__ z,
+    const unsigned short* __restrict__ z_h, long long ldz, float* __restrict__ dy,
+    float* __restrict__ dz, unsigned short* __restrict__ dz_h, long long M, int D) {
+    const long long m = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (m >= M) return;
+    const float* gr = dgn + m * D;
+    const float dot = rmsnorm_bwd_dot(gr, w, g, g_h, m, D, lane);
+    const float r = rstd[m];
+    const float k = rmsnorm_bwd_k(r, dot, D);
+    for (int c = lane; c < D; c += 32) {
+        const float dg = rmsnorm_bwd_at(r, w[c], gr[c], load_f32_bf16(g, g_h, m * D + c), k);
+        const float zv = load_f32_bf16(z, z_h, m * ldz + c);
+        const float yv = load_f32_bf16(y, y_h, m * D + c);
+        gate_bwd_at(dg, yv, zv, dy + m * D + c, dz, dz_h, m * ldz + c);
+    }
 }
 
 // Stage 1 of a column sum over rows: part[s * C + c] = sum over slab s of

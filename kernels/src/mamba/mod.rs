@@ -28,6 +28,8 @@ pub mod conv;
 #[cfg(test)]
 mod conv_emu_tests;
 pub mod decode;
+#[cfg(test)]
+mod gated_norm_emu_tests;
 pub mod heads;
 mod launcher;
 pub mod ops;
@@ -88,7 +90,7 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 43] = [
+const SYMBOLS: [(usize, &str); 44] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -97,6 +99,7 @@ const SYMBOLS: [(usize, &str); 43] = [
     (0, "mamba_conv_bwd"),
     (0, "mamba_dt_softplus"),
     (0, "mamba_gate_bwd"),
+    (0, "mamba_gated_norm_bwd"),
     (0, "mamba_colsum_partial"),
     (0, "mamba_reduce_partials"),
     (0, "mamba_ce_fwd_bwd"),
@@ -144,6 +147,7 @@ struct Functions {
     conv_bwd: CudaFunction,
     dt_softplus: CudaFunction,
     gate_bwd: CudaFunction,
+    gated_norm_bwd: CudaFunction,
     colsum_partial: CudaFunction,
     reduce_partials: CudaFunction,
     ce_fwd_bwd: CudaFunction,
@@ -229,6 +233,7 @@ impl MambaKernels {
             conv_bwd: next()?,
             dt_softplus: next()?,
             gate_bwd: next()?,
+            gated_norm_bwd: next()?,
             colsum_partial: next()?,
             reduce_partials: next()?,
             ce_fwd_bwd: next()?,

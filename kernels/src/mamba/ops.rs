@@ -16,8 +16,9 @@ use crate::error::KernelError;
 pub use super::reductions::ColSum;
 pub use super::tokens::{DeviceTokenCsr, TokenCsr};
 
-/// Rows per block of the warp-per-row kernels (RMSNorm).
-const ROWS_PER_BLOCK: usize = 8;
+/// Rows per block of the warp-per-row kernels (RMSNorm, the gated-norm
+/// backward).
+pub(super) const ROWS_PER_BLOCK: usize = 8;
 
 impl MambaKernels {
     /// `h[m, :] = emb[tokens[m], :]` for `m < tokens.len()`; `emb` is
@@ -337,6 +338,86 @@ impl MambaKernels {
         // float* dz, unsigned short* dz_h, float* g, unsigned short* g_h,
         // int D) (dz, dz_h, g, g_h each null or checked); extents checked
         // above.
+        unsafe { self.launch(stream, launch, &mut args) }
+    }
+
+    /// Mamba-2's gated RMSNorm backward and the gate's in one pass:
+    /// `dg = `[`Self::rmsnorm_bwd`]`(dgn, g, w, rstd)` (never stored) taken
+    /// through `out = y * SiLU(z)` as [`Self::gate_bwd`] does, into `dy =
+    /// dg SiLU(z)` (`[rows, d_inner]`) and `dz = dg y SiLU'(z)` (f32 and/or
+    /// bf16, leading dimension `ldz`). `dgn` is the gradient of the norm's
+    /// output (`[rows, d_inner]`); `g` (the norm's input), `y` and `z` as
+    /// they are kept (f32 or bf16). The same bits as the two kernels one
+    /// after the other (they share their device functions; the emulated
+    /// ops check compares them), without dg's write and read. The norm
+    /// weight's gradient is still a [`ColSum::ProductRowScaled`] of `dgn`,
+    /// `g` and `rstd`.
+    ///
+    /// [`ColSum::ProductRowScaled`]: super::reductions::ColSum::ProductRowScaled
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_norm_bwd(
+        &self,
+        stream: &CudaStream,
+        dgn: &CudaView<f32>,
+        g: Stored<'_>,
+        w: &CudaView<f32>,
+        rstd: &CudaView<f32>,
+        y: Stored<'_>,
+        z: Stored<'_>,
+        ldz: usize,
+        dy: &mut CudaViewMut<f32>,
+        mut dz: Store<'_>,
+        rows: usize,
+        d_inner: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "mamba_gated_norm_bwd";
+        self.check_stream(K, stream)?;
+        let n = check::mul(K, "dgn", rows, d_inner)?;
+        check::len(K, "dgn", dgn.len(), n)?;
+        check::len(K, "g", g.len(), n)?;
+        check::len(K, "w", w.len(), d_inner)?;
+        check::len(K, "rstd", rstd.len(), rows)?;
+        check::len(K, "y", y.len(), n)?;
+        check::matrix(K, "z", z.len(), rows, d_inner, ldz)?;
+        check::len(K, "dy", dy.len(), n)?;
+        dz.check_matrix(K, "dz", rows, d_inner, ldz)?;
+        if rows == 0 || d_inner == 0 {
+            return Ok(());
+        }
+        let launch = Launch {
+            kernel: K,
+            func: &self.f.gated_norm_bwd,
+            grid: Grid::Dims(rows.div_ceil(ROWS_PER_BLOCK), 1, 1),
+            block: REDUCE_THREADS,
+        };
+        let [g_f32, g_bf16] = g.args();
+        let [y_f32, y_bf16] = y.args();
+        let [z_f32, z_bf16] = z.args();
+        let [dz_f32, dz_bf16] = dz.args();
+        let mut args = [
+            Arg::In(dgn),
+            g_f32,
+            g_bf16,
+            Arg::In(w),
+            Arg::In(rstd),
+            y_f32,
+            y_bf16,
+            z_f32,
+            z_bf16,
+            Arg::Long("ldz", ldz),
+            Arg::Out(dy),
+            dz_f32,
+            dz_bf16,
+            Arg::Long("rows", rows),
+            Arg::Int("d_inner", d_inner),
+        ];
+        // SAFETY: matches mamba_gated_norm_bwd(const float* dgn, const float*
+        // g, const unsigned short* g_h, const float* w, const float* rstd,
+        // const float* y, const unsigned short* y_h, const float* z, const
+        // unsigned short* z_h (one of each pair null: Stored), long long
+        // ldz, float* dy, float* dz, unsigned short* dz_h (each null or
+        // checked), long long M, int D); one warp per row, rows < M only;
+        // extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 }

@@ -33,8 +33,8 @@
 //! and back, from `dres = dL/dx_out`:
 //! ```text
 //! dgn = dres . W_out   gn again   dW_out = dres^T . gn
-//! d norm.weight = colsum(dgn * g * rstd_g)   dg = RMSNorm_bwd(dgn)
-//! dy, dz = gate_bwd(dg, y, z)                dD = head sums of colsum(dy * x)
+//! d norm.weight = colsum(dgn * g * rstd_g)
+//! dy, dz = gate_bwd(RMSNorm_bwd(dgn), y, z)  one kernel; dD = head sums of colsum(dy * x)
 //! dx dB dC (into duc), d dt_raw (into zx's dt columns), dA_log = ssd_bwd(...)
 //! d dt_bias = colsum(d dt_raw)
 //! conv backward -> dx dB dC of zx, d conv   dW_in, dxn   pre-norm backward
@@ -328,7 +328,6 @@ pub(super) fn backward_blocks(
     } = ssd.as_mut().ok_or_else(missing_buffers)?;
     let SsdGradBufs {
         duc,
-        dg,
         dd_e,
         dzx,
         dzx_h,
@@ -417,27 +416,18 @@ pub(super) fn backward_blocks(
             &mut colsum.as_view_mut(),
             &mut grads.slice_mut(g(&lo.norm_gated)),
         )?;
-        kr.rmsnorm_bwd(
+        let (y, zx) = (a.y.view(), a.zx.view());
+        kr.gated_norm_bwd(
             s,
             &dgn.as_view(),
             gv.stored(),
             &wv(&lo.norm_gated),
             &rstd_g,
-            Store::F32(dg.as_view_mut()),
-            m,
-            di,
-            false,
-        )?;
-        let (y, zx) = (a.y.view(), a.zx.view());
-        kr.gate_bwd(
-            s,
-            &dg.as_view(),
             y.stored(),
             zx.stored(),
             w,
             &mut dy.as_view_mut(),
             dzx_cols(dzx, dzx_h, 0),
-            gn.produce(),
             m,
             di,
         )?;

@@ -301,10 +301,10 @@ impl SsdScanScratch {
 /// The Mamba-2 backward's own gradient buffers, shared by every block.
 pub(crate) struct SsdGradBufs {
     /// The gradient of `uc`, `[rows, cd]` (the scan writes its x, B and C
-    /// columns; then the conv's pre-activation gradient, in place).
+    /// columns; the conv's one-pass backward reads it). The gradient of
+    /// `g` has no buffer: the gated norm's backward hands it to the gate's
+    /// in registers (`MambaKernels::gated_norm_bwd`).
     pub duc: CudaSlice<f32>,
-    /// The gradient of `g`, `[rows, d_inner]`.
-    pub dg: CudaSlice<f32>,
     /// d D per channel, before its sums per head.
     pub dd_e: CudaSlice<f32>,
     /// in_proj's output gradient, `[rows, w]`, f32 (the scan writes its dt
@@ -680,7 +680,6 @@ fn ssd_bufs(
         scan: SsdScanScratch::new(a, shape.scratch_lens(), half_acts)?,
         grads: SsdGradBufs {
             duc: a.zeros("conv output gradient", rows * cd)?,
-            dg: a.zeros("gated norm input gradient", rows * di)?,
             dd_e: a.zeros("D gradient per channel", di)?,
             dzx: a.zeros("in_proj output gradient", rows * w)?,
             dzx_h: a.zeros_if(bf16, "in_proj output gradient (bf16)", rows * w)?,
