@@ -258,14 +258,18 @@ fn gated_norm_backward_gives_the_bits_of_rmsnorm_bwd_then_gate_bwd() {
             bits.extend(s.clone_dtoh(dz_h).unwrap().iter().map(|&v| u32::from(v)));
             bits
         };
+        // dy, dz and dz's bf16 copy, zeroed.
+        let zeroed_outputs = || {
+            (
+                s.alloc_zeros::<f32>(rows * d).unwrap(),
+                s.alloc_zeros::<f32>(rows * ldz).unwrap(),
+                s.alloc_zeros::<u16>(rows * ldz).unwrap(),
+            )
+        };
         // The two kernels, as the model ran them before the fusion.
         let mut dg = s.alloc_zeros::<f32>(rows * d).unwrap();
         let mut g_out = s.alloc_zeros::<f32>(rows * d).unwrap();
-        let (mut dy2, mut dz2, mut dz2_h) = (
-            s.alloc_zeros::<f32>(rows * d).unwrap(),
-            s.alloc_zeros::<f32>(rows * ldz).unwrap(),
-            s.alloc_zeros::<u16>(rows * ldz).unwrap(),
-        );
+        let (mut dy2, mut dz2, mut dz2_h) = zeroed_outputs();
         kr.rmsnorm_bwd(
             &s,
             &d_dgn.as_view(),
@@ -293,11 +297,7 @@ fn gated_norm_backward_gives_the_bits_of_rmsnorm_bwd_then_gate_bwd() {
         .expect("gate_bwd");
         let pair = outputs(&dy2, &dz2, &dz2_h);
         // The fused kernel.
-        let (mut dy, mut dz, mut dz_h) = (
-            s.alloc_zeros::<f32>(rows * d).unwrap(),
-            s.alloc_zeros::<f32>(rows * ldz).unwrap(),
-            s.alloc_zeros::<u16>(rows * ldz).unwrap(),
-        );
+        let (mut dy, mut dz, mut dz_h) = zeroed_outputs();
         kr.gated_norm_bwd(
             &s,
             &d_dgn.as_view(),

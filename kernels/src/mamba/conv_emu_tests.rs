@@ -10,39 +10,29 @@
 //! bf16. Skips, printing why, when no C++20 compiler is found.
 
 use super::reductions::REDUCE_THREADS;
-use super::scan_emu_tests::{compile_and_run, compiler, probe};
+use super::scan_emu_tests::run_with_negative;
 use super::COL_SLAB;
 
 #[test]
 fn the_fused_conv_backward_under_the_cpu_emulator_keeps_its_association_and_matches_f64() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let cxx = compiler();
-    if let Err(why) = probe(&cxx, dir.path()) {
-        eprintln!("skipping: {why}");
+    let defines = [
+        ("EMU_BLOCK", REDUCE_THREADS as usize),
+        ("EMU_COL_SLAB", COL_SLAB),
+    ];
+    let Some([(ok, text), (neg_ok, neg_text)]) = run_with_negative("conv_check", &defines) else {
         return;
-    }
-    let run = |negative: bool| {
-        compile_and_run(
-            &cxx,
-            dir.path(),
-            "conv_check",
-            &[
-                ("EMU_BLOCK", REDUCE_THREADS as usize),
-                ("EMU_COL_SLAB", COL_SLAB),
-                ("EMU_NEGATIVE", usize::from(negative)),
-            ],
-        )
     };
-    let (ok, text) = run(false);
     println!("{text}");
     assert!(ok && text.contains("all within tolerance"), "{text}");
     // Every shape ran and matched its twin bit for bit.
     assert_eq!(text.matches("twin-bits ok").count(), 8, "{text}");
     // Negative control: one wrong du element fed to the kernel must be
     // caught, by the twin's bits and by the f64 oracle.
-    let (ok, text) = run(true);
     assert!(
-        !ok && text.contains("twin-bits DIFFER") && text.contains("dw") && text.contains("FAIL"),
-        "the wrong input was not caught:\n{text}"
+        !neg_ok
+            && neg_text.contains("twin-bits DIFFER")
+            && neg_text.contains("dw")
+            && neg_text.contains("FAIL"),
+        "the wrong input was not caught:\n{neg_text}"
     );
 }

@@ -9,37 +9,25 @@
 
 use super::ops::ROWS_PER_BLOCK;
 use super::reductions::REDUCE_THREADS;
-use super::scan_emu_tests::{compile_and_run, compiler, probe};
+use super::scan_emu_tests::run_with_negative;
 
 #[test]
 fn the_fused_gated_norm_backward_under_the_cpu_emulator_is_the_two_kernels_bit_for_bit() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let cxx = compiler();
-    if let Err(why) = probe(&cxx, dir.path()) {
-        eprintln!("skipping: {why}");
+    let defines = [
+        ("EMU_BLOCK", REDUCE_THREADS as usize),
+        ("EMU_ROWS_PER_BLOCK", ROWS_PER_BLOCK),
+    ];
+    let Some([(ok, text), (neg_ok, neg_text)]) = run_with_negative("gated_norm_check", &defines)
+    else {
         return;
-    }
-    let run = |negative: bool| {
-        compile_and_run(
-            &cxx,
-            dir.path(),
-            "gated_norm_check",
-            &[
-                ("EMU_BLOCK", REDUCE_THREADS as usize),
-                ("EMU_ROWS_PER_BLOCK", ROWS_PER_BLOCK),
-                ("EMU_NEGATIVE", usize::from(negative)),
-            ],
-        )
     };
-    let (ok, text) = run(false);
     println!("{text}");
     assert!(ok && text.contains("all within tolerance"), "{text}");
     assert_eq!(text.matches("two-kernel-bits ok").count(), 6, "{text}");
     // Negative control: one wrong dgn element fed to the fused kernel alone
     // must be caught.
-    let (ok, text) = run(true);
     assert!(
-        !ok && text.contains("two-kernel-bits DIFFER"),
-        "the wrong input was not caught:\n{text}"
+        !neg_ok && neg_text.contains("two-kernel-bits DIFFER"),
+        "the wrong input was not caught:\n{neg_text}"
     );
 }

@@ -4,7 +4,7 @@
 //! [`super::reductions`]). Formulas are in the `.cu` file, next to the code;
 //! each launcher documents its buffers and what it checks.
 
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::{CudaFunction, CudaStream, CudaView, CudaViewMut};
 
 use super::check;
 use super::launcher::{Arg, Grid, Launch, THREADS};
@@ -129,12 +129,7 @@ impl MambaKernels {
         if rows == 0 || d == 0 {
             return Ok(());
         }
-        let launch = Launch {
-            kernel: K,
-            func: &self.f.rmsnorm_fwd,
-            grid: Grid::Dims(rows.div_ceil(ROWS_PER_BLOCK), 1, 1),
-            block: REDUCE_THREADS,
-        };
+        let launch = warp_per_row(K, &self.f.rmsnorm_fwd, rows);
         let [y_f32, y_bf16] = y.args();
         let [x_f32, x_bf16] = x.args();
         let mut args = [
@@ -191,12 +186,7 @@ impl MambaKernels {
         if rows == 0 || d == 0 {
             return Ok(());
         }
-        let launch = Launch {
-            kernel: K,
-            func: &self.f.rmsnorm_bwd,
-            grid: Grid::Dims(rows.div_ceil(ROWS_PER_BLOCK), 1, 1),
-            block: REDUCE_THREADS,
-        };
+        let launch = warp_per_row(K, &self.f.rmsnorm_bwd, rows);
         let [dx_f32, dx_bf16] = dx.args();
         let [x_f32, x_bf16] = x.args();
         let mut args = [
@@ -297,10 +287,7 @@ impl MambaKernels {
         self.check_stream(K, stream)?;
         let n = check::mul(K, "dout", rows, d_inner)?;
         check::len(K, "dout", dout.len(), n)?;
-        check::len(K, "y", y.len(), n)?;
-        check::len(K, "dy", dy.len(), n)?;
-        check::matrix(K, "z", z.len(), rows, d_inner, ldz)?;
-        dz.check_matrix(K, "dz", rows, d_inner, ldz)?;
+        check_gate_operands(K, y, z, ldz, dy, &dz, rows, d_inner)?;
         g.check_each("g", |what, have| check::len(K, what, have, n))?;
         if rows == 0 || d_inner == 0 {
             return Ok(());
@@ -377,19 +364,11 @@ impl MambaKernels {
         check::len(K, "g", g.len(), n)?;
         check::len(K, "w", w.len(), d_inner)?;
         check::len(K, "rstd", rstd.len(), rows)?;
-        check::len(K, "y", y.len(), n)?;
-        check::matrix(K, "z", z.len(), rows, d_inner, ldz)?;
-        check::len(K, "dy", dy.len(), n)?;
-        dz.check_matrix(K, "dz", rows, d_inner, ldz)?;
+        check_gate_operands(K, y, z, ldz, dy, &dz, rows, d_inner)?;
         if rows == 0 || d_inner == 0 {
             return Ok(());
         }
-        let launch = Launch {
-            kernel: K,
-            func: &self.f.gated_norm_bwd,
-            grid: Grid::Dims(rows.div_ceil(ROWS_PER_BLOCK), 1, 1),
-            block: REDUCE_THREADS,
-        };
+        let launch = warp_per_row(K, &self.f.gated_norm_bwd, rows);
         let [g_f32, g_bf16] = g.args();
         let [y_f32, y_bf16] = y.args();
         let [z_f32, z_bf16] = z.args();
@@ -420,4 +399,36 @@ impl MambaKernels {
         // extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
+}
+
+/// The launch of a warp-per-row kernel (the RMSNorms): [`ROWS_PER_BLOCK`]
+/// rows a block of [`REDUCE_THREADS`] threads.
+fn warp_per_row<'a>(kernel: &'static str, func: &'a CudaFunction, rows: usize) -> Launch<'a> {
+    Launch {
+        kernel,
+        func,
+        grid: Grid::Dims(rows.div_ceil(ROWS_PER_BLOCK), 1, 1),
+        block: REDUCE_THREADS,
+    }
+}
+
+/// The checks of the gate's backward operands, shared by its two kernels:
+/// `y` and `dy` are `[rows, d_inner]`, `z` and `dz` `[rows, d_inner]` with
+/// leading dimension `ldz`.
+#[allow(clippy::too_many_arguments)]
+fn check_gate_operands(
+    kernel: &'static str,
+    y: Stored<'_>,
+    z: Stored<'_>,
+    ldz: usize,
+    dy: &CudaViewMut<f32>,
+    dz: &Store<'_>,
+    rows: usize,
+    d_inner: usize,
+) -> Result<(), KernelError> {
+    let n = check::mul(kernel, "y", rows, d_inner)?;
+    check::len(kernel, "y", y.len(), n)?;
+    check::len(kernel, "dy", dy.len(), n)?;
+    check::matrix(kernel, "z", z.len(), rows, d_inner, ldz)?;
+    dz.check_matrix(kernel, "dz", rows, d_inner, ldz)
 }

@@ -82,6 +82,27 @@ pub(super) fn compile_and_run(
     (run.status.success(), text)
 }
 
+/// Build and run `kernels/emu/<check>.cpp` twice, with `defines` and
+/// `EMU_NEGATIVE` 0 then 1 (its negative control): `[(success, stdout)]` of
+/// the two runs, or `None` (printing why) when no C++20 compiler is found.
+pub(super) fn run_with_negative(
+    check: &str,
+    defines: &[(&str, usize)],
+) -> Option<[(bool, String); 2]> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cxx = compiler();
+    if let Err(why) = probe(&cxx, dir.path()) {
+        eprintln!("skipping: {why}");
+        return None;
+    }
+    let run = |negative: usize| {
+        let mut all = defines.to_vec();
+        all.push(("EMU_NEGATIVE", negative));
+        compile_and_run(&cxx, dir.path(), check, &all)
+    };
+    Some([run(0), run(1)])
+}
+
 /// The scan check with the launch geometry of `scan_shape.rs` and
 /// `-DEMU_NEGATIVE=negative`.
 fn build_and_run(cxx: &str, dir: &Path, negative: bool) -> (bool, String) {

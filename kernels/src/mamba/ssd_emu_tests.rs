@@ -10,26 +10,15 @@
 //! in the SSD kernels fails CI before any GPU run. Skips, printing why, when
 //! no C++20 compiler is found.
 
-use super::scan_emu_tests::{compile_and_run, compiler, probe};
+use super::scan_emu_tests::run_with_negative;
 
 /// The check with the SIMT (`tc = 0`) or tensor-core (`tc = 1`) products,
 /// then its negative control.
 fn check(tc: usize) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let cxx = compiler();
-    if let Err(why) = probe(&cxx, dir.path()) {
-        eprintln!("skipping: {why}");
+    let Some([(ok, text), (neg_ok, neg_text)]) = run_with_negative("ssd_check", &[("EMU_TC", tc)])
+    else {
         return;
-    }
-    let run = |negative| {
-        compile_and_run(
-            &cxx,
-            dir.path(),
-            "ssd_check",
-            &[("EMU_NEGATIVE", negative), ("EMU_TC", tc)],
-        )
     };
-    let (ok, text) = run(0);
     println!("{text}");
     assert!(ok && text.contains("all within tolerance"), "{text}");
     // Every shape ran (a crash or an early exit would print fewer lines).
@@ -41,10 +30,9 @@ fn check(tc: usize) {
         assert_eq!(text.matches("bf16-states ok").count(), 7, "{text}");
     }
     // Negative control: one wrong dt fed to the kernels must be caught.
-    let (ok, text) = run(1);
     assert!(
-        !ok && text.contains("FAIL"),
-        "the wrong input was not caught:\n{text}"
+        !neg_ok && neg_text.contains("FAIL"),
+        "the wrong input was not caught:\n{neg_text}"
     );
 }
 
