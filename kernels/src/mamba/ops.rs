@@ -328,11 +328,11 @@ impl MambaKernels {
         unsafe { self.launch(stream, launch, &mut args) }
     }
 
-    /// Mamba-2's gated RMSNorm backward and the gate's in one pass:
-    /// `dg = `[`Self::rmsnorm_bwd`]`(dgn, g, w, rstd)` (never stored) taken
-    /// through `out = y * SiLU(z)` as [`Self::gate_bwd`] does, into `dy =
-    /// dg SiLU(z)` (`[rows, d_inner]`) and `dz = dg y SiLU'(z)` (f32 and/or
-    /// bf16, leading dimension `ldz`). `dgn` is the gradient of the norm's
+    /// Mamba-2's gated RMSNorm backward and the gate's in one pass: `dg`,
+    /// what [`Self::rmsnorm_bwd`] makes of `dgn`, `g`, `w` and `rstd` (never
+    /// stored), taken through `out = y * SiLU(z)` as [`Self::gate_bwd`]
+    /// does, into `dy = dg SiLU(z)` (`[rows, d_inner]`) and `dz = dg y
+    /// SiLU'(z)` (f32 and/or bf16, leading dimension `ldz`). `dgn` is the gradient of the norm's
     /// output (`[rows, d_inner]`); `g` (the norm's input), `y` and `z` as
     /// they are kept (f32 or bf16). The same bits as the two kernels one
     /// after the other (they share their device functions; the emulated
