@@ -278,7 +278,7 @@ __device__ __forceinline__ void chunk_out_tc(
         });
         if constexpr (kHalf) {
             unsigned short* dHh = reinterpret_cast<unsigned short*>(dH);
-            tile_pieces_h<kQ>(vec_h, [&](int r, int c, int width) {
+            tile_pieces_of<kQ, 8>(vec_h, [&](int r, int c, int width) {
                 cp_async_piece_h(dHh + r * kLdH + c, hst + (long long)(p0 + r) * N + n0 + c,
                                  p0 + r < P && n0 + c < N, width);
             });
@@ -528,7 +528,7 @@ __device__ __forceinline__ void bwd_dx_tc(
         });
         if constexpr (kHalf) {
             unsigned short* dBh = reinterpret_cast<unsigned short*>(dB);
-            tile_pieces_h<kQ>(vec_h, [&](int r, int c, int width) {
+            tile_pieces_of<kQ, 8>(vec_h, [&](int r, int c, int width) {
                 cp_async_piece_h(dBh + r * kLdH + c, Br + (long long)(p0 + r) * N + c,
                                  p0 + r < P && n0 + c < N, width);
             });

@@ -175,24 +175,43 @@ __device__ __forceinline__ void cp_async_piece(float* dst, const float* src, boo
     }
 }
 
-// This thread's share of a 64 x 64 tile, as copy(r, c, width) for each of
-// its pieces: vectors of four along c when vec (every row 16-byte aligned),
-// else single floats; a warp's pieces are consecutive along a row.
-template <class F>
-__device__ __forceinline__ void tile_pieces(bool vec, F copy) {
+// This thread's share of a tile of Rows x 64 values, as copy(r, c, width)
+// for each of its pieces: Width values along c (one 16-byte copy: 4 f32 or
+// 8 bf16) when vec (every row 16-byte aligned), else single values; a
+// warp's pieces are consecutive along a row.
+template <int Rows, int Width, class F>
+__device__ __forceinline__ void tile_pieces_of(bool vec, F copy) {
     const int tid = threadIdx.x;
     if (vec) {
 #pragma unroll
-        for (int i = 0; i < kQ * kQ / 4 / kThreads; ++i) {
+        for (int i = 0; i < Rows * kQ / Width / kThreads; ++i) {
             const int idx = tid + i * kThreads;
-            copy(idx / (kQ / 4), 4 * (idx % (kQ / 4)), 4);
+            copy(idx / (kQ / Width), Width * (idx % (kQ / Width)), Width);
         }
     } else {
 #pragma unroll 4
-        for (int i = 0; i < kQ * kQ / kThreads; ++i) {
+        for (int i = 0; i < Rows * kQ / kThreads; ++i) {
             const int idx = tid + i * kThreads;
             copy(idx / kQ, idx % kQ, 1);
         }
+    }
+}
+
+// An f32 tile of 64 x 64: pieces of 4.
+template <class F>
+__device__ __forceinline__ void tile_pieces(bool vec, F copy) {
+    tile_pieces_of<kQ, 4>(vec, copy);
+}
+
+// One operand tile of layout L, element by element by cp.async into dst:
+// src(k, first, second) gives an element's address, or nullptr for a zero.
+template <class L, class Src>
+__device__ __forceinline__ void stage_elements(float* dst, int k, Src src) {
+#pragma unroll
+    for (int i = 0; i < L::kIt; ++i) {
+        const int idx = threadIdx.x + i * kThreads;
+        const float* p = src(k, L::first(idx), L::second(idx));
+        cp_async_piece(dst + L::at(idx), p, p != nullptr, 1);
     }
 }
 
@@ -230,20 +249,8 @@ template <class LA, class LB, class SA, class SB, class M>
 __device__ __forceinline__ void contract_async(int tiles, float* sA, float* sB, int stride,
                                                SA src_a, SB src_b, M mma) {
     auto stage = [&](int k) {
-        float* a = sA + (k & 1) * stride;
-        float* b = sB + (k & 1) * stride;
-#pragma unroll
-        for (int i = 0; i < LA::kIt; ++i) {
-            const int idx = threadIdx.x + i * kThreads;
-            const float* p = src_a(k, LA::first(idx), LA::second(idx));
-            cp_async_piece(a + LA::at(idx), p, p != nullptr, 1);
-        }
-#pragma unroll
-        for (int i = 0; i < LB::kIt; ++i) {
-            const int idx = threadIdx.x + i * kThreads;
-            const float* p = src_b(k, LB::first(idx), LB::second(idx));
-            cp_async_piece(b + LB::at(idx), p, p != nullptr, 1);
-        }
+        stage_elements<LA>(sA + (k & 1) * stride, k, src_a);
+        stage_elements<LB>(sB + (k & 1) * stride, k, src_b);
         cp_async_commit();
     };
     two_buffers(tiles, stage, [&](int k) { mma(k, sA + (k & 1) * stride, sB + (k & 1) * stride); });
@@ -295,27 +302,6 @@ __device__ __forceinline__ void cp_async_piece_h(unsigned short* dst, const unsi
     }
 }
 
-// This thread's share of a bf16 tile of `rows` x 64, as copy(r, c, width)
-// for each of its pieces: 8 wide along c when vec, else single values; a
-// warp's pieces are consecutive along a row.
-template <int Rows, class F>
-__device__ __forceinline__ void tile_pieces_h(bool vec, F copy) {
-    const int tid = threadIdx.x;
-    if (vec) {
-#pragma unroll
-        for (int i = 0; i < Rows * kQ / 8 / kThreads; ++i) {
-            const int idx = tid + i * kThreads;
-            copy(idx / (kQ / 8), 8 * (idx % (kQ / 8)), 8);
-        }
-    } else {
-#pragma unroll 4
-        for (int i = 0; i < Rows * kQ / kThreads; ++i) {
-            const int idx = tid + i * kThreads;
-            copy(idx / kQ, idx % kQ, 1);
-        }
-    }
-}
-
 // Whether a bf16 state tile's rows can be copied in pieces of 8: the
 // states start 16-byte aligned and every row of N does (a piece is then
 // inside or outside as a whole).
@@ -332,15 +318,9 @@ template <class LA, class SA, class SB, class M>
 __device__ __forceinline__ void contract_async_h(int tiles, float* sA, float* sB, int stride,
                                                  bool vec, SA src_a, SB src_b, M mma) {
     auto stage = [&](int k) {
-        float* a = sA + (k & 1) * stride;
+        stage_elements<LA>(sA + (k & 1) * stride, k, src_a);
         unsigned short* b = reinterpret_cast<unsigned short*>(sB + (k & 1) * stride);
-#pragma unroll
-        for (int i = 0; i < LA::kIt; ++i) {
-            const int idx = threadIdx.x + i * kThreads;
-            const float* p = src_a(k, LA::first(idx), LA::second(idx));
-            cp_async_piece(a + LA::at(idx), p, p != nullptr, 1);
-        }
-        tile_pieces_h<kKt>(vec, [&](int kk, int nn, int width) {
+        tile_pieces_of<kKt, 8>(vec, [&](int kk, int nn, int width) {
             const unsigned short* p = src_b(k, kk, nn);
             cp_async_piece_h(b + kk * kLdH + nn, p, p != nullptr, width);
         });
