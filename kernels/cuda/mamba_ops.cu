@@ -12,8 +12,9 @@
 // Over 450 lines: one module (loaded once, one --fmad contract in
 // build/nvcc.rs, one set of layout conventions) holding every model kernel
 // but the scan and the optimizer; the conv family (templates over the
-// width, ~170 lines) is the piece to move into a module of its own, which
-// changes module loading and so waits for a session with GPU time to run it.
+// width: the forward and the fused backward, ~230 lines) is the piece to
+// move into a module of its own, which changes module loading and so waits
+// for a session with GPU time to run it.
 // Determinism: see mamba_common.cuh. Column sums over rows go through fixed
 // slabs of kColSlab rows (stage 1, a fixed tree inside the block) and an
 // ascending serial sum over slabs (stage 2).
@@ -253,6 +254,15 @@ extern "C" __global__ void mamba_conv_fwd(const float* __restrict__ x,
 // its slab lane (row - slab start) mod 8 in every tile.
 constexpr int kConvTile = 64;
 
+// Floats of conv_bwd_slab's shared tiles for width K: x with its two halos
+// of K - 1 rows, du / dpre with one, and the 8 lanes' K + 1 sums. The
+// kernel's one array holds the largest width's (8, conv.rs MAX_CONV_WIDTH:
+// 28 KB).
+__host__ __device__ constexpr int conv_bwd_smem(int K) {
+    return (kConvTile + 2 * (K - 1)) * 32 + (kConvTile + K - 1) * 32 + (K + 1) * 8 * 32;
+}
+constexpr int kConvBwdSmem = conv_bwd_smem(8);
+
 // The conv's backward through SiLU for one slab of kColSlab rows and 32
 // channels (c = blockIdx.y * 32 + lane), in one pass:
 //   dpre[m, c] = du[m, c] * SiLU'(pre[m, c]), pre recomputed from x by
@@ -280,6 +290,7 @@ static __device__ __forceinline__ void conv_bwd_slab(
     const float* __restrict__ w, const float* __restrict__ bias, const float* __restrict__ du,
     float* __restrict__ dx, unsigned short* __restrict__ dx_h, long long ldo,
     float* __restrict__ part, long long M, int T, int D) {
+    static_assert(conv_bwd_smem(K) <= kConvBwdSmem, "the kernel's shared array holds width K's tiles");
     constexpr int kHalo = K - 1;
     float(*sx)[32] = reinterpret_cast<float(*)[32]>(smem);  // x rows s - kHalo ..
     float(*sd)[32] = sx + kConvTile + 2 * kHalo;            // du, then dpre, rows s ..
@@ -344,9 +355,6 @@ static __device__ __forceinline__ void conv_bwd_slab(
     }
 }
 
-// Floats of conv_bwd_slab's shared tiles at the largest width (8): x with
-// its halos, du / dpre with its halo, the lanes' sums (28 KB).
-constexpr int kConvBwdSmem = (kConvTile + 14) * 32 + (kConvTile + 7) * 32 + 9 * 8 * 32;
 
 // grid (ceil(M / kColSlab), ceil(D / 32)), block 256 (32 channels x 8 row
 // lanes); K in 1..8. See conv_bwd_slab. The bounds ask for 4 blocks an SM

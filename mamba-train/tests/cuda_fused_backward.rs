@@ -23,7 +23,7 @@ use mamba_train::seed::Rng;
 
 fn uniform(r: &mut Rng, n: usize, lo: f64, hi: f64) -> Vec<f32> {
     (0..n)
-        .map(|_| (lo + (hi - lo) * r.below(1 << 24) as f64 / (1u64 << 24) as f64) as f32)
+        .map(|_| (lo + (hi - lo) * r.next_f64()) as f32)
         .collect()
 }
 

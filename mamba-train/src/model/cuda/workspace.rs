@@ -311,8 +311,9 @@ pub(crate) struct SsdGradBufs {
     /// columns, which dt_bias's column sum reads; in bf16 runs only those).
     pub dzx: CudaSlice<f32>,
     /// bf16 runs: `dzx`'s bf16 rounding, which in_proj's two backward GEMMs
-    /// share, written by the kernels that make its columns (the gate, the
-    /// conv's input gradient, the scan's d dt_raw beside its f32), not cast
+    /// share, written by the kernels that make its columns (the gate's dz
+    /// in the gated norm's backward, the conv's input gradient, the scan's
+    /// d dt_raw beside its f32), not cast
     /// from `dzx`. (`dzx` could then shrink to its dt columns; it keeps
     /// their leading dimension `w` so one store writes both.)
     pub dzx_h: Option<CudaSlice<u16>>,
