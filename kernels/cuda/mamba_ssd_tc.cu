@@ -37,14 +37,15 @@ using namespace mamba_ssd_tc;
 // cb[bc][g][i][j] = C_i . B_j of one (chunk, group), all 64 x 64 (rows and
 // columns past the chunk's end are 0): what the chunk outputs and the
 // backward's Q x Q kernel of every head of the group read, computed once
-// per group instead of once per head. grid (nbc, G), block kThreads.
-extern "C" __global__ void __launch_bounds__(kThreads)
-    mamba_ssd_cb_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
-                    float* __restrict__ cb, int T, int N, int nc) {
+// per group instead of once per head. xbc kept as S (ssd_tc_tiles.cuh: f32,
+// or bf16 in mamba_ssd_cb_tc_h). grid (nbc, G), block kThreads.
+template <class S>
+__device__ __forceinline__ void cb_tc(const S* __restrict__ xbc, long long ldu, int b_off,
+                                      int c_off, float* __restrict__ cb, int T, int N, int nc) {
     __shared__ float sA[kStage], sB[kStage];
     const int bc = blockIdx.x, g = blockIdx.y, G = gridDim.y;
     const Chunk ck = chunk_of(bc, nc, T);
-    const float* rows = xbc + ck.m0 * ldu;
+    const S* rows = xbc + ck.m0 * ldu;
     const Share w = share();
     Tile t;
     cb_product(t, w, rows + c_off + g * N, rows + b_off + g * N, (int)ldu, ck.q, N, sA, sB);
@@ -56,6 +57,15 @@ extern "C" __global__ void __launch_bounds__(kThreads)
             o[(w.r0 + Tile::row(e)) * kQ + w.c0 + Tile::col(nt, e)] = t.acc[nt][e];
         }
 }
+
+#define MAMBA_SSD_CB(name, S)                                                                \
+    extern "C" __global__ void __launch_bounds__(kThreads)                                   \
+        name(const S* __restrict__ xbc, long long ldu, int b_off, int c_off,                 \
+             float* __restrict__ cb, int T, int N, int nc) {                                 \
+        cb_tc(xbc, ldu, b_off, c_off, cb, T, N, nc);                                         \
+    }
+MAMBA_SSD_CB(mamba_ssd_cb_tc, float)
+MAMBA_SSD_CB(mamba_ssd_cb_tc_h, unsigned short)
 
 // mamba_ssd_chunk_state and mamba_ssd_state_pass in one kernel, on tensor
 // cores: each block owns one 64 x 64 tile of one (sequence, head)'s state
@@ -79,11 +89,13 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 // 16-byte aligned (`vec`), else 4-byte ones; either lands the same values.
 // grid (B, H, ceil(P / 64) * ceil(N / 64)), block kThreads.
 //
-// The states are written as S (ssd_tc_tiles.cuh): f32, or their bf16
-// rounding (mamba_ssd_state_scan_tc_h); the carry stays f32 either way.
-template <class S>
-__device__ __forceinline__ void state_scan_tc(const float* __restrict__ X, long long ldx,
-                                              const float* __restrict__ Y, long long ldy,
+// The kept tensors are S (ssd_tc_tiles.cuh): Y (B or C) is read and the
+// states are written as f32, or as bf16 (mamba_ssd_state_scan_tc_h); X is
+// TX: x (kept as S) in mode 0, dy (f32) in mode 1. The carry stays f32
+// either way.
+template <class S, class TX>
+__device__ __forceinline__ void state_scan_tc(const TX* __restrict__ X, long long ldx,
+                                              const S* __restrict__ Y, long long ldy,
                                               int y_off, const float* __restrict__ dt,
                                               const float* __restrict__ s, S* __restrict__ out,
                                               int T, int H, int P, int N, int hpg, int nc,
@@ -98,9 +110,7 @@ __device__ __forceinline__ void state_scan_tc(const float* __restrict__ X, long 
     const int tiles_n = (N + kQ - 1) / kQ;
     const int p0 = (blockIdx.z / tiles_n) * kQ, n0 = (blockIdx.z % tiles_n) * kQ;
     const int g = h / hpg;
-    const bool vec = ((reinterpret_cast<unsigned long long>(X) |
-                       reinterpret_cast<unsigned long long>(Y)) & 15) == 0 &&
-                     ((ldx | ldy) & 3) == 0 && ((P | N | y_off) & 3) == 0;
+    const bool vec_x = kept_vec(X, ldx | P), vec_y = kept_vec(Y, ldy | N | y_off);
     const bool pairs =
         (N & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & (2 * sizeof(S) - 1)) == 0;
     // Step k of the pass: chunk c (of sequence b) and its rows.
@@ -114,13 +124,10 @@ __device__ __forceinline__ void state_scan_tc(const float* __restrict__ X, long 
         const Chunk ck = rows_of(k);
         float* dX = tile_x(buf);
         float* dY = dX + kStateScanTile;
-        const float* Xc = X + ck.m0 * ldx + h * P + p0;
-        const float* Yc = Y + ck.m0 * ldy + y_off + g * N + n0;
-        tile_pieces(vec, [&](int j, int c, int width) {
-            const bool row = j < ck.q;
-            cp_async_piece(dX + j * kKm + c, Xc + j * ldx + c, row && p0 + c < P, width);
-            cp_async_piece(dY + j * kKm + c, Yc + j * ldy + c, row && n0 + c < N, width);
-        });
+        stage_tile<kKm>(dX, X + ck.m0 * ldx + h * P + p0, ldx, vec_x,
+                        [&](int j, int c) { return j < ck.q && p0 + c < P; });
+        stage_tile<kKm>(dY, Y + ck.m0 * ldy + y_off + g * N + n0, ldy, vec_y,
+                        [&](int j, int c) { return j < ck.q && n0 + c < N; });
         cp_async_commit();
     };
     // Chunk k's weights and decay (threads j < kQ): loaded when its tiles
@@ -169,8 +176,8 @@ __device__ __forceinline__ void state_scan_tc(const float* __restrict__ X, long 
         const float* wk = sw[buf];
         Tile t;
         t.zero();
-        t.mma_a([&](int r, int j) { return wk[j] * sX[j * kKm + w.r0 + r]; }, sY + w.c0, kKm,
-                1, (ck.q + 7) / 8);
+        t.mma_a([&](int r, int j) { return wk[j] * tile_at<kKm, TX>(sX, j, w.r0 + r); },
+                tile_of<kKm, S>(sY) + w.c0, tile_ld<kKm, S>, 1, (ck.q + 7) / 8);
         const float decay = sdecay[buf];
         S* o = out + ((long long)(b * nc + chunk_at(k)) * H + h) * P * N;
         // A fragment's elements e and e + 1 are adjacent states (n even):
@@ -196,14 +203,23 @@ __device__ __forceinline__ void state_scan_tc(const float* __restrict__ X, long 
     }
 }
 
-// The entry points of each kept type of the states (S): the f32 kernel,
-// and its _h twin whose states are unsigned short (bf16).
+// The entry points of each kept type (S): the f32 kernel, and its _h twin
+// whose kept tensors are unsigned short (bf16). X is given as f32 (X) or,
+// in the _h twin, as bf16 (Xh, when not null: mode 0's x); the f32 kernel
+// ignores Xh.
 #define MAMBA_SSD_STATE_SCAN(name, S)                                                       \
     extern "C" __global__ void __launch_bounds__(kThreads, 3)                               \
-        name(const float* __restrict__ X, long long ldx, const float* __restrict__ Y,       \
-             long long ldy, int y_off, const float* __restrict__ dt,                        \
-             const float* __restrict__ s, S* __restrict__ out, int T, int H, int P, int N,  \
-             int hpg, int nc, int mode) {                                                   \
+        name(const float* __restrict__ X, const unsigned short* __restrict__ Xh,            \
+             long long ldx, const S* __restrict__ Y, long long ldy, int y_off,              \
+             const float* __restrict__ dt, const float* __restrict__ s, S* __restrict__ out,\
+             int T, int H, int P, int N, int hpg, int nc, int mode) {                       \
+        if constexpr (sizeof(S) == 2) {                                                     \
+            if (Xh) {                                                                       \
+                state_scan_tc(Xh, ldx, Y, ldy, y_off, dt, s, out, T, H, P, N, hpg, nc,      \
+                              mode);                                                        \
+                return;                                                                     \
+            }                                                                               \
+        }                                                                                   \
         state_scan_tc(X, ldx, Y, ldy, y_off, dt, s, out, T, H, P, N, hpg, nc, mode);        \
     }
 MAMBA_SSD_STATE_SCAN(mamba_ssd_state_scan_tc, float)
@@ -221,17 +237,17 @@ MAMBA_SSD_STATE_SCAN(mamba_ssd_state_scan_tc_h, unsigned short)
 // next state tile's while the current one's mma runs. exp(s_i) scales C as
 // the mma reads it (the product a staged operand would hold), and D x reads
 // the staged x: the register-staged kernel's values and order, so its bits.
-// bf16 states (S, mamba_ssd_chunk_out_tc_h) are staged as bf16 in their f32
-// tile's space ([p][kLdH]) and widened as the mma reads them.
+// In mamba_ssd_chunk_out_tc_h the kept tensors (S: x, C and the states)
+// are staged as bf16 in their f32 tiles' space and widened as they are
+// read.
 template <class S>
 __device__ __forceinline__ void chunk_out_tc(
-    const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+    const S* __restrict__ xbc, long long ldu, int b_off, int c_off,
     const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ dpar,
     const S* __restrict__ st, const float* __restrict__ z, const unsigned short* __restrict__ zh,
     long long ldz, float* __restrict__ y, unsigned short* __restrict__ yh,
     float* __restrict__ gate, unsigned short* __restrict__ gateh, int T, int H, int P, int N,
     int hpg, int nc, const float* __restrict__ cbg) {
-    constexpr bool kHalf = sizeof(S) == 2;
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
@@ -248,41 +264,23 @@ __device__ __forceinline__ void chunk_out_tc(
     const Chunk ck = chunk_of(bc, nc, T);
     const int tid = threadIdx.x;
     const long long E = (long long)H * P;
-    const float* rows = xbc + ck.m0 * ldu;
-    const float* Cr = rows + c_off + g * N;
+    const S* rows = xbc + ck.m0 * ldu;
+    const S* Cr = rows + c_off + g * N;
     const S* hst = st + ((long long)bc * H + h) * P * N;
-    const bool vec = ((reinterpret_cast<unsigned long long>(xbc) |
-                       reinterpret_cast<unsigned long long>(st)) & 15) == 0 &&
-                     ((ldu | P | N | c_off) & 3) == 0;
-    bool vec_h = vec;
-    if constexpr (kHalf) vec_h = state_rows_vec8(st, N);
-    // x of channels p0.. (step-major [j][kKm]) and the state tile nt of C
-    // (rows i, [i][kOutLd]) and H (rows p, [p][kOutLd]) into buffer buf.
+    const bool vec_u = kept_vec(xbc, ldu | P | N | c_off), vec_st = kept_vec(st, N);
+    // x of channels p0.. (step-major [j][.]) and the state tile nt of C
+    // (rows i) and H (rows p) into buffer buf.
     auto stage_x = [&](int p0) {
-        tile_pieces(vec, [&](int j, int c, int width) {
-            cp_async_piece(sX + j * kKm + c, rows + j * ldu + h * P + p0 + c,
-                           j < ck.q && p0 + c < P, width);
-        });
+        stage_tile<kKm>(sX, rows + h * P + p0, ldu, vec_u,
+                        [&](int j, int c) { return j < ck.q && p0 + c < P; });
         cp_async_commit();
     };
     auto stage_state = [&](int p0, int nt, int buf) {
         const int n0 = nt * kQ;
-        float *dC = sC(buf), *dH = sH(buf);
-        tile_pieces(vec, [&](int r, int c, int width) {
-            const bool in_n = n0 + c < N;
-            cp_async_piece(dC + r * kOutLd + c, Cr + r * ldu + n0 + c, r < ck.q && in_n, width);
-            if constexpr (!kHalf) {
-                cp_async_piece(dH + r * kOutLd + c, hst + (long long)(p0 + r) * N + n0 + c,
-                               p0 + r < P && in_n, width);
-            }
-        });
-        if constexpr (kHalf) {
-            unsigned short* dHh = reinterpret_cast<unsigned short*>(dH);
-            tile_pieces_of<kQ, 8>(vec_h, [&](int r, int c, int width) {
-                cp_async_piece_h(dHh + r * kLdH + c, hst + (long long)(p0 + r) * N + n0 + c,
-                                 p0 + r < P && n0 + c < N, width);
-            });
-        }
+        stage_tile<kOutLd>(sC(buf), Cr + n0, ldu, vec_u,
+                           [&](int r, int c) { return r < ck.q && n0 + c < N; });
+        stage_tile<kOutLd>(sH(buf), hst + (long long)p0 * N + n0, N, vec_st,
+                           [&](int r, int c) { return p0 + r < P && n0 + c < N; });
         cp_async_commit();
     };
     const int ntn = (N + kQ - 1) / kQ;
@@ -327,21 +325,20 @@ __device__ __forceinline__ void chunk_out_tc(
                 // last row (M is zero above the diagonal).
                 for (int j0 = 0; j0 < ck.q; j0 += kKt) {
                     if (j0 <= w.r0 + 15) {
-                        t.mma(sM + w.r0 * kMs + j0, kMs, 1, sX + j0 * kKm + w.c0, kKm, 1,
-                              kKt / 8);
+                        constexpr int ldx = tile_ld<kKm, S>;
+                        t.mma(sM + w.r0 * kMs + j0, kMs, 1,
+                              tile_of<kKm, S>(sX) + j0 * ldx + w.c0, ldx, 1, kKt / 8);
                     }
                 }
             }
-            const float* cb_ = sC(nt & 1) + w.r0 * kOutLd;
+            const float* cb_ = sC(nt & 1);
             const float* es = ses + w.r0;
-            const auto c_at = [&](int r, int k) { return es[r] * cb_[r * kOutLd + k]; };
+            const auto c_at = [&](int r, int k) {
+                return es[r] * tile_at<kOutLd, S>(cb_, w.r0 + r, k);
+            };
             const int steps = min(8, state_steps - 8 * nt);
-            if constexpr (kHalf) {
-                t.mma_a(c_at, reinterpret_cast<const unsigned short*>(sH(nt & 1)) + w.c0 * kLdH,
-                        1, kLdH, steps);
-            } else {
-                t.mma_a(c_at, sH(nt & 1) + w.c0 * kOutLd, 1, kOutLd, steps);
-            }
+            constexpr int ldh = tile_ld<kOutLd, S>;
+            t.mma_a(c_at, tile_of<kOutLd, S>(sH(nt & 1)) + w.c0 * ldh, 1, ldh, steps);
         }
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
@@ -351,7 +348,7 @@ __device__ __forceinline__ void chunk_out_tc(
                 if (i >= ck.q || p0 + pp >= P) continue;
                 const long long r = ck.m0 + i;
                 const long long col = (long long)h * P + p0 + pp;
-                const float yv = t.acc[nt][e] + dh * sX[i * kKm + pp];
+                const float yv = t.acc[nt][e] + dh * tile_at<kKm, S>(sX, i, pp);
                 // The gate reads y as it is kept, as the gate's backward does.
                 const float yk = store_kept(y, yh, r * E + col, yv);
                 store_f32_bf16(gate, gateh, r * E + col,
@@ -362,7 +359,7 @@ __device__ __forceinline__ void chunk_out_tc(
 
 #define MAMBA_SSD_CHUNK_OUT(name, S)                                                         \
     extern "C" __global__ void __launch_bounds__(kThreads, 2)                                \
-        name(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,             \
+        name(const S* __restrict__ xbc, long long ldu, int b_off, int c_off,                 \
              const float* __restrict__ dt, const float* __restrict__ s,                      \
              const float* __restrict__ dpar, const S* __restrict__ st,                       \
              const float* __restrict__ z, const unsigned short* __restrict__ zh,             \
@@ -377,15 +374,17 @@ MAMBA_SSD_CHUNK_OUT(mamba_ssd_chunk_out_tc_h, unsigned short)
 
 // mamba_ssd_bwd_qq on tensor cores (its arguments, then the group's C B^T
 // from mamba_ssd_cb_tc; the same outputs): dd = dy x^T by mma, then the
-// same weights and the same serial row / column sums. grid (nbc, H), block
-// kThreads.
-extern "C" __global__ void __launch_bounds__(kThreads)
-    mamba_ssd_bwd_qq_tc(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
-                        const float* __restrict__ dt, const float* __restrict__ s,
-                        const float* __restrict__ dy, float* __restrict__ Mq,
-                        float* __restrict__ Pq, float* __restrict__ ds_in,
-                        float* __restrict__ ddt_in, int T, int H, int P, int N, int hpg,
-                        int nc, const float* __restrict__ cbg) {
+// same weights and the same serial row / column sums; x kept as S
+// (mamba_ssd_bwd_qq_tc_h: bf16, widened as it is staged). grid (nbc, H),
+// block kThreads.
+template <class S>
+__device__ __forceinline__ void bwd_qq_tc(const S* __restrict__ xbc, long long ldu,
+                                          const float* __restrict__ dt,
+                                          const float* __restrict__ s,
+                                          const float* __restrict__ dy, float* __restrict__ Mq,
+                                          float* __restrict__ Pq, float* __restrict__ ds_in,
+                                          float* __restrict__ ddt_in, int T, int H, int P,
+                                          int hpg, int nc, const float* __restrict__ cbg) {
     // 16-step tiles (stride 20: banks 20 g + t, distinct) leave room for
     // the two 64 x 65 weight matrices under the 48 KiB of static memory.
     constexpr int kT = 16, kR = kT + 4;
@@ -397,20 +396,20 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     const int tid = threadIdx.x;
     const long long E = (long long)H * P;
     stage_s_dt(s, dt, ck, H, h, ss, sdt);
-    const float* rows = xbc + ck.m0 * ldu;
+    const S* rows = xbc + ck.m0 * ldu;
     const Share w = share();
     // Both products stage rows r < q of two matrices, kT steps a tile.
-    auto product = [&](Tile& t, const float* Ar, int lda, const float* Br, int ldb, int K) {
+    auto product = [&](Tile& t, const auto* Ar, int lda, const auto* Br, int ldb, int K) {
         t.zero();
         contract<RowMajor<kT>, RowMajor<kT>>(
             (K + kT - 1) / kT, sA, sB,
             [&](int k, int r, int kk) {
                 const int c = k * kT + kk;
-                return r < ck.q && c < K ? Ar[r * lda + c] : 0.0f;
+                return r < ck.q && c < K ? kept_f32(Ar[r * lda + c]) : 0.0f;
             },
             [&](int k, int r, int kk) {
                 const int c = k * kT + kk;
-                return r < ck.q && c < K ? Br[r * ldb + c] : 0.0f;
+                return r < ck.q && c < K ? kept_f32(Br[r * ldb + c]) : 0.0f;
             },
             [&](int) { t.mma(sA + w.r0 * kR, kR, 1, sB + w.c0 * kR, 1, kR, kT / 8); });
     };
@@ -447,6 +446,18 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     }
 }
 
+#define MAMBA_SSD_BWD_QQ(name, S)                                                            \
+    extern "C" __global__ void __launch_bounds__(kThreads)                                   \
+        name(const S* __restrict__ xbc, long long ldu, int b_off, int c_off,                 \
+             const float* __restrict__ dt, const float* __restrict__ s,                      \
+             const float* __restrict__ dy, float* __restrict__ Mq, float* __restrict__ Pq,   \
+             float* __restrict__ ds_in, float* __restrict__ ddt_in, int T, int H, int P,     \
+             int N, int hpg, int nc, const float* __restrict__ cbg) {                        \
+        bwd_qq_tc(xbc, ldu, dt, s, dy, Mq, Pq, ds_in, ddt_in, T, H, P, hpg, nc, cbg);        \
+    }
+MAMBA_SSD_BWD_QQ(mamba_ssd_bwd_qq_tc, float)
+MAMBA_SSD_BWD_QQ(mamba_ssd_bwd_qq_tc_h, unsigned short)
+
 // mamba_ssd_bwd_dx on tensor cores (same arguments and outputs), per 64
 // channels: hc = C H^T (its rows dotted with dy give o_row), sb = B dS^T
 // (dotted with x: rst), then dx = (e_j sb) + M^T dy + D dy, the M^T dy
@@ -460,17 +471,16 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 // cp.async, the next tile in flight while the current one's mma runs; the
 // dots and D dy read the staged dy. The sums and their order are the
 // register-staged kernel's (32-state mma steps, 32-row tiles of M^T dy).
-// bf16 states (S, mamba_ssd_bwd_dx_tc_h): H and dS staged as bf16, as in
-// chunk_out_tc.
+// In mamba_ssd_bwd_dx_tc_h the kept tensors (S: x, B, C, H and dS) are
+// bf16, staged as bf16 as in chunk_out_tc.
 template <class S>
 __device__ __forceinline__ void bwd_dx_tc(
-    const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+    const S* __restrict__ xbc, long long ldu, int b_off, int c_off,
     const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ dpar,
     const float* __restrict__ dy, const float* __restrict__ Mq, const S* __restrict__ st,
     const S* __restrict__ dst, float* __restrict__ dxbc, long long lddx,
     float* __restrict__ rst, float* __restrict__ o_row, float* __restrict__ dsh, int T, int H,
     int P, int N, int hpg, int nc) {
-    constexpr bool kHalf = sizeof(S) == 2;
 #ifdef MAMBA_CUDA_EMU
     float* smem = EMU_SMEM;
 #else
@@ -487,22 +497,17 @@ __device__ __forceinline__ void bwd_dx_tc(
     const Chunk ck = chunk_of(bc, nc, T);
     const int tid = threadIdx.x;
     const long long E = (long long)H * P;
-    const float* rows = xbc + ck.m0 * ldu;
+    const S* rows = xbc + ck.m0 * ldu;
     const float* dyr = dy + ck.m0 * E + (long long)h * P;
     const S* ds = dst + ((long long)bc * H + h) * P * N;
     const S* hst = st + ((long long)bc * H + h) * P * N;
     const float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
-    const bool vec = ((reinterpret_cast<unsigned long long>(xbc) |
-                       reinterpret_cast<unsigned long long>(dy) |
-                       reinterpret_cast<unsigned long long>(Mq) |
-                       reinterpret_cast<unsigned long long>(st) |
-                       reinterpret_cast<unsigned long long>(dst)) & 15) == 0 &&
-                     ((ldu | P | N | b_off | c_off) & 3) == 0;
-    bool vec_h = vec;
-    if constexpr (kHalf) vec_h = state_rows_vec8(st, N) && state_rows_vec8(dst, N);
+    const bool vec_dy = kept_vec(dy, P) && kept_vec(Mq, 0);
+    const bool vec_u = kept_vec(xbc, ldu | N | b_off | c_off);
+    const bool vec_st = kept_vec(st, N) && kept_vec(dst, N);
     // M (every step of it, the first tile only) and dy of the channels p0..
     auto stage_dy = [&](int p0) {
-        tile_pieces(vec, [&](int r, int c, int width) {
+        tile_pieces(vec_dy, [&](int r, int c, int width) {
             if (p0 == 0) cp_async_piece(sM + r * kKm + c, mq + r * kQ + c, true, width);
             cp_async_piece(sDy + r * kKm + c, dyr + r * E + p0 + c, r < ck.q && p0 + c < P,
                            width);
@@ -515,24 +520,12 @@ __device__ __forceinline__ void bwd_dx_tc(
     auto stage_state = [&](int p0, int k, int buf) {
         const bool first = k < ntn;
         const int n0 = (first ? k : k - ntn) * kQ;
-        const float* Ar = rows + (first ? c_off : b_off) + g * N + n0;
+        const S* Ar = rows + (first ? c_off : b_off) + g * N + n0;
         const S* Br = (first ? hst : ds) + n0;
-        float *dA = sA(buf), *dB = sB(buf);
-        tile_pieces(vec, [&](int r, int c, int width) {
-            const bool in_n = n0 + c < N;
-            cp_async_piece(dA + r * kOutLd + c, Ar + r * ldu + c, r < ck.q && in_n, width);
-            if constexpr (!kHalf) {
-                cp_async_piece(dB + r * kOutLd + c, Br + (long long)(p0 + r) * N + c,
-                               p0 + r < P && in_n, width);
-            }
-        });
-        if constexpr (kHalf) {
-            unsigned short* dBh = reinterpret_cast<unsigned short*>(dB);
-            tile_pieces_of<kQ, 8>(vec_h, [&](int r, int c, int width) {
-                cp_async_piece_h(dBh + r * kLdH + c, Br + (long long)(p0 + r) * N + c,
-                                 p0 + r < P && n0 + c < N, width);
-            });
-        }
+        stage_tile<kOutLd>(sA(buf), Ar, ldu, vec_u,
+                           [&](int r, int c) { return r < ck.q && n0 + c < N; });
+        stage_tile<kOutLd>(sB(buf), Br + (long long)p0 * N, N, vec_st,
+                           [&](int r, int c) { return p0 + r < P && n0 + c < N; });
         cp_async_commit();
     };
     const int state_steps = 4 * ((N + kKt - 1) / kKt);
@@ -564,14 +557,10 @@ __device__ __forceinline__ void bwd_dx_tc(
             __syncthreads();  // M, dy (and se) and state tile k landed for all
             const int nt = k < ntn ? k : k - ntn;
             const int steps = min(8, state_steps - 8 * nt);
-            if constexpr (kHalf) {
-                t.mma(sA(k & 1) + w.r0 * kOutLd, kOutLd, 1,
-                      reinterpret_cast<const unsigned short*>(sB(k & 1)) + w.c0 * kLdH, 1, kLdH,
-                      steps);
-            } else {
-                t.mma(sA(k & 1) + w.r0 * kOutLd, kOutLd, 1, sB(k & 1) + w.c0 * kOutLd, 1, kOutLd,
-                      steps);
-            }
+            const float* a_t = sA(k & 1);
+            constexpr int ldb = tile_ld<kOutLd, S>;
+            t.mma_a([&](int r, int kk) { return tile_at<kOutLd, S>(a_t, w.r0 + r, kk); },
+                    tile_of<kOutLd, S>(sB(k & 1)) + w.c0 * ldb, 1, ldb, steps);
             if (k == ntn - 1) {
                 // (H C_i)[p] of this tile's channels, dotted with dy_i.
 #pragma unroll
@@ -593,7 +582,8 @@ __device__ __forceinline__ void bwd_dx_tc(
             for (int e = 0; e < 4; ++e) {
                 const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(q, e);
                 if (j < ck.q && p0 + pp < P) {
-                    part[e >> 1] = part[e >> 1] + rows[j * ldu + h * P + p0 + pp] * t.acc[q][e];
+                    part[e >> 1] =
+                        part[e >> 1] + kept_f32(rows[j * ldu + h * P + p0 + pp]) * t.acc[q][e];
                 }
                 t.acc[q][e] = se[j] * t.acc[q][e];
             }
@@ -633,7 +623,7 @@ __device__ __forceinline__ void bwd_dx_tc(
     }
     float v = 0.0f;
     for (long long e = tid; e < (long long)P * N; e += kThreads) {
-        v = v + state_f32(ds[e]) * state_f32(hst[e]);
+        v = v + kept_f32(ds[e]) * kept_f32(hst[e]);
     }
     v = group_sum(v, 32);
     if (tid % 32 == 0) sred[tid / 32] = v;
@@ -647,7 +637,7 @@ __device__ __forceinline__ void bwd_dx_tc(
 
 #define MAMBA_SSD_BWD_DX(name, S)                                                            \
     extern "C" __global__ void __launch_bounds__(kThreads, 2)                                \
-        name(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,             \
+        name(const S* __restrict__ xbc, long long ldu, int b_off, int c_off,                 \
              const float* __restrict__ dt, const float* __restrict__ s,                      \
              const float* __restrict__ dpar, const float* __restrict__ dy,                   \
              const float* __restrict__ Mq, const S* __restrict__ st,                         \
@@ -666,17 +656,17 @@ MAMBA_SSD_BWD_DX(mamba_ssd_bwd_dx_tc_h, unsigned short)
 // scaled by the head's row factor (e^h_j for dB, exp(s^h_i) for dC: the
 // factor multiplies the head's product, not its operand). The tiles of all
 // heads run as one contraction, its operands staged by cp.async
-// (contract_async: no register holds them; bf16 states, S of
-// mamba_ssd_bwd_dbc_tc_h, staged as bf16: contract_async_h). grid (nbc, G,
-// 2 ceil(N / 64)), block kThreads.
+// (contract_async: no register holds them; in mamba_ssd_bwd_dbc_tc_h the
+// kept tensors, S: x, B, C and the states, are staged as bf16). grid (nbc,
+// G, 2 ceil(N / 64)), block kThreads.
 template <class S>
 __device__ __forceinline__ void bwd_dbc_tc(
-    const float* __restrict__ xbc, long long ldu, int b_off, int c_off,
+    const S* __restrict__ xbc, long long ldu, int b_off, int c_off,
     const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ dy,
     const float* __restrict__ psum, const S* __restrict__ st, const S* __restrict__ dst,
     float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N, int hpg, int nc) {
     // Two buffers of each operand tile (contract_async).
-    // 16-byte aligned: the bf16 states' tiles arrive by 16-byte cp.async.
+    // 16-byte aligned: bf16 tiles arrive by 16-byte cp.async.
     __shared__ __align__(16) float sA[2 * kStage];
     __shared__ __align__(16) float sB[2 * kStage];
     const int bc = blockIdx.x, g = blockIdx.y;
@@ -685,46 +675,40 @@ __device__ __forceinline__ void bwd_dbc_tc(
     const Chunk ck = chunk_of(bc, nc, T);
     const long long E = (long long)H * P;
     const int G = H / hpg;
-    const float* rows = xbc + ck.m0 * ldu;
+    const S* rows = xbc + ck.m0 * ldu;
     const float* ps = psum + ((long long)bc * G + g) * kQ * kQ;
+    const bool vec_u = kept_vec(xbc, ldu | P | N | b_off | c_off);
+    const bool vec_st = kept_vec(st, N) && kept_vec(dst, N);
     const Share w = share();
     Tile t;
     t.zero();
     // The Psum steps: A(r, k) = Psum[k][r] (dB: step-major as stored) or
     // Psum[r][k] (dC: row-major), times C (dB) or B (dC).
     const int y_col = (want_c ? b_off : c_off) + g * N + n0;
-    const float* yr = rows + y_col;
+    const S* yr = rows + y_col;
     const int ldi = (int)ldu;
-    const auto y_rows = [&](int k, int kk, int nn) -> const float* {
+    const auto y_rows = [&](int k, int kk, int nn) -> const S* {
         const int j = k * kKt + kk;
         return j < ck.q && n0 + nn < N ? yr + j * ldi + nn : nullptr;
     };
     constexpr int psum_tiles = kQ / kKt;
     if (!want_c) {
         contract_async<Steps, Steps>(
-            psum_tiles, sA, sB, kStage,
+            psum_tiles, sA, sB, kStage, false, vec_u,
             [&](int k, int kk, int r) -> const float* { return ps + (k * kKt + kk) * kQ + r; },
             y_rows,
-            [&](int, const float* a, const float* b) {
-                t.mma(a + w.r0, 1, kKm, b + w.c0, kKm, 1, kKt / 8);
-            });
+            [&](int, const float* a, const S* b) { mma_staged<Steps, Steps>(t, w, a, b); });
     } else {
         contract_async<Rows, Steps>(
-            psum_tiles, sA, sB, kStage,
+            psum_tiles, sA, sB, kStage, false, vec_u,
             [&](int k, int r, int kk) -> const float* { return ps + r * kQ + k * kKt + kk; },
-            y_rows, [&](int, const float* a, const float* b) { mma_rows_steps(t, w, a, b); });
+            y_rows, [&](int, const float* a, const S* b) { mma_staged<Rows, Steps>(t, w, a, b); });
     }
     // The (h, p) steps: x times dS (for dB) or dy times H (for dC), a head's
     // ptiles tiles after the other's.
     const int ptiles = (P + kKt - 1) / kKt;
-    const int lda = (int)(want_c ? E : ldu);
-    const float* a0 = want_c ? dy + ck.m0 * E : rows;
     const S* m0 = (want_c ? st : dst) + (long long)bc * H * P * N + n0;
     Tile th;
-    const auto a_at = [&](int k, int r, int kk) -> const float* {
-        const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
-        return r < ck.q && p < P ? a0 + r * lda + h * P + p : nullptr;
-    };
     const auto m_at = [&](int k, int kk, int nn) -> const S* {
         const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
         return p < P && n0 + nn < N ? m0 + (h * P + p) * N + nn : nullptr;
@@ -753,18 +737,26 @@ __device__ __forceinline__ void bwd_dbc_tc(
 #pragma unroll
             for (int e = 0; e < 4; ++e) t.acc[nt][e] = t.acc[nt][e] + f[e >> 1] * th.acc[nt][e];
     };
-    if constexpr (sizeof(S) == 2) {
-        contract_async_h<Rows>(
-            hpg * ptiles, sA, sB, kStage, state_rows_vec8(st, N) && state_rows_vec8(dst, N),
-            a_at, m_at, [&](int k, const float* a, const unsigned short* b) {
-                // mma_rows_steps with B read as bf16.
-                th_step(k, [&] { th.mma(a + w.r0 * kRm, kRm, 1, b + w.c0, kLdH, 1, kKt / 8); });
-            });
-    } else {
-        contract_async<Rows, Steps>(hpg * ptiles, sA, sB, kStage, a_at, m_at,
-                                    [&](int k, const float* a, const float* b) {
-                                        th_step(k, [&] { mma_rows_steps(th, w, a, b); });
+    // The heads' contraction over A = a0's rows (x kept as S for dB, dy
+    // for dC), lda apart.
+    const auto heads = [&](const auto* a0, int lda, bool vec_a) {
+        using TA = typename Pointee<decltype(a0)>::type;
+        const auto a_at = [&](int k, int r, int kk) -> const TA* {
+            const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
+            return r < ck.q && p < P ? a0 + r * lda + h * P + p : nullptr;
+        };
+        contract_async<Rows, Steps>(hpg * ptiles, sA, sB, kStage, vec_a, vec_st, a_at, m_at,
+                                    [&](int k, const TA* a, const S* b) {
+                                        th_step(k, [&] { mma_staged<Rows, Steps>(th, w, a, b); });
                                     });
+    };
+    if constexpr (sizeof(S) == 4) {
+        // One contraction of f32 operands (one copy of its code).
+        heads(want_c ? dy + ck.m0 * E : rows, want_c ? (int)E : ldi, false);
+    } else if (want_c) {
+        heads(dy + ck.m0 * E, (int)E, false);
+    } else {
+        heads(rows, ldi, vec_u);
     }
     const int col0 = (want_c ? c_off : b_off) + g * N + n0;
 #pragma unroll
@@ -778,7 +770,7 @@ __device__ __forceinline__ void bwd_dbc_tc(
 
 #define MAMBA_SSD_BWD_DBC(name, S)                                                           \
     extern "C" __global__ void __launch_bounds__(kThreads, 2)                                \
-        name(const float* __restrict__ xbc, long long ldu, int b_off, int c_off,             \
+        name(const S* __restrict__ xbc, long long ldu, int b_off, int c_off,                 \
              const float* __restrict__ dt, const float* __restrict__ s,                      \
              const float* __restrict__ dy, const float* __restrict__ psum,                   \
              const S* __restrict__ st, const S* __restrict__ dst, float* __restrict__ dxbc,  \

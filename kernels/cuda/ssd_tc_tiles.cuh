@@ -41,6 +41,18 @@ using namespace mamba_ssd;
 // fragment read land in banks 8 t + g.
 constexpr int kKm = kQ + 8;
 
+// How the SSD's kept tensors are held between its kernels: the scan's
+// inputs x, B and C (the conv output) and the chunks' entry states and
+// their gradients are f32 (tf32 runs), or their bf16 rounding alone (bf16
+// runs: SPEC's stored activations, and the reference keeps its passed
+// states in the input's type); dy, dt and the running sums stay f32. The
+// kernels that read or make them are templates over that type S. A bf16
+// value is widened to f32 where it is read (exact), so a product reads the
+// values an f32 kernel fed the bf16 rounding would read, in the same
+// order: its bits.
+__device__ __forceinline__ float kept_f32(float v) { return v; }
+__device__ __forceinline__ float kept_f32(unsigned short h) { return bf16_to_f32(h); }
+
 // The warp's share of the block's 64 x 64 output tile.
 struct Share {
     int r0, c0;  // first row, first column
@@ -57,20 +69,58 @@ using Tile = WarpTile<4>;
 // value (r, kk)) and step-major ([KT steps][kKm], value (kk, c)). Thread
 // tid owns elements idx = tid + i kThreads, i < kIt; a warp's 32 are
 // consecutive along the global row, so every load it issues is coalesced.
+//
+// A tile of bf16 values (T = unsigned short: the kept tensors below) is
+// staged as bf16 in the same space, with rows of ld<T> values (KT + 8 or
+// kQ + 8: 16-byte aligned rows, and a fragment read's 32 lanes on 16 words
+// of distinct banks, two lanes a word), and widened as the mma reads it.
+// A(r, k) and B(k, c) name the values an mma reads from a staged tile
+// (a_value; b_at with strides b_ks, b_ns): a row-major tile is A's rows or
+// B's columns, a step-major one A's columns or B's rows.
 template <int KT>
 struct RowMajor {
     static constexpr int kIt = kQ * KT / kThreads;
+    static constexpr int kFirst = kQ, kSecond = KT, kSteps = KT / 8;
+    template <class T>
+    static constexpr int ld = sizeof(T) == 4 ? KT + 4 : KT + 8;
     static __device__ __forceinline__ int first(int idx) { return idx / KT; }
     static __device__ __forceinline__ int second(int idx) { return idx % KT; }
     static __device__ __forceinline__ int at(int idx) { return idx / KT * (KT + 4) + idx % KT; }
+    template <class T>
+    static __device__ __forceinline__ float a_value(const T* s, int r, int k) {
+        return kept_f32(s[r * ld<T> + k]);
+    }
+    template <class T>
+    static __device__ __forceinline__ const T* b_at(const T* s, int c) {
+        return s + c * ld<T>;
+    }
+    template <class T>
+    static constexpr int b_ks = 1;
+    template <class T>
+    static constexpr int b_ns = ld<T>;
 };
 
 template <int KT>
 struct StepMajor {
     static constexpr int kIt = kQ * KT / kThreads;
+    static constexpr int kFirst = KT, kSecond = kQ, kSteps = KT / 8;
+    template <class T>
+    static constexpr int ld = kQ + 8;
     static __device__ __forceinline__ int first(int idx) { return idx / kQ; }
     static __device__ __forceinline__ int second(int idx) { return idx % kQ; }
     static __device__ __forceinline__ int at(int idx) { return idx / kQ * kKm + idx % kQ; }
+    template <class T>
+    static __device__ __forceinline__ float a_value(const T* s, int r, int k) {
+        return kept_f32(s[k * ld<T> + r]);
+    }
+    template <class T>
+    static __device__ __forceinline__ const T* b_at(const T* s, int c) {
+        return s + c;
+    }
+    template <class T>
+    static constexpr int b_ks = ld<T>;
+    template <class T>
+    static constexpr int b_ns = 1;
 };
 
 // One operand tile in flight through a thread's registers: all kIt loads
@@ -203,18 +253,6 @@ __device__ __forceinline__ void tile_pieces(bool vec, F copy) {
     tile_pieces_of<kQ, 4>(vec, copy);
 }
 
-// One operand tile of layout L, element by element by cp.async into dst:
-// src(k, first, second) gives an element's address, or nullptr for a zero.
-template <class L, class Src>
-__device__ __forceinline__ void stage_elements(float* dst, int k, Src src) {
-#pragma unroll
-    for (int i = 0; i < L::kIt; ++i) {
-        const int idx = threadIdx.x + i * kThreads;
-        const float* p = src(k, L::first(idx), L::second(idx));
-        cp_async_piece(dst + L::at(idx), p, p != nullptr, 1);
-    }
-}
-
 // The two-buffer pipeline of the cp.async contractions: tile k + 1's copies
 // (stage(k + 1): one committed group into buffer (k + 1) & 1) are in flight
 // while run(k) reads buffer k & 1. Every thread of the block calls it; it
@@ -237,54 +275,20 @@ __device__ __forceinline__ void two_buffers(int tiles, Stage stage, Run run) {
     }
 }
 
-// contract's twin for operands that are plain copies of global memory: each
-// tile's elements arrive by cp.async (src(k, ., .) gives an element's
-// address, or nullptr for a zero) in the other of two buffers per operand
-// while the current tile's mma(k, a, b) runs on buffers a and b; no
-// register holds them meanwhile. The same tiles, values and order as
-// contract, so the same bits. sA and sB hold two tiles of their layouts
-// each. Every thread of the block calls it; it synchronises before it first
-// writes shared memory.
-template <class LA, class LB, class SA, class SB, class M>
-__device__ __forceinline__ void contract_async(int tiles, float* sA, float* sB, int stride,
-                                               SA src_a, SB src_b, M mma) {
-    auto stage = [&](int k) {
-        stage_elements<LA>(sA + (k & 1) * stride, k, src_a);
-        stage_elements<LB>(sB + (k & 1) * stride, k, src_b);
-        cp_async_commit();
-    };
-    two_buffers(tiles, stage, [&](int k) { mma(k, sA + (k & 1) * stride, sB + (k & 1) * stride); });
-}
+// The element type of a source lambda's addresses.
+template <class P>
+struct Pointee;
+template <class T>
+struct Pointee<const T*> {
+    using type = T;
+};
 
-// How the entry states and their gradients are kept between the state
-// kernels: f32 (tf32 runs) or their bf16 rounding alone (bf16 runs, as the
-// reference keeps its passed states in the input's type). The kernels that
-// make or read them are templates over that type S. A bf16 state is widened
-// to f32 as it is staged, so a product reads the values an f32 kernel fed
-// the states' bf16 rounding would read, in the same order: its bits.
-__device__ __forceinline__ float state_f32(float v) { return v; }
-__device__ __forceinline__ float state_f32(unsigned short h) { return bf16_to_f32(h); }
-__device__ __forceinline__ void put_state(float* o, float v) { *o = v; }
-__device__ __forceinline__ void put_state(unsigned short* o, float v) {
-    *o = (unsigned short)bf16_rne(v);
-}
-// Two adjacent states in one store (o aligned to the pair's size).
-__device__ __forceinline__ void put_state_pair(float* o, float a, float b) {
-    *reinterpret_cast<float2*>(o) = float2{a, b};
-}
-__device__ __forceinline__ void put_state_pair(unsigned short* o, float a, float b) {
-    *reinterpret_cast<unsigned*>(o) = bf16_rne(a) | (bf16_rne(b) << 16);
-}
-
-// A bf16 state tile is staged as bf16, in the space of the f32 tile it
-// replaces (half its bytes), with rows of kLdH values: 144 bytes, so rows
-// stay 16-byte aligned, and a fragment read's 32 lanes fall on 16 words of
-// distinct banks, two lanes a word (row-major [c][kLdH]: words 36 c + t / 2;
-// step-major [t][kLdH]: words 36 t + g / 2). The mma widens each value as it
-// reads it (b_tf32).
+// kLdH: a bf16 row of a 64-wide tile (kQ + 8 values, 144 bytes), the rows
+// of the 64 x 64 tiles below and of StepMajor's bf16 tiles.
 constexpr int kLdH = kQ + 8;
-static_assert(kQ * kLdH * 2 <= kOutStateTile * 4, "a bf16 state tile fits its f32 tile's space");
+static_assert(kQ * kLdH * 2 <= kOutStateTile * 4, "a bf16 64 x 64 tile fits its f32 tile's space");
 static_assert(kKt * kLdH * 2 <= kStage * 4, "a bf16 step tile fits its f32 buffer");
+static_assert(kQ * (kKt + 8) * 2 <= kStage * 4, "a bf16 row tile fits its f32 buffer");
 
 // One piece of a bf16 tile: 8 values by one 16-byte cp.async (both sides
 // 16-byte aligned), or 1 by a plain load and store (the barrier that
@@ -302,87 +306,154 @@ __device__ __forceinline__ void cp_async_piece_h(unsigned short* dst, const unsi
     }
 }
 
-// Whether a bf16 state tile's rows can be copied in pieces of 8: the
-// states start 16-byte aligned and every row of N does (a piece is then
-// inside or outside as a whole).
-__device__ __forceinline__ bool state_rows_vec8(const unsigned short* st, int N) {
-    return (reinterpret_cast<unsigned long long>(st) & 15) == 0 && (N & 7) == 0;
+// Whether kept values of type T can be staged in whole pieces (4 f32 or 8
+// bf16, one 16-byte copy): p 16-byte aligned, and `dims` (the leading
+// dimensions, column offsets and extents whose multiples the pieces start
+// at and stop before) multiples of the piece, so that a piece is inside or
+// outside as a whole.
+template <class T>
+__device__ __forceinline__ bool kept_vec(const T* p, long long dims) {
+    constexpr long long piece = 16 / sizeof(T);
+    return (reinterpret_cast<unsigned long long>(p) & 15) == 0 && (dims & (piece - 1)) == 0;
 }
 
-// contract_async's twin whose B operand is bf16 states, step-major ([kk]
-// [kLdH], 32 steps of 64): src_b(k, kk, nn) gives the address of a piece's
-// first value (8 along nn when vec), or nullptr for zeros; mma(k, a, b)
-// reads b as bf16. The same tiles, values and order as contract_async fed
-// the states' rounding, so the same bits.
-template <class LA, class SA, class SB, class M>
-__device__ __forceinline__ void contract_async_h(int tiles, float* sA, float* sB, int stride,
-                                                 bool vec, SA src_a, SB src_b, M mma) {
-    auto stage = [&](int k) {
-        stage_elements<LA>(sA + (k & 1) * stride, k, src_a);
-        unsigned short* b = reinterpret_cast<unsigned short*>(sB + (k & 1) * stride);
-        tile_pieces_of<kKt, 8>(vec, [&](int kk, int nn, int width) {
-            const unsigned short* p = src_b(k, kk, nn);
-            cp_async_piece_h(b + kk * kLdH + nn, p, p != nullptr, width);
+// A 64 x 64 tile of kept values T by cp.async into dst (rows of LdF f32,
+// or of kLdH bf16): element (r, c) from src + r ld + c when inside(r, c)
+// (asked of a piece's first element), else zero; whole pieces when vec
+// (kept_vec). Commits nothing.
+template <int LdF, class T, class In>
+__device__ __forceinline__ void stage_tile(float* dst, const T* src, long long ld, bool vec,
+                                           In inside) {
+    if constexpr (sizeof(T) == 4) {
+        tile_pieces(vec, [&](int r, int c, int width) {
+            cp_async_piece(dst + r * LdF + c, src + r * ld + c, inside(r, c), width);
         });
+    } else {
+        unsigned short* d = reinterpret_cast<unsigned short*>(dst);
+        tile_pieces_of<kQ, 8>(vec, [&](int r, int c, int width) {
+            cp_async_piece_h(d + r * kLdH + c, src + r * ld + c, inside(r, c), width);
+        });
+    }
+}
+
+// Reading a 64 x 64 tile staged by stage_tile<LdF, T>: its row length, its
+// values as T, and element (r, c) widened.
+template <int LdF, class T>
+constexpr int tile_ld = sizeof(T) == 4 ? LdF : kLdH;
+template <int LdF, class T>
+__device__ __forceinline__ const T* tile_of(const float* s) {
+    return reinterpret_cast<const T*>(s);
+}
+template <int LdF, class T>
+__device__ __forceinline__ float tile_at(const float* s, int r, int c) {
+    return kept_f32(tile_of<LdF, T>(s)[r * tile_ld<LdF, T> + c]);
+}
+
+// One operand tile of layout L by cp.async into dst: src(k, first, second)
+// gives an element's address, or nullptr for a zero. f32 values element by
+// element (4-byte copies); bf16 values in pieces of 8 along `second` when
+// vec (src then asked of a piece's first element, which decides the whole
+// piece), else element by element by plain loads.
+template <class L, class Src>
+__device__ __forceinline__ void stage_elements(float* dst, int k, bool vec, Src src) {
+    using T = typename Pointee<decltype(src(0, 0, 0))>::type;
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+        for (int i = 0; i < L::kIt; ++i) {
+            const int idx = threadIdx.x + i * kThreads;
+            const float* p = src(k, L::first(idx), L::second(idx));
+            cp_async_piece(dst + L::at(idx), p, p != nullptr, 1);
+        }
+    } else {
+        unsigned short* d = reinterpret_cast<unsigned short*>(dst);
+        constexpr int ld = L::template ld<T>;
+        if (vec) {
+            constexpr int per_row = L::kSecond / 8;
+#pragma unroll
+            for (int i = 0; i < L::kFirst * per_row / kThreads; ++i) {
+                const int idx = threadIdx.x + i * kThreads;
+                const int f = idx / per_row, c = 8 * (idx % per_row);
+                const T* p = src(k, f, c);
+                cp_async_piece_h(d + f * ld + c, p, p != nullptr, 8);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < L::kIt; ++i) {
+                const int idx = threadIdx.x + i * kThreads;
+                const int f = L::first(idx), c = L::second(idx);
+                const T* p = src(k, f, c);
+                cp_async_piece_h(d + f * ld + c, p, p != nullptr, 1);
+            }
+        }
+    }
+}
+
+// t += A B over the KT steps of a staged A tile (layout LA, values TA) and
+// B tile (LB, TB): the warp's share of rows and columns.
+template <class LA, class LB, class TA, class TB>
+__device__ __forceinline__ void mma_staged(Tile& t, const Share& w, const TA* a, const TB* b) {
+    t.mma_a([&](int r, int k) { return LA::a_value(a, w.r0 + r, k); }, LB::b_at(b, w.c0),
+            LB::template b_ks<TB>, LB::template b_ns<TB>, LA::kSteps);
+}
+
+// contract's twin for operands that are plain copies of global memory: each
+// tile's elements arrive by cp.async (stage_elements: src_a / src_b(k, .,
+// .) give an element's address, or nullptr for a zero; their pointee, f32
+// or bf16, is the staged type, and vec_a / vec_b allow bf16 pieces of 8) in
+// the other of two buffers per operand while the current tile's mma(k, a,
+// b) runs on buffers a and b (as the staged types); no register holds them
+// meanwhile. The same tiles, values and order as contract, so the same
+// bits (bf16 values: those of the f32 values of their rounding). sA and
+// sB hold two tiles of their layouts each. Every thread of the block calls
+// it; it synchronises before it first writes shared memory.
+template <class LA, class LB, class SA, class SB, class M>
+__device__ __forceinline__ void contract_async(int tiles, float* sA, float* sB, int stride,
+                                               bool vec_a, bool vec_b, SA src_a, SB src_b,
+                                               M mma) {
+    using TA = typename Pointee<decltype(src_a(0, 0, 0))>::type;
+    using TB = typename Pointee<decltype(src_b(0, 0, 0))>::type;
+    auto stage = [&](int k) {
+        stage_elements<LA>(sA + (k & 1) * stride, k, vec_a, src_a);
+        stage_elements<LB>(sB + (k & 1) * stride, k, vec_b, src_b);
         cp_async_commit();
     };
     two_buffers(tiles, stage, [&](int k) {
-        mma(k, sA + (k & 1) * stride,
-            reinterpret_cast<const unsigned short*>(sB + (k & 1) * stride));
+        mma(k, reinterpret_cast<const TA*>(sA + (k & 1) * stride),
+            reinterpret_cast<const TB*>(sB + (k & 1) * stride));
     });
 }
 
-// t += sum over the 32 steps of the tiles staged row-major in sA (rows) and
-// sB (columns): A(r, k) = sA[r][k], B(k, c) = sB[c][k].
-__device__ __forceinline__ void mma_rows(Tile& t, const Share& w, const float* sA,
-                                         const float* sB) {
-    t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0 * kRm, 1, kRm, kKt / 8);
+// A state as it is kept (kept_f32 above): f32, or its bf16 rounding.
+__device__ __forceinline__ void put_state(float* o, float v) { *o = v; }
+__device__ __forceinline__ void put_state(unsigned short* o, float v) {
+    *o = (unsigned short)bf16_rne(v);
 }
-
-// t += sum over the 32 steps of A staged row-major in sA and B step-major
-// in sB: A(r, k) = sA[r][k], B(k, c) = sB[k][c].
-__device__ __forceinline__ void mma_rows_steps(Tile& t, const Share& w, const float* sA,
-                                               const float* sB) {
-    t.mma(sA + w.r0 * kRm, kRm, 1, sB + w.c0, kKm, 1, kKt / 8);
+// Two adjacent states in one store (o aligned to the pair's size).
+__device__ __forceinline__ void put_state_pair(float* o, float a, float b) {
+    *reinterpret_cast<float2*>(o) = float2{a, b};
+}
+__device__ __forceinline__ void put_state_pair(unsigned short* o, float a, float b) {
+    *reinterpret_cast<unsigned*>(o) = bf16_rne(a) | (bf16_rne(b) << 16);
 }
 
 // t = C_i . B_j of one (chunk, group) over d_state (rows i, columns j),
-// 32 states a tile. Every thread of the block calls it.
-__device__ __forceinline__ void cb_product(Tile& t, const Share& w, const float* Cr,
-                                           const float* Br, int ldu, int q, int N,
-                                           float* sA, float* sB) {
+// 32 states a tile, C and B kept as S (widened as they are staged). Every
+// thread of the block calls it.
+template <class S>
+__device__ __forceinline__ void cb_product(Tile& t, const Share& w, const S* Cr, const S* Br,
+                                           int ldu, int q, int N, float* sA, float* sB) {
     t.zero();
     contract<Rows, Rows>(
         (N + kKt - 1) / kKt, sA, sB,
         [&](int k, int r, int kk) {
             const int n = k * kKt + kk;
-            return r < q && n < N ? Cr[r * ldu + n] : 0.0f;
+            return r < q && n < N ? kept_f32(Cr[r * ldu + n]) : 0.0f;
         },
         [&](int k, int r, int kk) {
             const int n = k * kKt + kk;
-            return r < q && n < N ? Br[r * ldu + n] : 0.0f;
+            return r < q && n < N ? kept_f32(Br[r * ldu + n]) : 0.0f;
         },
-        [&](int) { mma_rows(t, w, sA, sB); });
-}
-
-// t += (f_r A_r) . Mt_c over N states (rows r < q of A, ld apart; f = 1
-// when fac is null; Mt is [P][N] state-major, columns c with p0 + c < P):
-// the products with a chunk's entry state or its gradient.
-__device__ __forceinline__ void state_product(Tile& t, const Share& w, const float* Ar,
-                                              int ld, const float* fac, int q,
-                                              const float* Mt, int p0, int P, int N, float* sA,
-                                              float* sB) {
-    contract<Rows, Rows>(
-        (N + kKt - 1) / kKt, sA, sB,
-        [&](int k, int r, int kk) {
-            const int n = k * kKt + kk;
-            return r < q && n < N ? (fac ? fac[r] : 1.0f) * Ar[r * ld + n] : 0.0f;
-        },
-        [&](int k, int c, int kk) {
-            const int n = k * kKt + kk;
-            return p0 + c < P && n < N ? Mt[(p0 + c) * N + n] : 0.0f;
-        },
-        [&](int) { mma_rows(t, w, sA, sB); });
+        [&](int) { mma_staged<Rows, Rows>(t, w, sA, sB); });
 }
 
 // This thread's fragment elements of the (chunk, group) tile cb (from

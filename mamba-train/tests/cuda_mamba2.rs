@@ -29,19 +29,21 @@
 //! - `norm_kernels_read_a_bf16_input_as_its_widened_f32`: RMSNorm's forward,
 //!   backward and weight-gradient column sum give the same bits from a
 //!   bf16 input as from the f32 values it widens to (the gated norm's `g`).
-//! - `ssd_states_kept_in_bf16_are_the_rounding_of_the_f32_states`: the
-//!   tensor-core SSD kernels with their entry states and state gradients
-//!   kept in bf16 (bf16 runs) store the bf16 rounding of the f32-states
-//!   kernels' states bit for bit, and give `y` and every scan gradient
-//!   within 2e-3 of the f32-states run (and not its bits), the same bits
-//!   twice, at the 130m head shape and a ragged d_state 20 one; the SIMT
-//!   products refuse bf16 states.
+//! - `ssd_kept_in_bf16_gives_the_rounding_of_the_f32_states`: the
+//!   tensor-core SSD kernels with x, B, C, the entry states and state
+//!   gradients kept in bf16 (bf16 runs), fed x, B and C's rounding, store
+//!   the bf16 rounding of the states the f32 kernels make from that
+//!   rounding bit for bit, and give `y` and every scan gradient within
+//!   2e-3 of that f32 run (and not its bits), the same bits twice, at the
+//!   130m head shape and a ragged d_state 20 one; the SIMT products refuse
+//!   bf16, and x, B, C and the states kept in two types are refused.
 //! - `the_bits_repeat_and_do_not_depend_on_recompute_or_the_chunk_size`:
 //!   one loss and gradient bit pattern on two fresh models (f32, bf16),
 //!   with `set_recompute(true)` (and less workspace), and for chunk sizes 4,
 //!   16 and 64 (the CUDA scan's chunk is its kernels' constant); negative
 //!   control: another batch, another digest. In bf16, `set_bf16_acts(false)`
-//!   (in_proj's output, `y` and `g` kept in f32) gives other bits, which repeat,
+//!   (in_proj's output, the conv output, `y`, `g` and the SSD states kept
+//!   in f32) gives other bits, which repeat,
 //!   on a larger workspace.
 //! - `graph_replays_give_the_eager_bits`: the pass replayed as a CUDA graph
 //!   over 4 changing batches (tokens, distinct tokens, counted targets) is
@@ -791,26 +793,36 @@ impl SsdBuffers {
 }
 
 /// The SSD kernels at `shape` on `inputs` (xbc, dt, A_log, D, z, dy: host
-/// values), their states kept in bf16 when `half`, else f32.
+/// values), `xbc` uploaded as its bf16 rounding alone when `xbc_half` and
+/// the states kept in bf16 when `half`, else f32.
 fn ssd_run(
     k: &kernels::mamba::MambaKernels,
     s: &std::sync::Arc<cudarc::driver::CudaStream>,
     shape: kernels::mamba::SsdShape,
     products: kernels::mamba::SsdProducts,
-    half: bool,
+    (xbc_half, half): (bool, bool),
     inputs: &[Vec<f32>; 6],
 ) -> Result<SsdRun, kernels::KernelError> {
     use kernels::mamba::{SsdBackward, SsdForward, SsdInputs};
     let up = |v: &Vec<f32>| s.clone_htod(v).expect("upload");
     let [xbc, dt, a_log, d, z, dy] = inputs.each_ref().map(up);
+    let xbc_h = s
+        .clone_htod(
+            &inputs[0]
+                .iter()
+                .map(|&v| kernels::mamba::f32_to_bf16_rne(v))
+                .collect::<Vec<u16>>(),
+        )
+        .expect("upload");
     let (rows, inner, heads) = (shape.rows(), shape.inner(), shape.heads);
     let cd = shape.conv_channels();
     let mut bufs = SsdBuffers::new(s, shape.scratch_lens());
     let f = |n: usize| s.alloc_zeros::<f32>(n.max(1)).expect("alloc");
     let (mut y, mut gate) = (f(rows * inner), f(rows * inner));
     let (mut dxbc, mut ddt, mut dalog) = (f(rows * cd), f(rows * heads), f(heads));
-    let (xv, dtv, av, dv, zv, dyv) = (
+    let (xv, xhv, dtv, av, dv, zv, dyv) = (
         xbc.as_view(),
+        xbc_h.as_view(),
         dt.as_view(),
         a_log.as_view(),
         d.as_view(),
@@ -818,7 +830,11 @@ fn ssd_run(
         dy.as_view(),
     );
     let inp = SsdInputs {
-        xbc: &xv,
+        xbc: if xbc_half {
+            Stored::Bf16(&xhv)
+        } else {
+            Stored::F32(&xv)
+        },
         ldu: cd,
         dt: &dtv,
         a_log: &av,
@@ -865,14 +881,15 @@ fn ssd_run(
 }
 
 #[test]
-fn ssd_states_kept_in_bf16_are_the_rounding_of_the_f32_states() {
-    // bf16 runs keep the SSD's entry states and their gradients in bf16
-    // (the tensor-core `_h` kernels): the stored states must be the bf16
-    // rounding of the f32 kernels' states bit for bit (the carry between
-    // chunks stays f32), and what reads them must stay within bf16's
-    // rounding of the f32-states results. Shapes: the 130m head (64
-    // channels, 128 states: the 8-wide loads) over 3 chunks, and d_state 20
-    // with a ragged chunk (single loads).
+fn ssd_kept_in_bf16_gives_the_rounding_of_the_f32_states() {
+    // bf16 runs keep the SSD's inputs x, B, C and its entry states and
+    // their gradients in bf16 (the tensor-core `_h` kernels): fed the bf16
+    // rounding of x, B and C, the stored states must be the bf16 rounding
+    // of the states the f32 kernels make from the widened rounding, bit for
+    // bit (the carry between chunks stays f32), and what reads them must
+    // stay within bf16's rounding of those f32 kernels' results. Shapes:
+    // the 130m head (64 channels, 128 states: the 8-wide loads) over 3
+    // chunks, and d_state 20 with a ragged chunk (single loads).
     use kernels::mamba::{SsdProducts, SsdShape};
     let Some((ctx, k)) = kernels_on_device0() else {
         return;
@@ -914,8 +931,13 @@ fn ssd_states_kept_in_bf16_are_the_rounding_of_the_f32_states() {
             uni(-2.0, 2.0, rows * shape.inner()),
             uni(-1.0, 1.0, rows * shape.inner()),
         ];
-        let wide = ssd_run(&k, &s, shape, SsdProducts::Tf32, false, &inputs).expect("f32 states");
-        let half = ssd_run(&k, &s, shape, SsdProducts::Tf32, true, &inputs).expect("bf16 states");
+        let mut rounded = inputs.clone();
+        for v in rounded[0].iter_mut() {
+            *v = kernels::mamba::bf16_to_f32(kernels::mamba::f32_to_bf16_rne(*v));
+        }
+        let tf32 = SsdProducts::Tf32;
+        let wide = ssd_run(&k, &s, shape, tf32, (false, false), &rounded).expect("f32 kept");
+        let half = ssd_run(&k, &s, shape, tf32, (true, true), &inputs).expect("bf16 kept");
         let rne = |bits: &[u32]| -> Vec<u32> {
             bits.iter()
                 .map(|&b| u32::from(kernels::mamba::f32_to_bf16_rne(f32::from_bits(b))))
@@ -941,7 +963,7 @@ fn ssd_states_kept_in_bf16_are_the_rounding_of_the_f32_states() {
             );
             let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
             let (d, _) = rel_l2(h, &w64);
-            eprintln!("shape {i}: {what} with bf16 states vs f32 states rel L2 {d:.2e}");
+            eprintln!("shape {i}: {what} kept in bf16 vs f32 (rounded inputs) rel L2 {d:.2e}");
             // Negative control: the rounding really reached the products.
             assert!(d > 0.0, "shape {i}: bf16 states changed no bit of {what}");
             assert!(
@@ -949,18 +971,26 @@ fn ssd_states_kept_in_bf16_are_the_rounding_of_the_f32_states() {
                 "shape {i}: {what} {d:.2e} from the f32-states run"
             );
         }
-        let again = ssd_run(&k, &s, shape, SsdProducts::Tf32, true, &inputs).expect("again");
+        let again = ssd_run(&k, &s, shape, tf32, (true, true), &inputs).expect("again");
         assert_eq!(
             (digest(&again.y), digest(&again.grads)),
             (digest(&half.y), digest(&half.grads)),
             "shape {i}: bf16 states, a second run"
         );
-        // The SIMT products keep f32 states only: refused, naming them.
-        let e = ssd_run(&k, &s, shape, SsdProducts::F32, true, &inputs)
+        // The SIMT products keep f32 only: refused, naming them.
+        let e = ssd_run(&k, &s, shape, SsdProducts::F32, (true, true), &inputs)
             .err()
-            .expect("SIMT products with bf16 states")
+            .expect("SIMT products with bf16 kept tensors")
             .to_string();
         assert!(e.contains("tensor-core products"), "{e}");
+        // The inputs and the states in two types: refused, naming both.
+        for kept in [(true, false), (false, true)] {
+            let e = ssd_run(&k, &s, shape, tf32, kept, &inputs)
+                .err()
+                .expect("xbc and the states kept in two types")
+                .to_string();
+            assert!(e.contains("all f32 or all bf16"), "{kept:?}: {e}");
+        }
     }
 }
 

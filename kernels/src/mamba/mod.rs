@@ -90,7 +90,7 @@ pub struct MambaKernels {
 
 /// Every kernel (module index into [`MambaKernels::MODULES`], symbol), in
 /// the order of [`Functions`]' fields.
-const SYMBOLS: [(usize, &str); 44] = [
+const SYMBOLS: [(usize, &str); 46] = [
     (0, "mamba_embed_fwd"),
     (0, "mamba_embed_bwd"),
     (0, "mamba_rmsnorm_fwd"),
@@ -135,6 +135,8 @@ const SYMBOLS: [(usize, &str); 44] = [
     (4, "mamba_ssd_chunk_out_tc_h"),
     (4, "mamba_ssd_bwd_dx_tc_h"),
     (4, "mamba_ssd_bwd_dbc_tc_h"),
+    (4, "mamba_ssd_cb_tc_h"),
+    (4, "mamba_ssd_bwd_qq_tc_h"),
 ];
 
 #[derive(Debug, Clone)]
@@ -183,6 +185,8 @@ struct Functions {
     ssd_chunk_out_tc_h: CudaFunction,
     ssd_bwd_dx_tc_h: CudaFunction,
     ssd_bwd_dbc_tc_h: CudaFunction,
+    ssd_cb_tc_h: CudaFunction,
+    ssd_bwd_qq_tc_h: CudaFunction,
 }
 
 impl MambaKernels {
@@ -269,6 +273,8 @@ impl MambaKernels {
             ssd_chunk_out_tc_h: next()?,
             ssd_bwd_dx_tc_h: next()?,
             ssd_bwd_dbc_tc_h: next()?,
+            ssd_cb_tc_h: next()?,
+            ssd_bwd_qq_tc_h: next()?,
         };
         // The scan kernels and the SSD's tensor-core state scan, chunk
         // outputs and d x take their staging buffers as dynamic shared

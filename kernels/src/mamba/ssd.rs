@@ -18,10 +18,11 @@
 //! call by [`SsdProducts`]: SIMT f32 (`mamba_ssd.cu`) and tf32 tensor cores
 //! (`mamba_ssd_tc.cu`, the same arguments and outputs; its chunk states are
 //! passed by the kernel that makes them, where the SIMT set stores them for
-//! the state pass). The kernels without a product are shared. The entry
-//! states and their gradients are kept as [`SsdScratch::states`]' type
-//! says ([`SsdStates`]): f32, or their bf16 rounding alone, which the
-//! tensor-core set's `_h` twins store and read (f32 pointers become
+//! the state pass). The kernels without a product are shared. The kept
+//! tensors, the conv output x, B, C ([`SsdInputs::xbc`]) and the entry
+//! states and their gradients ([`SsdScratch::states`]), are f32 or their
+//! bf16 rounding alone, both alike ([`SsdStates`]); the tensor-core set's
+//! `_h` twins read and store the bf16 ones (those f32 pointers become
 //! `unsigned short*`; the SAFETY arguments below, which name the f32
 //! kernels, hold for them as written, over the same elements).
 //!
@@ -41,7 +42,7 @@ use super::check;
 use super::launcher::{Arg, Grid, Launch};
 use super::ssd_products::{ChunkStates, Products};
 use super::ssd_shape::{STATE_SCAN_SMEM_BYTES, STATE_TILE_N, STATE_TILE_P, THREADS};
-use super::MambaKernels;
+use super::{MambaKernels, Stored};
 use crate::error::KernelError;
 
 pub use super::ssd_products::SsdProducts;
@@ -89,7 +90,6 @@ impl MambaKernels {
         // chunk (< rows) times H plus h, and a_log[h]: inside the [rows,
         // heads] buffers and [heads] checked by the callers.
         unsafe { self.launch(stream, launch, &mut args)? };
-        let x = inp.xbc;
         let cum = scratch.cum.as_view();
         // SAFETY: x is the checked conv output (its x columns at ldu, its B
         // columns from b_off), states and cum have the scratch lengths.
@@ -98,8 +98,8 @@ impl MambaKernels {
                 stream,
                 products,
                 shape,
-                (x, inp.ldu),
-                (x, shape.b_off()),
+                (inp.xbc, inp.ldu),
+                shape.b_off(),
                 inp,
                 &mut scratch.states,
                 &cum,
@@ -111,12 +111,13 @@ impl MambaKernels {
     /// The entry states (mode 0: `X = x`, `Y = B`, forward pass) or their
     /// gradients (mode 1: `X = dy`, `Y = C`, reverse pass) into `out`, by
     /// the products' [`ChunkStates`]: `mamba_ssd_chunk_state` then
-    /// `mamba_ssd_state_pass`, or `mamba_ssd_state_scan_tc` alone.
+    /// `mamba_ssd_state_pass`, or `mamba_ssd_state_scan_tc` alone. Y is
+    /// read from `inp.xbc`'s columns from `y_off`.
     ///
     /// # Safety
-    /// `x` must hold `[rows, inner]` at leading dimension `ldx`; `y` a
-    /// `[rows, ldu]` conv output whose columns `y_off + g * d_state + n`
-    /// exist (`inp.ldu` is their leading dimension); `out` and `cum` the
+    /// `x` must hold `[rows, inner]` at leading dimension `ldx`, and be f32
+    /// unless the products are the tensor-core `_h` set; `inp.xbc`'s
+    /// columns `y_off + g * d_state + n` must exist; `out` and `cum` the
     /// lengths of [`SsdShape::scratch_lens`]: the callers check them.
     #[allow(clippy::too_many_arguments)]
     unsafe fn ssd_chunk_states(
@@ -124,8 +125,8 @@ impl MambaKernels {
         stream: &CudaStream,
         products: &Products<'_>,
         shape: &SsdShape,
-        (x, ldx): (&CudaView<'_, f32>, usize),
-        (y, y_off): (&CudaView<'_, f32>, usize),
+        (x, ldx): (Stored<'_>, usize),
+        y_off: usize,
         inp: &SsdInputs<'_>,
         out: &mut SsdStates<'_>,
         cum: &CudaView<'_, f32>,
@@ -151,10 +152,16 @@ impl MambaKernels {
                 }
             }
         };
-        let mut args = [
-            Arg::In(x),
+        // The state scans take X as the pair (f32, bf16); chunk_state (SIMT,
+        // f32 kept tensors only) as f32.
+        let [x_f32, x_bf16] = x.args();
+        let mut args = vec![x_f32];
+        if matches!(products.states, ChunkStates::Scan(_)) {
+            args.push(x_bf16);
+        }
+        args.extend([
             Arg::Long("ldx", ldx),
-            Arg::In(y),
+            inp.xbc.kept_arg(),
             Arg::Long("ldu", inp.ldu),
             Arg::Int("y_off", y_off),
             Arg::In(inp.dt),
@@ -167,11 +174,15 @@ impl MambaKernels {
             Arg::Int("heads per group", shape.heads / shape.groups),
             Arg::Int("chunks", nc),
             Arg::Int("mode", mode),
-        ];
+        ]);
         // SAFETY: matches mamba_ssd_chunk_state(const float* X, long long
         // ldx, const float* Y, long long ldy, int y_off, const float* dt,
         // const float* s, float* out, int T, int H, int P, int N, int hpg,
-        // int nc, int mode), whose signature mamba_ssd_state_scan_tc shares;
+        // int nc, int mode), whose signature mamba_ssd_state_scan_tc shares
+        // but for X, given as the pair (const float* X, const unsigned
+        // short* Xh) (exactly one not null; Xh only to the _h kernel, whose
+        // Y and out are unsigned short: products() picks it exactly when
+        // xbc and the states are kept in bf16, and x is bf16 only then);
         // block (bc, h, tile) of the one, or (b, h, tile) of the other for
         // each chunk bc = b * nc + c in turn, reads X and Y at the chunk's
         // rows (columns h*P + p < inner, y_off + g*N + n), dt and s at [row,
@@ -225,6 +236,7 @@ impl MambaKernels {
         shape.check(K)?;
         inp.check(K, &shape)?;
         scratch.check(K, &shape, true)?;
+        let bf16_kept = inp.kept_bf16(K, &scratch.states)?;
         let (rows, inner) = (shape.rows(), shape.inner());
         check::matrix(K, "z", out.z.len(), rows, inner, out.ldz)?;
         let n = check::mul(K, "y", rows, inner)?;
@@ -232,7 +244,7 @@ impl MambaKernels {
             .check_each("y", |what, have| check::len(K, what, have, n))?;
         out.gate
             .check_each("gate", |what, have| check::len(K, what, have, n))?;
-        let products = self.products(K, products, scratch.states.is_bf16())?;
+        let products = self.products(K, products, bf16_kept)?;
         if products.cb.is_some() {
             let need = shape.group_matrix_len();
             check::len(K, "chunk_psum", scratch.chunk_psum.len(), need)?;
@@ -260,7 +272,7 @@ impl MambaKernels {
         let [y_f32, y_bf16] = y.args();
         let [gate_f32, gate_bf16] = gate.args();
         let mut args = [
-            Arg::In(inp.xbc),
+            inp.xbc.kept_arg(),
             Arg::Long("ldu", inp.ldu),
             Arg::Int("b_off", shape.b_off()),
             Arg::Int("c_off", shape.c_off()),
@@ -291,8 +303,10 @@ impl MambaKernels {
         // short* zh (one of the two null: Stored), long long ldz, float* y,
         // unsigned short* yh, float* gate, unsigned short* gateh (either of
         // each pair null: Store), int T, int H, int P, int N, int hpg, int
-        // nc); block (bc, h) reads its chunk's rows of xbc (columns <
-        // conv_channels), dt / s at [row, h], D[h], its state
+        // nc) (xbc and st `const unsigned short*` in the _h twin, picked
+        // exactly when both are kept in bf16); block (bc, h) reads its
+        // chunk's rows of xbc (columns < conv_channels), dt / s at [row, h],
+        // D[h], its state
         // st[bc][h][P][N], z at [row, h*P + p], and writes y / gate there:
         // all checked above. Its dynamic shared memory (none for the SIMT
         // kernel) is the size the tensor-core kernel's attribute was raised
@@ -317,6 +331,7 @@ impl MambaKernels {
         shape.check(K)?;
         inp.check(K, &shape)?;
         scratch.check(K, &shape, false)?;
+        let bf16_kept = inp.kept_bf16(K, &scratch.states)?;
         let (rows, inner, heads) = (shape.rows(), shape.inner(), shape.heads);
         check::matrix(K, "dy", out.dy.len(), rows, inner, inner)?;
         check::matrix(
@@ -331,7 +346,7 @@ impl MambaKernels {
             check::matrix(K, what, have, rows, heads, out.ld_ddt)
         })?;
         check::len(K, "dA_log", out.da_log.len(), heads)?;
-        let products = self.products(K, products, scratch.states.is_bf16())?;
+        let products = self.products(K, products, bf16_kept)?;
         // SAFETY: all three were checked above.
         unsafe { self.ssd_entry_states(stream, &products, &shape, &inp, scratch)? };
         let SsdScratch {
@@ -356,8 +371,8 @@ impl MambaKernels {
                 stream,
                 &products,
                 &shape,
-                (out.dy, inner),
-                (inp.xbc, shape.c_off()),
+                (Stored::F32(out.dy), inner),
+                shape.c_off(),
                 &inp,
                 dstates,
                 &cum,
@@ -383,7 +398,7 @@ impl MambaKernels {
             })
         }
         let mut args = vec![
-            Arg::In(inp.xbc),
+            inp.xbc.kept_arg(),
             Arg::Long("ldu", inp.ldu),
             Arg::Int("b_off", shape.b_off()),
             Arg::Int("c_off", shape.c_off()),
@@ -408,7 +423,7 @@ impl MambaKernels {
         unsafe { self.launch(stream, launch, &mut args)? };
         let chunk_m = chunk_m.as_view();
         let mut args = vec![
-            Arg::In(inp.xbc),
+            inp.xbc.kept_arg(),
             Arg::Long("ldu", inp.ldu),
             Arg::Int("b_off", shape.b_off()),
             Arg::Int("c_off", shape.c_off()),
@@ -462,7 +477,7 @@ impl MambaKernels {
         let ntn = shape.dbc_tiles();
         let chunk_psum = chunk_psum.as_view();
         let mut args = vec![
-            Arg::In(inp.xbc),
+            inp.xbc.kept_arg(),
             Arg::Long("ldu", inp.ldu),
             Arg::Int("b_off", shape.b_off()),
             Arg::Int("c_off", shape.c_off()),

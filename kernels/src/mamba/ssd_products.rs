@@ -34,9 +34,11 @@ pub enum SsdProducts {
 /// tensor-core chunk_out and bwd_qq take one more argument last, each
 /// group's `C B^T` (`[nbc][G][Q][Q]`), which `cb` (tensor cores only)
 /// makes into `chunk_psum` first (the backward's psum overwrites it after
-/// bwd_qq, its last reader). The `_h` kernels of bf16 states have their
-/// f32 twin's signature with `unsigned short*` for the states (the same
-/// elements, half the bytes).
+/// bwd_qq, its last reader). The `_h` kernels of the bf16 kept tensors
+/// have their f32 twin's signature with `unsigned short*` for `xbc` and the
+/// states (the same elements, half the bytes); the state scans of both
+/// kernels take X as the pair `const float* X, const unsigned short* Xh`
+/// (x kept in bf16 comes as Xh, to the `_h` kernel only).
 pub(super) struct Products<'a> {
     pub(super) cb: Option<(&'static str, &'a CudaFunction)>,
     pub(super) states: ChunkStates<'a>,
@@ -62,23 +64,23 @@ pub(super) enum ChunkStates<'a> {
 }
 
 impl MambaKernels {
-    /// The kernels of `which`, for states kept in bf16 when `bf16_states`
-    /// (the tensor-core set's `_h` kernels, which store and read them so;
-    /// the SIMT set keeps f32 states only, an error naming the kernel
-    /// `kernel` otherwise).
+    /// The kernels of `which`, for the kept tensors (x, B, C and the
+    /// states) in bf16 when `bf16_kept` (the tensor-core set's `_h`
+    /// kernels, which read and store them so; the SIMT set keeps them in
+    /// f32 only, an error naming the kernel `kernel` otherwise).
     pub(super) fn products(
         &self,
         kernel: &'static str,
         which: SsdProducts,
-        bf16_states: bool,
+        bf16_kept: bool,
     ) -> Result<Products<'_>, KernelError> {
         let f = &self.f;
-        Ok(match (which, bf16_states) {
+        Ok(match (which, bf16_kept) {
             (SsdProducts::F32, true) => {
                 return Err(KernelError::invalid(
                     kernel,
-                    "the SIMT f32 products keep the SSD states in f32; bf16 states need the \
-                     tensor-core products (SsdProducts::Tf32)",
+                    "the SIMT f32 products keep the SSD's inputs and states in f32; bf16 ones \
+                     need the tensor-core products (SsdProducts::Tf32)",
                 ))
             }
             (SsdProducts::F32, false) => Products {
@@ -100,11 +102,11 @@ impl MambaKernels {
                 bwd_dbc: ("mamba_ssd_bwd_dbc_tc", &f.ssd_bwd_dbc_tc),
             },
             (SsdProducts::Tf32, true) => Products {
-                cb: Some(("mamba_ssd_cb_tc", &f.ssd_cb_tc)),
+                cb: Some(("mamba_ssd_cb_tc_h", &f.ssd_cb_tc_h)),
                 states: ChunkStates::Scan(("mamba_ssd_state_scan_tc_h", &f.ssd_state_scan_tc_h)),
                 chunk_out: ("mamba_ssd_chunk_out_tc_h", &f.ssd_chunk_out_tc_h),
                 staged_smem: STAGED_SMEM_BYTES as u32,
-                bwd_qq: ("mamba_ssd_bwd_qq_tc", &f.ssd_bwd_qq_tc),
+                bwd_qq: ("mamba_ssd_bwd_qq_tc_h", &f.ssd_bwd_qq_tc_h),
                 bwd_dx: ("mamba_ssd_bwd_dx_tc_h", &f.ssd_bwd_dx_tc_h),
                 bwd_dbc: ("mamba_ssd_bwd_dbc_tc_h", &f.ssd_bwd_dbc_tc_h),
             },
@@ -129,7 +131,7 @@ impl MambaKernels {
             return Ok(());
         };
         let mut args = [
-            Arg::In(inp.xbc),
+            inp.xbc.kept_arg(),
             Arg::Long("ldu", inp.ldu),
             Arg::Int("b_off", shape.b_off()),
             Arg::Int("c_off", shape.c_off()),
@@ -145,7 +147,9 @@ impl MambaKernels {
             block: THREADS,
         };
         // SAFETY: matches mamba_ssd_cb_tc(const float* xbc, long long ldu,
-        // int b_off, int c_off, float* cb, int T, int N, int nc); block (bc,
+        // int b_off, int c_off, float* cb, int T, int N, int nc) (xbc
+        // `const unsigned short*` in the _h twin, which products() picks
+        // exactly when xbc is kept in bf16); block (bc,
         // g) reads its chunk's rows of xbc (B and C columns of group g, <
         // conv_channels) and writes cb[bc][g][Q][Q], inside the lengths of
         // this function's contract (G is the grid's y extent).

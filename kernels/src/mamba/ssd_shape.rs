@@ -180,8 +180,10 @@ pub struct SsdScratchLens {
 #[derive(Clone, Copy)]
 pub struct SsdInputs<'a> {
     /// The conv output `[rows, ldu]`: x (`inner` columns), then B and C
-    /// (`groups * d_state` columns each), from column 0.
-    pub xbc: &'a CudaView<'a, f32>,
+    /// (`groups * d_state` columns each), from column 0; f32, or its bf16
+    /// rounding alone, kept as the states are ([`SsdStates`]: the two
+    /// types go together, they pick the kernels).
+    pub xbc: Stored<'a>,
     /// Leading dimension of `xbc` (at least [`SsdShape::conv_channels`]).
     pub ldu: usize,
     /// `dt = softplus(dt_raw + dt_bias)`, `[rows, heads]`.
@@ -194,12 +196,14 @@ pub struct SsdInputs<'a> {
 
 /// How the SSD keeps the chunks' entry states and their gradients between
 /// its kernels ([`SsdScratch::states`], [`SsdScratch::dstates`]): f32, or
-/// their bf16 rounding alone. The type picks the kernels: bf16 states need
-/// the tensor-core products ([`super::SsdProducts::Tf32`]), whose `_h`
-/// kernels store them rounded and widen them as they stage them (bf16 runs
-/// keep them so, as the reference keeps its passed states in the input's
-/// type; the carry from chunk to chunk stays f32). Half the bytes of the
-/// largest buffers the SSD kernels move.
+/// their bf16 rounding alone, as its input `xbc` is kept
+/// ([`SsdInputs::xbc`]). The type picks the kernels: bf16 needs the
+/// tensor-core products ([`super::SsdProducts::Tf32`]), whose `_h` kernels
+/// read x, B and C in bf16, store the states rounded, and widen each value
+/// as they stage it (bf16 runs keep them so: SPEC's stored activations, and
+/// the reference keeps its passed states in the input's type; the carry
+/// from chunk to chunk stays f32). Half the bytes of the largest buffers
+/// the SSD kernels move.
 pub enum SsdStates<'a> {
     F32(CudaViewMut<'a, f32>),
     Bf16(CudaViewMut<'a, u16>),
@@ -364,6 +368,29 @@ impl SsdScratch<'_> {
 }
 
 impl SsdInputs<'_> {
+    /// Whether the kept tensors are bf16: `xbc` and the scratch's states
+    /// must be kept in one type (it picks the kernels), an error naming
+    /// `kernel` otherwise.
+    pub(super) fn kept_bf16(
+        &self,
+        kernel: &'static str,
+        states: &SsdStates<'_>,
+    ) -> Result<bool, KernelError> {
+        if self.xbc.is_bf16() != states.is_bf16() {
+            let name = |bf16: bool| if bf16 { "bf16" } else { "f32" };
+            return Err(KernelError::invalid(
+                kernel,
+                format!(
+                    "the conv output xbc is kept in {} but the SSD states in {}: the SSD's kept \
+                     tensors are all f32 or all bf16",
+                    name(self.xbc.is_bf16()),
+                    name(states.is_bf16())
+                ),
+            ));
+        }
+        Ok(states.is_bf16())
+    }
+
     pub(super) fn check(&self, kernel: &'static str, shape: &SsdShape) -> Result<(), KernelError> {
         let rows = shape.rows();
         check::matrix(

@@ -112,6 +112,17 @@ impl<'a> Stored<'a> {
         matches!(self, Stored::Bf16(_))
     }
 
+    /// The one pointer argument of a kernel that takes the activation as
+    /// it is kept (`const float*` or `const unsigned short*`, chosen by the
+    /// kernel it is launched with: the caller picks the kernel by
+    /// [`Self::is_bf16`]).
+    pub(crate) fn kept_arg(&self) -> Arg<'a> {
+        match *self {
+            Stored::F32(f) => Arg::In(f),
+            Stored::Bf16(h) => Arg::In(h),
+        }
+    }
+
     /// The kernel's two pointer arguments, `const float* f, const unsigned
     /// short* h` (null for the type not given).
     pub(crate) fn args(&self) -> [Arg<'a>; 2] {

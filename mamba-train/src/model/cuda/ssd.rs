@@ -9,8 +9,8 @@
 //! [`kernels::mamba::SSD_CHUNK`] tokens a diagonal block and the state the
 //! chunk enters with, the states passed from chunk to chunk; its backward
 //! recomputes the entry states and keeps every sum in a fixed order (no
-//! atomics). bf16 runs keep `zx`, `y` and `g` in bf16 alone (`uc` and `dt`
-//! stay f32: the SSD kernels stage them as f32); the GEMMs take the
+//! atomics). bf16 runs keep `zx`, `uc`, `y` and `g` in bf16 alone (`dt`
+//! stays f32; the SSD's states are kept as `uc` is); the GEMMs take the
 //! precision, as for Mamba-1, and so do the scan's chunk products (f32
 //! FMAs in f32 runs, tf32 tensor cores in tf32 and bf16 runs:
 //! [`kernels::mamba::SsdProducts`], the engine's choice). Its
@@ -115,7 +115,7 @@ impl Dims {
 /// `dt`, and its `A_log` and `D` (the forward and the backward read them
 /// through this one function).
 fn ssd_inputs<'a>(
-    (uc, dt): (&'a CudaView<'a, f32>, &'a CudaView<'a, f32>),
+    (uc, dt): (Stored<'a>, &'a CudaView<'a, f32>),
     (a_log, d): (&'a CudaView<'a, f32>, &'a CudaView<'a, f32>),
     cd: usize,
 ) -> SsdInputs<'a> {
@@ -214,7 +214,7 @@ fn block_forward(
         w,
         &wv(&lo.conv_w),
         &wv(&lo.conv_b),
-        Store::F32(a.uc.as_view_mut()),
+        a.uc.produce(),
         m,
         t,
         cd,
@@ -231,14 +231,14 @@ fn block_forward(
     kr.group_bcast(s, dt_raw.stored(), &mut a.dt.as_view_mut(), dt_cols)?;
     kr.dt_softplus(s, &mut a.dt.as_view_mut(), None, &wv(&lo.dt_bias), m, h)?;
 
-    let (uc, dt) = (a.uc.as_view(), a.dt.as_view());
+    let (uc, dt) = (a.uc.view(), a.dt.as_view());
     let (a_log, dskip) = (wv(&lo.a_log), wv(&lo.d));
     let z = a.zx.view();
     kr.ssd_forward(
         s,
         e.ssd_products,
         shape,
-        ssd_inputs((&uc, &dt), (&a_log, &dskip), cd),
+        ssd_inputs((uc.stored(), &dt), (&a_log, &dskip), cd),
         &mut scan.views(),
         SsdForward {
             z: z.stored(),
@@ -435,13 +435,13 @@ pub(super) fn backward_blocks(
         // The scan: D's gradient per head (its column sums over x, then
         // summed per head), then dx dB dC into duc, d dt_raw into zx's dt
         // columns and dA_log.
-        let (uc, dtv) = (a.uc.as_view(), a.dt.as_view());
+        let (uc, dtv) = (a.uc.view(), a.dt.as_view());
         kr.colsum(
             s,
             ColSum::Product {
                 a: &dy.as_view(),
                 lda: di,
-                b: Stored::F32(&uc),
+                b: uc.stored(),
                 ldb: cd,
             },
             m,
@@ -457,7 +457,7 @@ pub(super) fn backward_blocks(
             s,
             e.ssd_products,
             sshape,
-            ssd_inputs((&uc, &dtv), (&a_log, &dskip), cd),
+            ssd_inputs((uc.stored(), &dtv), (&a_log, &dskip), cd),
             &mut scan.views(),
             SsdBackward {
                 dy: &dyv,

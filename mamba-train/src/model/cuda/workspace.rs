@@ -217,18 +217,18 @@ impl<A> BlockActs<A> {
 
 /// What one Mamba-2 block's backward pass needs from its forward pass
 /// (`cd = d_inner + 2 n_groups d_state` conv channels, in_proj width `w =
-/// d_inner + cd + heads`). `zx`, `y` and `g` are bf16 alone in bf16 runs
-/// with `bf16_acts` (f32 otherwise); `uc` and `dt` are f32 in every
-/// precision (the SSD kernels stage them as f32). The scan keeps nothing of
-/// its own: its backward recomputes the chunk states (into the shared
-/// [`SsdScanScratch`], in bf16 in those same runs).
+/// d_inner + cd + heads`). `zx`, `uc`, `y` and `g` are bf16 alone in bf16
+/// runs with `bf16_acts` (f32 otherwise); `dt` is f32 in every precision.
+/// The scan keeps nothing of its own: its backward recomputes the chunk
+/// states (into the shared [`SsdScanScratch`], in bf16 in those same runs,
+/// as `uc`: [`kernels::mamba::SsdStates`]).
 pub(crate) struct SsdActs {
     /// 1/rms of each row of the block's input, `[rows]`.
     pub rstd: CudaSlice<f32>,
     /// in_proj output, `[rows, w]`: z, then x, B, C, then dt_raw.
     pub zx: ActBuf,
     /// `SiLU(conv(x | B | C))`, `[rows, cd]` (the scan's x, B and C).
-    pub uc: CudaSlice<f32>,
+    pub uc: ActBuf,
     /// `softplus(dt_raw + dt_bias)` per head, `[rows, heads]`.
     pub dt: CudaSlice<f32>,
     /// Scan output `y` (with `D x`), `[rows, d_inner]` (the gate's backward).
@@ -643,7 +643,8 @@ pub(crate) fn ssd_in_width(cfg: &ModelConfig) -> usize {
 /// The Mamba-2 buffers of a workspace: `sets` block activation sets
 /// (shared by all blocks when `shared`; `label` names them), the scan's
 /// scratch and the backward's buffers ([`SsdBufs`]); `bf16`: the bf16 GEMM
-/// operand copies; `half_acts`: `zx` and `y` in bf16 alone.
+/// operand copies; `half_acts`: `zx`, `uc`, `y`, `g` and the scan's states
+/// in bf16 alone.
 fn ssd_bufs(
     a: &mut Alloc<'_>,
     cfg: &ModelConfig,
@@ -661,7 +662,7 @@ fn ssd_bufs(
         acts.push(SsdActs {
             rstd: a.zeros(&w_("rstd"), rows)?,
             zx: a.act(half_acts, &w_("in_proj output"), rows * w)?,
-            uc: a.zeros(&w_("conv output"), rows * cd)?,
+            uc: a.act(half_acts, &w_("conv output"), rows * cd)?,
             dt: a.zeros(&w_("dt"), rows * heads)?,
             y: a.act(half_acts, &w_("scan output"), rows * di)?,
             g: a.act(half_acts, &w_("gated norm input"), rows * di)?,
