@@ -51,12 +51,12 @@
 //! Mamba-2 ([`crate::config::Arch::Mamba2`], any number of groups of B and
 //! C) runs through the same passes, workspace, graph and optimizer: its
 //! blocks are `ssd`'s, over the chunked SSD kernels
-//! ([`kernels::mamba::ssd`]). bf16 runs keep its in_proj output, scan
-//! output `y` and gated-norm input in bf16 alone (as Mamba-1's,
-//! [`CudaModel::set_bf16_acts`]), and so the SSD's entry states and their
-//! gradients between its kernels (as the reference keeps its passed
-//! states in the input's type; [`kernels::mamba::SsdStates`]); its conv
-//! output and `dt` stay f32; the GEMMs
+//! ([`kernels::mamba::ssd`]). bf16 runs keep its in_proj output, conv
+//! output (the SSD's x, B and C), scan output `y` and gated-norm input in
+//! bf16 alone (as Mamba-1's, [`CudaModel::set_bf16_acts`]), and so the
+//! SSD's entry states and their gradients between its kernels (as the
+//! reference keeps its passed states in the input's type;
+//! [`kernels::mamba::SsdStates`]); its `dt` stays f32; the GEMMs
 //! take the precision, and so do the scan's chunk products: f32
 //! FMAs in f32 runs, tf32 tensor cores in tf32 and bf16 runs
 //! ([`SsdProducts`]). Its chunk length is the kernels' constant, so it
@@ -297,16 +297,17 @@ impl CudaModel {
         });
     }
 
-    /// bf16 runs: whether the block's activations (in_proj's output `xz`,
-    /// the scan's `u`, `dt`, `y`) are kept in bf16 alone, each rounded once
-    /// where it is made (on, the default: SPEC's stored activations in
-    /// bf16), or in f32 (off). Unlike
-    /// [`Self::set_bf16_copies`] this changes values (one more bf16
-    /// rounding of each), so the two settings give different bits, each
-    /// deterministic; the checkpoint's precision is `bf16` either way. A
-    /// model with an odd `d_inner`, and every Mamba-2 model, keeps them in
-    /// f32. No effect in the
-    /// other precisions. The workspace is rebuilt at the next pass.
+    /// bf16 runs: whether the block's activations (Mamba-1: in_proj's
+    /// output `xz`, the scan's `u`, `dt`, `y`; Mamba-2: in_proj's output,
+    /// the conv output `uc` (the SSD's x, B, C), `y`, the gated-norm input
+    /// `g` and the SSD's entry states) are kept in bf16 alone, each rounded
+    /// once where it is made (on, the default: SPEC's stored activations in
+    /// bf16), or in f32 (off). Unlike [`Self::set_bf16_copies`] this
+    /// changes values (one more bf16 rounding of each), so the two settings
+    /// give different bits, each deterministic; the checkpoint's precision
+    /// is `bf16` either way. A Mamba-1 model with an odd `d_inner` keeps
+    /// them in f32. No effect in the other precisions. The workspace is
+    /// rebuilt at the next pass.
     pub fn set_bf16_acts(&mut self, on: bool) {
         self.set_options(WorkspaceOptions {
             bf16_acts: on,
