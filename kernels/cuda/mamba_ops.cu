@@ -397,15 +397,15 @@ extern "C" __global__ void mamba_dt_softplus(float* __restrict__ raw,
 }
 
 // The gate's backward at one element, out = y * SiLU(z) with gradient g:
-// d y = g * z * sigmoid(z) -> *dy; d z = g * y * SiLU'(z) -> dz / dz_h at i
-// (either may be null).
-static __device__ __forceinline__ void gate_bwd_at(float g, float yv, float zv,
-                                                   float* __restrict__ dy,
-                                                   float* __restrict__ dz,
-                                                   unsigned short* __restrict__ dz_h, long long i) {
+// d z = g * y * SiLU'(z) -> dz / dz_h at i (either may be null); returns
+// d y = g * z * sigmoid(z), which the caller stores.
+static __device__ __forceinline__ float gate_bwd_at(float g, float yv, float zv,
+                                                    float* __restrict__ dz,
+                                                    unsigned short* __restrict__ dz_h,
+                                                    long long i) {
     const float s = sigmoidf_(zv);
-    *dy = g * (zv * s);
     store_f32_bf16(dz, dz_h, i, g * yv * (s * (1.0f + zv * (1.0f - s))));
+    return g * (zv * s);
 }
 
 // Backward of out = y * SiLU(z): dy = dout * SiLU(z) -> dy (ld D);
@@ -430,7 +430,7 @@ extern "C" __global__ void mamba_gate_bwd(const float* __restrict__ dout,
     if (c >= D) return;
     const float zv = load_f32_bf16(z, z_h, m * ldz + c);
     const float yv = load_f32_bf16(y, y_h, m * D + c);
-    gate_bwd_at(dout[m * D + c], yv, zv, dy + m * D + c, dz, dz_h, m * ldz + c);
+    dy[m * D + c] = gate_bwd_at(dout[m * D + c], yv, zv, dz, dz_h, m * ldz + c);
     store_f32_bf16(g_out, g_h, m * D + c, gate_out(yv, zv));
 }
 
@@ -438,7 +438,8 @@ extern "C" __global__ void mamba_gate_bwd(const float* __restrict__ dout,
 // row: the norm's input gradient dg (mamba_rmsnorm_bwd's expressions, over
 // the norm's input g, f32 or kept in bf16 in g_h) is never stored; it goes
 // through the gate out = y * SiLU(z) (mamba_gate_bwd's expressions) into dy
-// (f32, ld D) and dz (f32 and / or bf16, ld ldz). The bits of
+// (f32 and / or bf16 in dy_h, ld D: Mamba-2's bf16 runs keep the SSD's dy
+// in bf16 alone) and dz (f32 and / or bf16, ld ldz). The bits of
 // mamba_rmsnorm_bwd into an f32 dg followed by mamba_gate_bwd (the emulated
 // ops check compares them). dgn is the gradient of the norm's output, [M, D].
 // grid ceil(M / 8), block 256.
@@ -447,7 +448,8 @@ extern "C" __global__ void mamba_gated_norm_bwd(
     const float* __restrict__ w, const float* __restrict__ rstd, const float* __restrict__ y,
     const unsigned short* __restrict__ y_h, const float* __restrict__ z,
     const unsigned short* __restrict__ z_h, long long ldz, float* __restrict__ dy,
-    float* __restrict__ dz, unsigned short* __restrict__ dz_h, long long M, int D) {
+    unsigned short* __restrict__ dy_h, float* __restrict__ dz, unsigned short* __restrict__ dz_h,
+    long long M, int D) {
     const long long m = (long long)blockIdx.x * 8 + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (m >= M) return;
@@ -459,7 +461,7 @@ extern "C" __global__ void mamba_gated_norm_bwd(
         const float dg = rmsnorm_bwd_at(r, w[c], gr[c], load_f32_bf16(g, g_h, m * D + c), k);
         const float zv = load_f32_bf16(z, z_h, m * ldz + c);
         const float yv = load_f32_bf16(y, y_h, m * D + c);
-        gate_bwd_at(dg, yv, zv, dy + m * D + c, dz, dz_h, m * ldz + c);
+        store_f32_bf16(dy, dy_h, m * D + c, gate_bwd_at(dg, yv, zv, dz, dz_h, m * ldz + c));
     }
 }
 
@@ -467,12 +469,13 @@ extern "C" __global__ void mamba_gated_norm_bwd(
 //   mode 0: a[m, c]
 //   mode 1: a[m, c] * b[m, c]
 //   mode 2: a[m, c] * b[m, c] * rs[m]
-// (a with ld lda, b with ld ldb; b is f32, or bf16 in b_h when b is null;
-// unused operands may be any valid pointer).
+// (a with ld lda, b with ld ldb; each f32, or bf16 in a_h / b_h when a / b
+// is null; the operands a mode does not read may be null).
 // Block: 32 columns x 8 row lanes, fixed tree over the lanes.
 // grid (nslabs, ceil(C / 32)), block 256.
-extern "C" __global__ void mamba_colsum_partial(const float* __restrict__ a, long long lda,
-                                                const float* __restrict__ b,
+extern "C" __global__ void mamba_colsum_partial(const float* __restrict__ a,
+                                                const unsigned short* __restrict__ a_h,
+                                                long long lda, const float* __restrict__ b,
                                                 const unsigned short* __restrict__ b_h,
                                                 long long ldb, const float* __restrict__ rs,
                                                 int mode,
@@ -485,7 +488,7 @@ extern "C" __global__ void mamba_colsum_partial(const float* __restrict__ a, lon
     float acc = 0.0f;
     if (c < C) {
         for (long long m = r0 + ty; m < r1; m += 8) {
-            float v = a[m * lda + c];
+            float v = load_f32_bf16(a, a_h, m * lda + c);
             if (mode >= 1) v = v * load_f32_bf16(b, b_h, m * ldb + c);
             if (mode == 2) v = v * rs[m];
             acc = acc + v;

@@ -89,12 +89,11 @@ MAMBA_SSD_CB(mamba_ssd_cb_tc_h, unsigned short)
 // 16-byte aligned (`vec`), else 4-byte ones; either lands the same values.
 // grid (B, H, ceil(P / 64) * ceil(N / 64)), block kThreads.
 //
-// The kept tensors are S (ssd_tc_tiles.cuh): Y (B or C) is read and the
-// states are written as f32, or as bf16 (mamba_ssd_state_scan_tc_h); X is
-// TX: x (kept as S) in mode 0, dy (f32) in mode 1. The carry stays f32
-// either way.
-template <class S, class TX>
-__device__ __forceinline__ void state_scan_tc(const TX* __restrict__ X, long long ldx,
+// The kept tensors are S (ssd_tc_tiles.cuh): X (x or dy) and Y (B or C)
+// are read and the states written as f32, or as bf16
+// (mamba_ssd_state_scan_tc_h). The carry stays f32 either way.
+template <class S>
+__device__ __forceinline__ void state_scan_tc(const S* __restrict__ X, long long ldx,
                                               const S* __restrict__ Y, long long ldy,
                                               int y_off, const float* __restrict__ dt,
                                               const float* __restrict__ s, S* __restrict__ out,
@@ -176,7 +175,7 @@ __device__ __forceinline__ void state_scan_tc(const TX* __restrict__ X, long lon
         const float* wk = sw[buf];
         Tile t;
         t.zero();
-        t.mma_a([&](int r, int j) { return wk[j] * tile_at<kKm, TX>(sX, j, w.r0 + r); },
+        t.mma_a([&](int r, int j) { return wk[j] * tile_at<kKm, S>(sX, j, w.r0 + r); },
                 tile_of<kKm, S>(sY) + w.c0, tile_ld<kKm, S>, 1, (ck.q + 7) / 8);
         const float decay = sdecay[buf];
         S* o = out + ((long long)(b * nc + chunk_at(k)) * H + h) * P * N;
@@ -204,22 +203,12 @@ __device__ __forceinline__ void state_scan_tc(const TX* __restrict__ X, long lon
 }
 
 // The entry points of each kept type (S): the f32 kernel, and its _h twin
-// whose kept tensors are unsigned short (bf16). X is given as f32 (X) or,
-// in the _h twin, as bf16 (Xh, when not null: mode 0's x); the f32 kernel
-// ignores Xh.
+// whose kept tensors are unsigned short (bf16).
 #define MAMBA_SSD_STATE_SCAN(name, S)                                                       \
     extern "C" __global__ void __launch_bounds__(kThreads, 3)                               \
-        name(const float* __restrict__ X, const unsigned short* __restrict__ Xh,            \
-             long long ldx, const S* __restrict__ Y, long long ldy, int y_off,              \
-             const float* __restrict__ dt, const float* __restrict__ s, S* __restrict__ out,\
-             int T, int H, int P, int N, int hpg, int nc, int mode) {                       \
-        if constexpr (sizeof(S) == 2) {                                                     \
-            if (Xh) {                                                                       \
-                state_scan_tc(Xh, ldx, Y, ldy, y_off, dt, s, out, T, H, P, N, hpg, nc,      \
-                              mode);                                                        \
-                return;                                                                     \
-            }                                                                               \
-        }                                                                                   \
+        name(const S* __restrict__ X, long long ldx, const S* __restrict__ Y, long long ldy, \
+             int y_off, const float* __restrict__ dt, const float* __restrict__ s,          \
+             S* __restrict__ out, int T, int H, int P, int N, int hpg, int nc, int mode) {  \
         state_scan_tc(X, ldx, Y, ldy, y_off, dt, s, out, T, H, P, N, hpg, nc, mode);        \
     }
 MAMBA_SSD_STATE_SCAN(mamba_ssd_state_scan_tc, float)
@@ -374,14 +363,14 @@ MAMBA_SSD_CHUNK_OUT(mamba_ssd_chunk_out_tc_h, unsigned short)
 
 // mamba_ssd_bwd_qq on tensor cores (its arguments, then the group's C B^T
 // from mamba_ssd_cb_tc; the same outputs): dd = dy x^T by mma, then the
-// same weights and the same serial row / column sums; x kept as S
-// (mamba_ssd_bwd_qq_tc_h: bf16, widened as it is staged). grid (nbc, H),
-// block kThreads.
+// same weights and the same serial row / column sums; x and dy kept as S
+// (mamba_ssd_bwd_qq_tc_h: bf16, widened as they are staged). grid (nbc,
+// H), block kThreads.
 template <class S>
 __device__ __forceinline__ void bwd_qq_tc(const S* __restrict__ xbc, long long ldu,
                                           const float* __restrict__ dt,
                                           const float* __restrict__ s,
-                                          const float* __restrict__ dy, float* __restrict__ Mq,
+                                          const S* __restrict__ dy, float* __restrict__ Mq,
                                           float* __restrict__ Pq, float* __restrict__ ds_in,
                                           float* __restrict__ ddt_in, int T, int H, int P,
                                           int hpg, int nc, const float* __restrict__ cbg) {
@@ -450,7 +439,7 @@ __device__ __forceinline__ void bwd_qq_tc(const S* __restrict__ xbc, long long l
     extern "C" __global__ void __launch_bounds__(kThreads)                                   \
         name(const S* __restrict__ xbc, long long ldu, int b_off, int c_off,                 \
              const float* __restrict__ dt, const float* __restrict__ s,                      \
-             const float* __restrict__ dy, float* __restrict__ Mq, float* __restrict__ Pq,   \
+             const S* __restrict__ dy, float* __restrict__ Mq, float* __restrict__ Pq,       \
              float* __restrict__ ds_in, float* __restrict__ ddt_in, int T, int H, int P,     \
              int N, int hpg, int nc, const float* __restrict__ cbg) {                        \
         bwd_qq_tc(xbc, ldu, dt, s, dy, Mq, Pq, ds_in, ddt_in, T, H, P, hpg, nc, cbg);        \
@@ -471,13 +460,13 @@ MAMBA_SSD_BWD_QQ(mamba_ssd_bwd_qq_tc_h, unsigned short)
 // cp.async, the next tile in flight while the current one's mma runs; the
 // dots and D dy read the staged dy. The sums and their order are the
 // register-staged kernel's (32-state mma steps, 32-row tiles of M^T dy).
-// In mamba_ssd_bwd_dx_tc_h the kept tensors (S: x, B, C, H and dS) are
+// In mamba_ssd_bwd_dx_tc_h the kept tensors (S: x, B, C, dy, H and dS) are
 // bf16, staged as bf16 as in chunk_out_tc.
 template <class S>
 __device__ __forceinline__ void bwd_dx_tc(
     const S* __restrict__ xbc, long long ldu, int b_off, int c_off,
     const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ dpar,
-    const float* __restrict__ dy, const float* __restrict__ Mq, const S* __restrict__ st,
+    const S* __restrict__ dy, const float* __restrict__ Mq, const S* __restrict__ st,
     const S* __restrict__ dst, float* __restrict__ dxbc, long long lddx,
     float* __restrict__ rst, float* __restrict__ o_row, float* __restrict__ dsh, int T, int H,
     int P, int N, int hpg, int nc) {
@@ -490,7 +479,7 @@ __device__ __forceinline__ void bwd_dx_tc(
     __shared__ float ss[kQ], sdt[kQ], se[kQ];
     __shared__ float sdot[2][2][kQ];  // [rst / o_row][column half][row]
     __shared__ float sred[kThreads / 32];
-    float* const sDy = smem;  // dy of the channels p0.., step-major [i][kKm]
+    float* const sDy = smem;  // dy of the channels p0.., step-major [i][.]
     auto sA = [&](int buf) { return smem + kStateScanTile + buf * 2 * kOutStateTile; };
     auto sB = [&](int buf) { return sA(buf) + kOutStateTile; };
     const int bc = blockIdx.x, h = blockIdx.y, g = h / hpg;
@@ -498,20 +487,22 @@ __device__ __forceinline__ void bwd_dx_tc(
     const int tid = threadIdx.x;
     const long long E = (long long)H * P;
     const S* rows = xbc + ck.m0 * ldu;
-    const float* dyr = dy + ck.m0 * E + (long long)h * P;
+    const S* dyr = dy + ck.m0 * E + (long long)h * P;
     const S* ds = dst + ((long long)bc * H + h) * P * N;
     const S* hst = st + ((long long)bc * H + h) * P * N;
     const float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
-    const bool vec_dy = kept_vec(dy, P) && kept_vec(Mq, 0);
+    const bool vec_dy = kept_vec(dy, P), vec_m = kept_vec(Mq, 0);
     const bool vec_u = kept_vec(xbc, ldu | N | b_off | c_off);
     const bool vec_st = kept_vec(st, N) && kept_vec(dst, N);
     // M (every step of it, the first tile only) and dy of the channels p0..
     auto stage_dy = [&](int p0) {
-        tile_pieces(vec_dy, [&](int r, int c, int width) {
-            if (p0 == 0) cp_async_piece(sM + r * kKm + c, mq + r * kQ + c, true, width);
-            cp_async_piece(sDy + r * kKm + c, dyr + r * E + p0 + c, r < ck.q && p0 + c < P,
-                           width);
-        });
+        if (p0 == 0) {
+            tile_pieces(vec_m, [&](int r, int c, int width) {
+                cp_async_piece(sM + r * kKm + c, mq + r * kQ + c, true, width);
+            });
+        }
+        stage_tile<kKm>(sDy, dyr + p0, E, vec_dy,
+                        [&](int r, int c) { return r < ck.q && p0 + c < P; });
         cp_async_commit();
     };
     // State tile k of the two products: k < ntn the (C, H) tile k, else the
@@ -569,7 +560,7 @@ __device__ __forceinline__ void bwd_dx_tc(
                     for (int e = 0; e < 4; ++e) {
                         const int i = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(q, e);
                         if (i < ck.q && p0 + pp < P) {
-                            po[e >> 1] = po[e >> 1] + sDy[i * kKm + pp] * t.acc[q][e];
+                            po[e >> 1] = po[e >> 1] + tile_at<kKm, S>(sDy, i, pp) * t.acc[q][e];
                         }
                     }
                 t.zero();
@@ -591,7 +582,9 @@ __device__ __forceinline__ void bwd_dx_tc(
         // tiles below its first row.
         for (int i0 = 0; i0 < ck.q; i0 += kKt) {
             if (i0 + kKt > w.r0) {
-                t.mma(sM + i0 * kKm + w.r0, 1, kKm, sDy + i0 * kKm + w.c0, kKm, 1, kKt / 8);
+                constexpr int ldy = tile_ld<kKm, S>;
+                t.mma(sM + i0 * kKm + w.r0, 1, kKm, tile_of<kKm, S>(sDy) + i0 * ldy + w.c0, ldy,
+                      1, kKt / 8);
             }
         }
 #pragma unroll
@@ -601,7 +594,7 @@ __device__ __forceinline__ void bwd_dx_tc(
                 const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(q, e);
                 if (j >= ck.q || p0 + pp >= P) continue;
                 const long long col = (long long)h * P + p0 + pp;
-                dxbc[(ck.m0 + j) * lddx + col] = t.acc[q][e] + dh * sDy[j * kKm + pp];
+                dxbc[(ck.m0 + j) * lddx + col] = t.acc[q][e] + dh * tile_at<kKm, S>(sDy, j, pp);
             }
     }
     // A row's dots: its quad's four lanes, then the two column halves.
@@ -639,7 +632,7 @@ __device__ __forceinline__ void bwd_dx_tc(
     extern "C" __global__ void __launch_bounds__(kThreads, 2)                                \
         name(const S* __restrict__ xbc, long long ldu, int b_off, int c_off,                 \
              const float* __restrict__ dt, const float* __restrict__ s,                      \
-             const float* __restrict__ dpar, const float* __restrict__ dy,                   \
+             const float* __restrict__ dpar, const S* __restrict__ dy,                       \
              const float* __restrict__ Mq, const S* __restrict__ st,                         \
              const S* __restrict__ dst, float* __restrict__ dxbc, long long lddx,            \
              float* __restrict__ rst, float* __restrict__ o_row, float* __restrict__ dsh,    \
@@ -657,12 +650,12 @@ MAMBA_SSD_BWD_DX(mamba_ssd_bwd_dx_tc_h, unsigned short)
 // factor multiplies the head's product, not its operand). The tiles of all
 // heads run as one contraction, its operands staged by cp.async
 // (contract_async: no register holds them; in mamba_ssd_bwd_dbc_tc_h the
-// kept tensors, S: x, B, C and the states, are staged as bf16). grid (nbc,
-// G, 2 ceil(N / 64)), block kThreads.
+// kept tensors, S: x, B, C, dy and the states, are staged as bf16). grid
+// (nbc, G, 2 ceil(N / 64)), block kThreads.
 template <class S>
 __device__ __forceinline__ void bwd_dbc_tc(
     const S* __restrict__ xbc, long long ldu, int b_off, int c_off,
-    const float* __restrict__ dt, const float* __restrict__ s, const float* __restrict__ dy,
+    const float* __restrict__ dt, const float* __restrict__ s, const S* __restrict__ dy,
     const float* __restrict__ psum, const S* __restrict__ st, const S* __restrict__ dst,
     float* __restrict__ dxbc, long long lddx, int T, int H, int P, int N, int hpg, int nc) {
     // Two buffers of each operand tile (contract_async).
@@ -679,6 +672,7 @@ __device__ __forceinline__ void bwd_dbc_tc(
     const float* ps = psum + ((long long)bc * G + g) * kQ * kQ;
     const bool vec_u = kept_vec(xbc, ldu | P | N | b_off | c_off);
     const bool vec_st = kept_vec(st, N) && kept_vec(dst, N);
+    const bool vec_a = want_c ? kept_vec(dy, P) : vec_u;
     const Share w = share();
     Tile t;
     t.zero();
@@ -737,27 +731,17 @@ __device__ __forceinline__ void bwd_dbc_tc(
 #pragma unroll
             for (int e = 0; e < 4; ++e) t.acc[nt][e] = t.acc[nt][e] + f[e >> 1] * th.acc[nt][e];
     };
-    // The heads' contraction over A = a0's rows (x kept as S for dB, dy
-    // for dC), lda apart.
-    const auto heads = [&](const auto* a0, int lda, bool vec_a) {
-        using TA = typename Pointee<decltype(a0)>::type;
-        const auto a_at = [&](int k, int r, int kk) -> const TA* {
-            const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
-            return r < ck.q && p < P ? a0 + r * lda + h * P + p : nullptr;
-        };
-        contract_async<Rows, Steps>(hpg * ptiles, sA, sB, kStage, vec_a, vec_st, a_at, m_at,
-                                    [&](int k, const TA* a, const S* b) {
-                                        th_step(k, [&] { mma_staged<Rows, Steps>(th, w, a, b); });
-                                    });
+    // A: x (for dB) or dy (for dC), lda apart.
+    const S* a0 = want_c ? dy + ck.m0 * E : rows;
+    const int lda = want_c ? (int)E : ldi;
+    const auto a_at = [&](int k, int r, int kk) -> const S* {
+        const int h = g * hpg + k / ptiles, p = k % ptiles * kKt + kk;
+        return r < ck.q && p < P ? a0 + r * lda + h * P + p : nullptr;
     };
-    if constexpr (sizeof(S) == 4) {
-        // One contraction of f32 operands (one copy of its code).
-        heads(want_c ? dy + ck.m0 * E : rows, want_c ? (int)E : ldi, false);
-    } else if (want_c) {
-        heads(dy + ck.m0 * E, (int)E, false);
-    } else {
-        heads(rows, ldi, vec_u);
-    }
+    contract_async<Rows, Steps>(hpg * ptiles, sA, sB, kStage, vec_a, vec_st, a_at, m_at,
+                                [&](int k, const S* a, const S* b) {
+                                    th_step(k, [&] { mma_staged<Rows, Steps>(th, w, a, b); });
+                                });
     const int col0 = (want_c ? c_off : b_off) + g * N + n0;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -772,7 +756,7 @@ __device__ __forceinline__ void bwd_dbc_tc(
     extern "C" __global__ void __launch_bounds__(kThreads, 2)                                \
         name(const S* __restrict__ xbc, long long ldu, int b_off, int c_off,                 \
              const float* __restrict__ dt, const float* __restrict__ s,                      \
-             const float* __restrict__ dy, const float* __restrict__ psum,                   \
+             const S* __restrict__ dy, const float* __restrict__ psum,                       \
              const S* __restrict__ st, const S* __restrict__ dst, float* __restrict__ dxbc,  \
              long long lddx, int T, int H, int P, int N, int hpg, int nc) {                  \
         bwd_dbc_tc(xbc, ldu, b_off, c_off, dt, s, dy, psum, st, dst, dxbc, lddx, T, H, P, N, \

@@ -42,10 +42,11 @@ using namespace mamba_ssd;
 constexpr int kKm = kQ + 8;
 
 // How the SSD's kept tensors are held between its kernels: the scan's
-// inputs x, B and C (the conv output) and the chunks' entry states and
-// their gradients are f32 (tf32 runs), or their bf16 rounding alone (bf16
-// runs: SPEC's stored activations, and the reference keeps its passed
-// states in the input's type); dy, dt and the running sums stay f32. The
+// inputs x, B and C (the conv output), the gradient of its output dy and
+// the chunks' entry states and their gradients are f32 (tf32 runs), or
+// their bf16 rounding alone (bf16 runs: SPEC's stored activations, and the
+// reference keeps its passed states in the input's type); dt and the
+// running sums stay f32. The
 // kernels that read or make them are templates over that type S. A bf16
 // value is widened to f32 where it is read (exact), so a product reads the
 // values an f32 kernel fed the bf16 rounding would read, in the same

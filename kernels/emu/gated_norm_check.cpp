@@ -4,7 +4,8 @@
 // then mamba_gate_bwd: dy and dz bit for bit, over shapes with widths below,
 // at and past a warp, a row count that leaves a block part-empty, g / y / z
 // in f32 or kept in bf16, z and dz in a wider matrix (ld > D), and dz
-// written as f32, bf16 or both; and both against the backward in f64
+// written as f32, bf16 or both (dy with its bf16 rounding too when the
+// inputs are bf16); and both against the backward in f64
 // written from the equations. Built and run by
 // kernels/src/mamba/gated_norm_emu_tests.rs. EMU_NEGATIVE=1 feeds the fused
 // kernel one wrong dgn element (the two kernels and the oracle keep the
@@ -84,16 +85,21 @@ int main() {
         // The fused kernel.
         if (EMU_NEGATIVE) dgnf[(size_t)(M / 2) * D + D / 2] += 0.25f;
         std::vector<float> dy((size_t)M * D, NAN), dz((size_t)M * ldz, NAN);
-        std::vector<unsigned short> dzh((size_t)M * ldz, 0xffff);
+        std::vector<unsigned short> dzh((size_t)M * ldz, 0xffff), dyh((size_t)M * D, 0xffff);
         float* dzf = cs.out & 1 ? dz.data() : nullptr;
         unsigned short* dzhp = cs.out & 2 ? dzh.data() : nullptr;
+        // bf16 inputs: dy also as its bf16 copy (Mamba-2's bf16 runs keep it so).
+        unsigned short* dyhp = cs.half ? dyh.data() : nullptr;
         emu_launch({blocks, 1, 1}, EMU_BLOCK, 0, [&] {
             mamba_gated_norm_bwd(dgnf.data(), g, g_h, w.data(), rstd.data(), y, y_h, z, z_h, ldz, dy.data(),
-                                 dzf, dzhp, M, D);
+                                 dyhp, dzf, dzhp, M, D);
         });
-        const bool same = !std::memcmp(dy.data(), dy2.data(), dy.size() * 4) &&
-                          !std::memcmp(dz.data(), dz2.data(), dz.size() * 4) &&
-                          !std::memcmp(dzh.data(), dz2h.data(), dzh.size() * 2);
+        bool same = !std::memcmp(dy.data(), dy2.data(), dy.size() * 4) &&
+                    !std::memcmp(dz.data(), dz2.data(), dz.size() * 4) &&
+                    !std::memcmp(dzh.data(), dz2h.data(), dzh.size() * 2);
+        for (size_t i = 0; cs.half && i < dy2.size(); ++i) {
+            same = same && dyh[i] == (unsigned short)mamba::bf16_rne(dy2[i]);
+        }
         fails += !same;
         // f64 oracle of dy and dz from the equations, with the same rstd.
         std::vector<double> edy((size_t)M * D), edz((size_t)M * D);

@@ -35,10 +35,9 @@ static const auto bwd_dbc = EMU_TC ? mamba_ssd_bwd_dbc_tc : mamba_ssd_bwd_dbc;
 // 3e-4 relative, the gradients' about twice that.
 static const double kTolFwd = EMU_TC ? 1e-3 : 2e-6;
 static const double kTolBwd = EMU_TC ? 2e-3 : 1e-5;
-// The bf16 kernels of bf16 runs: each kept x, B, C and entry state carries
-// 2^-9 relative rounding (about 1.1e-3 RMS) on top of tf32's, and y, d x,
-// d B and d C each read three or four such factors: measured 1.0e-3 to
-// 2.8e-3 on these shapes.
+// The bf16 kernels of bf16 runs: each kept x, B, C, dy and entry state
+// carries 2^-9 relative rounding (about 1.1e-3 RMS) on top of tf32's, and
+// y, d x, d B and d C each read three or four such factors.
 static const double kTolStatesH = 5e-3;
 
 // pad: the conv output's columns past x, B and C (odd: rows unaligned, the
@@ -144,8 +143,8 @@ int main() {
             if (EMU_TC) {
                 emu_launch({(unsigned)B, (unsigned)H, (unsigned)tiles_state}, kThreads,
                            kStateScanSmemFloats, [&] {
-                    mamba_ssd_state_scan_tc(Xp, nullptr, ldx, Yp, ldu, y_off, fdt.data(),
-                                            s.data(), out.data(), T, H, P, N, hpg, nc, mode);
+                    mamba_ssd_state_scan_tc(Xp, ldx, Yp, ldu, y_off, fdt.data(), s.data(),
+                                            out.data(), T, H, P, N, hpg, nc, mode);
                 });
                 return;
             }
@@ -252,11 +251,12 @@ int main() {
         emu_launch({blocks(H), 1, 1}, 256, 0, [&] {
             mamba_ssd_dalog(da_part.data(), fal.data(), da_log.data(), H, nbc);
         });
-        // bf16 runs keep the scan's inputs x, B, C and the entry states and
-        // their gradients in bf16 (the _h kernels): each _h kernel gives the
-        // bits of its f32 twin fed the bf16 rounding of what it reads (x, B,
-        // C, and the states the _h state scan stored: the rounding of the
-        // f32 scan's states of the rounded inputs), compared bit for bit
+        // bf16 runs keep the scan's inputs x, B, C, dy and the entry states
+        // and their gradients in bf16 (the _h kernels): each _h kernel gives
+        // the bits of its f32 twin fed the bf16 rounding of what it reads
+        // (x, B, C, dy, and the states the _h state scan stored: the
+        // rounding of the f32 scan's states of the rounded inputs), compared
+        // bit for bit
         // (C B^T, the entry states and their gradients, y, the gate, the Q x
         // Q outputs, d x, d B, d C and the dot terms), and is within bf16's
         // tolerance of the oracle.
@@ -276,23 +276,23 @@ int main() {
             auto differ = [](const std::vector<float>& a, const std::vector<float>& b) {
                 return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0;
             };
-            const auto fxh = rne(fx);
-            const auto fxw = widen(fxh);
-            auto states_h = [&](std::vector<unsigned short>& out, const float* Xp,
-                                const unsigned short* Xh, long long ldx, int y_off, int mode) {
+            const auto fxh = rne(fx), fdyh = rne(fdy);
+            const auto fxw = widen(fxh), fdyw = widen(fdyh);
+            auto states_h = [&](std::vector<unsigned short>& out, const unsigned short* Xh,
+                                long long ldx, int y_off, int mode) {
                 emu_launch({(unsigned)B, (unsigned)H, (unsigned)tiles_state}, kThreads,
                            kStateScanSmemFloats, [&] {
-                    mamba_ssd_state_scan_tc_h(Xp, Xh, ldx, fxh.data(), ldu, y_off, fdt.data(),
+                    mamba_ssd_state_scan_tc_h(Xh, ldx, fxh.data(), ldu, y_off, fdt.data(),
                                               s.data(), out.data(), T, H, P, N, hpg, nc, mode);
                 });
             };
             std::vector<float> stw_f(st_len, nan), dstw_f(st_len, nan);
             states(stw_f, fxw.data(), ldu, fxw.data(), b_off, 0);
-            states(dstw_f, fdy.data(), E, fxw.data(), c_off, 1);
+            states(dstw_f, fdyw.data(), E, fxw.data(), c_off, 1);
             std::vector<unsigned short> sth(st_len, 0xffff), dsth(st_len, 0xffff);
-            states_h(sth, nullptr, fxh.data(), ldu, b_off, 0);
+            states_h(sth, fxh.data(), ldu, b_off, 0);
             states_bad += sth != rne(stw_f);
-            states_h(dsth, fdy.data(), nullptr, E, c_off, 1);
+            states_h(dsth, fdyh.data(), E, c_off, 1);
             states_bad += dsth != rne(dstw_f);
             const auto stw = widen(sth), dstw = widen(dsth);
             std::vector<float> cbw(psum_len, nan), cbh(psum_len, nan);
@@ -323,12 +323,12 @@ int main() {
                 dta((size_t)M * H, nan), dtb((size_t)M * H, nan);
             emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
                 mamba_ssd_bwd_qq_tc(fxw.data(), ldu, b_off, c_off, fdt.data(), s.data(),
-                                    fdy.data(), mqa.data(), pqa.data(), dia.data(), dta.data(),
+                                    fdyw.data(), mqa.data(), pqa.data(), dia.data(), dta.data(),
                                     T, H, P, N, hpg, nc, cbw.data());
             });
             emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, 0, [&] {
                 mamba_ssd_bwd_qq_tc_h(fxh.data(), ldu, b_off, c_off, fdt.data(), s.data(),
-                                      fdy.data(), mqb.data(), pqb.data(), dib.data(), dtb.data(),
+                                      fdyh.data(), mqb.data(), pqb.data(), dib.data(), dtb.data(),
                                       T, H, P, N, hpg, nc, cbh.data());
             });
             states_bad += differ(mqa, mqb) || differ(pqa, pqb) || differ(dia, dib) ||
@@ -338,13 +338,13 @@ int main() {
                 dsa((size_t)nbc * H, nan), dsb((size_t)nbc * H, nan);
             emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, kStagedSmemFloats, [&] {
                 mamba_ssd_bwd_dx_tc(fxw.data(), ldu, b_off, c_off, fdt.data(), s.data(),
-                                    fdp.data(), fdy.data(), mqa.data(), stw.data(), dstw.data(),
+                                    fdp.data(), fdyw.data(), mqa.data(), stw.data(), dstw.data(),
                                     dxa.data(), ldu, rsa.data(), ora.data(), dsa.data(), T, H, P,
                                     N, hpg, nc);
             });
             emu_launch({(unsigned)nbc, (unsigned)H, 1}, kThreads, kStagedSmemFloats, [&] {
                 mamba_ssd_bwd_dx_tc_h(fxh.data(), ldu, b_off, c_off, fdt.data(), s.data(),
-                                      fdp.data(), fdy.data(), mqb.data(), sth.data(),
+                                      fdp.data(), fdyh.data(), mqb.data(), sth.data(),
                                       dsth.data(), dxbc_h.data(), ldu, rsb.data(), orb.data(),
                                       dsb.data(), T, H, P, N, hpg, nc);
             });
@@ -355,12 +355,12 @@ int main() {
             });
             emu_launch({(unsigned)nbc, (unsigned)G, (unsigned)(2 * ntn)}, kThreads, 0, [&] {
                 mamba_ssd_bwd_dbc_tc(fxw.data(), ldu, b_off, c_off, fdt.data(), s.data(),
-                                     fdy.data(), psw.data(), stw.data(), dstw.data(),
+                                     fdyw.data(), psw.data(), stw.data(), dstw.data(),
                                      dxa.data(), ldu, T, H, P, N, hpg, nc);
             });
             emu_launch({(unsigned)nbc, (unsigned)G, (unsigned)(2 * ntn)}, kThreads, 0, [&] {
                 mamba_ssd_bwd_dbc_tc_h(fxh.data(), ldu, b_off, c_off, fdt.data(), s.data(),
-                                       fdy.data(), psw.data(), sth.data(), dsth.data(),
+                                       fdyh.data(), psw.data(), sth.data(), dsth.data(),
                                        dxbc_h.data(), ldu, T, H, P, N, hpg, nc);
             });
             // NaN != NaN under memcmp too only when the bits differ: the

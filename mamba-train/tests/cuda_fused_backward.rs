@@ -298,6 +298,7 @@ fn gated_norm_backward_gives_the_bits_of_rmsnorm_bwd_then_gate_bwd() {
         let pair = outputs(&dy2, &dz2, &dz2_h);
         // The fused kernel.
         let (mut dy, mut dz, mut dz_h) = zeroed_outputs();
+        let mut dy_h = s.alloc_zeros::<u16>(rows * d).unwrap();
         kr.gated_norm_bwd(
             &s,
             &d_dgn.as_view(),
@@ -307,7 +308,7 @@ fn gated_norm_backward_gives_the_bits_of_rmsnorm_bwd_then_gate_bwd() {
             kept(1),
             kept(2),
             ldz,
-            &mut dy.as_view_mut(),
+            Store::Both(dy.as_view_mut(), dy_h.as_view_mut()),
             Store::Both(dz.as_view_mut(), dz_h.as_view_mut()),
             rows,
             d,
@@ -321,6 +322,18 @@ fn gated_norm_backward_gives_the_bits_of_rmsnorm_bwd_then_gate_bwd() {
         assert_eq!(
             fused, pair,
             "rows {rows}, d {d}, bf16 inputs {half}: the fused kernel's bits differ from the two kernels'"
+        );
+        // dy's bf16 copy (Mamba-2's bf16 runs keep dy so) is its rounding.
+        let want_h: Vec<u16> = s
+            .clone_dtoh(&dy2)
+            .unwrap()
+            .iter()
+            .map(|&v| kernels::mamba::f32_to_bf16_rne(v))
+            .collect();
+        assert_eq!(
+            s.clone_dtoh(&dy_h).unwrap(),
+            want_h,
+            "rows {rows}, d {d}, bf16 inputs {half}: dy's bf16 copy"
         );
     }
 }

@@ -30,13 +30,13 @@
 //!   backward and weight-gradient column sum give the same bits from a
 //!   bf16 input as from the f32 values it widens to (the gated norm's `g`).
 //! - `ssd_kept_in_bf16_gives_the_rounding_of_the_f32_states`: the
-//!   tensor-core SSD kernels with x, B, C, the entry states and state
-//!   gradients kept in bf16 (bf16 runs), fed x, B and C's rounding, store
-//!   the bf16 rounding of the states the f32 kernels make from that
+//!   tensor-core SSD kernels with x, B, C, dy, the entry states and state
+//!   gradients kept in bf16 (bf16 runs), fed x, B, C and dy's rounding,
+//!   store the bf16 rounding of the states the f32 kernels make from that
 //!   rounding bit for bit, and give `y` and every scan gradient within
 //!   2e-3 of that f32 run (and not its bits), the same bits twice, at the
 //!   130m head shape and a ragged d_state 20 one; the SIMT products refuse
-//!   bf16, and x, B, C and the states kept in two types are refused.
+//!   bf16, and x, B, C, dy and the states kept in two types are refused.
 //! - `the_bits_repeat_and_do_not_depend_on_recompute_or_the_chunk_size`:
 //!   one loss and gradient bit pattern on two fresh models (f32, bf16),
 //!   with `set_recompute(true)` (and less workspace), and for chunk sizes 4,
@@ -793,36 +793,38 @@ impl SsdBuffers {
 }
 
 /// The SSD kernels at `shape` on `inputs` (xbc, dt, A_log, D, z, dy: host
-/// values), `xbc` uploaded as its bf16 rounding alone when `xbc_half` and
-/// the states kept in bf16 when `half`, else f32.
+/// values), `xbc` and `dy` uploaded as their bf16 rounding alone when
+/// `xbc_half` / `dy_half`, and the states kept in bf16 when `half`, else
+/// f32.
 fn ssd_run(
     k: &kernels::mamba::MambaKernels,
     s: &std::sync::Arc<cudarc::driver::CudaStream>,
     shape: kernels::mamba::SsdShape,
     products: kernels::mamba::SsdProducts,
-    (xbc_half, half): (bool, bool),
+    (xbc_half, dy_half, half): (bool, bool, bool),
     inputs: &[Vec<f32>; 6],
 ) -> Result<SsdRun, kernels::KernelError> {
     use kernels::mamba::{SsdBackward, SsdForward, SsdInputs};
     let up = |v: &Vec<f32>| s.clone_htod(v).expect("upload");
     let [xbc, dt, a_log, d, z, dy] = inputs.each_ref().map(up);
-    let xbc_h = s
-        .clone_htod(
-            &inputs[0]
-                .iter()
-                .map(|&v| kernels::mamba::f32_to_bf16_rne(v))
-                .collect::<Vec<u16>>(),
-        )
-        .expect("upload");
+    let up_h = |v: &Vec<f32>| {
+        let h: Vec<u16> = v
+            .iter()
+            .map(|&x| kernels::mamba::f32_to_bf16_rne(x))
+            .collect();
+        s.clone_htod(&h).expect("upload")
+    };
+    let (xbc_h, dy_h) = (up_h(&inputs[0]), up_h(&inputs[5]));
     let (rows, inner, heads) = (shape.rows(), shape.inner(), shape.heads);
     let cd = shape.conv_channels();
     let mut bufs = SsdBuffers::new(s, shape.scratch_lens());
     let f = |n: usize| s.alloc_zeros::<f32>(n.max(1)).expect("alloc");
     let (mut y, mut gate) = (f(rows * inner), f(rows * inner));
     let (mut dxbc, mut ddt, mut dalog) = (f(rows * cd), f(rows * heads), f(heads));
-    let (xv, xhv, dtv, av, dv, zv, dyv) = (
+    let (xv, xhv, dyhv, dtv, av, dv, zv, dyv) = (
         xbc.as_view(),
         xbc_h.as_view(),
+        dy_h.as_view(),
         dt.as_view(),
         a_log.as_view(),
         d.as_view(),
@@ -861,7 +863,11 @@ fn ssd_run(
         inp,
         &mut bufs.views(half),
         SsdBackward {
-            dy: &dyv,
+            dy: if dy_half {
+                Stored::Bf16(&dyhv)
+            } else {
+                Stored::F32(&dyv)
+            },
             dxbc: &mut dxbc.as_view_mut(),
             lddx: cd,
             ddt_raw: Store::F32(ddt.as_view_mut()),
@@ -932,12 +938,15 @@ fn ssd_kept_in_bf16_gives_the_rounding_of_the_f32_states() {
             uni(-1.0, 1.0, rows * shape.inner()),
         ];
         let mut rounded = inputs.clone();
-        for v in rounded[0].iter_mut() {
-            *v = kernels::mamba::bf16_to_f32(kernels::mamba::f32_to_bf16_rne(*v));
+        for i in [0, 5] {
+            for v in rounded[i].iter_mut() {
+                *v = kernels::mamba::bf16_to_f32(kernels::mamba::f32_to_bf16_rne(*v));
+            }
         }
         let tf32 = SsdProducts::Tf32;
-        let wide = ssd_run(&k, &s, shape, tf32, (false, false), &rounded).expect("f32 kept");
-        let half = ssd_run(&k, &s, shape, tf32, (true, true), &inputs).expect("bf16 kept");
+        let (f32s, bf16s) = ((false, false, false), (true, true, true));
+        let wide = ssd_run(&k, &s, shape, tf32, f32s, &rounded).expect("f32 kept");
+        let half = ssd_run(&k, &s, shape, tf32, bf16s, &inputs).expect("bf16 kept");
         let rne = |bits: &[u32]| -> Vec<u32> {
             bits.iter()
                 .map(|&b| u32::from(kernels::mamba::f32_to_bf16_rne(f32::from_bits(b))))
@@ -971,23 +980,28 @@ fn ssd_kept_in_bf16_gives_the_rounding_of_the_f32_states() {
                 "shape {i}: {what} {d:.2e} from the f32-states run"
             );
         }
-        let again = ssd_run(&k, &s, shape, tf32, (true, true), &inputs).expect("again");
+        let again = ssd_run(&k, &s, shape, tf32, bf16s, &inputs).expect("again");
         assert_eq!(
             (digest(&again.y), digest(&again.grads)),
             (digest(&half.y), digest(&half.grads)),
             "shape {i}: bf16 states, a second run"
         );
         // The SIMT products keep f32 only: refused, naming them.
-        let e = ssd_run(&k, &s, shape, SsdProducts::F32, (true, true), &inputs)
+        let e = ssd_run(&k, &s, shape, SsdProducts::F32, bf16s, &inputs)
             .err()
             .expect("SIMT products with bf16 kept tensors")
             .to_string();
         assert!(e.contains("tensor-core products"), "{e}");
-        // The inputs and the states in two types: refused, naming both.
-        for kept in [(true, false), (false, true)] {
+        // The inputs, dy and the states in two types: refused.
+        for kept in [
+            (true, true, false),
+            (false, false, true),
+            (true, false, true),
+            (false, true, false),
+        ] {
             let e = ssd_run(&k, &s, shape, tf32, kept, &inputs)
                 .err()
-                .expect("xbc and the states kept in two types")
+                .expect("xbc, dy and the states kept in two types")
                 .to_string();
             assert!(e.contains("all f32 or all bf16"), "{kept:?}: {e}");
         }

@@ -287,7 +287,7 @@ impl MambaKernels {
         self.check_stream(K, stream)?;
         let n = check::mul(K, "dout", rows, d_inner)?;
         check::len(K, "dout", dout.len(), n)?;
-        check_gate_operands(K, y, z, ldz, dy, &dz, rows, d_inner)?;
+        check_gate_operands(K, y, z, ldz, dy.len(), &dz, rows, d_inner)?;
         g.check_each("g", |what, have| check::len(K, what, have, n))?;
         if rows == 0 || d_inner == 0 {
             return Ok(());
@@ -331,8 +331,9 @@ impl MambaKernels {
     /// Mamba-2's gated RMSNorm backward and the gate's in one pass: `dg`,
     /// what [`Self::rmsnorm_bwd`] makes of `dgn`, `g`, `w` and `rstd` (never
     /// stored), taken through `out = y * SiLU(z)` as [`Self::gate_bwd`]
-    /// does, into `dy = dg SiLU(z)` (`[rows, d_inner]`) and `dz = dg y
-    /// SiLU'(z)` (f32 and/or bf16, leading dimension `ldz`). `dgn` is the gradient of the norm's
+    /// does, into `dy = dg SiLU(z)` (`[rows, d_inner]`, f32 and/or bf16:
+    /// bf16 runs keep the SSD's dy in bf16 alone) and `dz = dg y SiLU'(z)`
+    /// (f32 and/or bf16, leading dimension `ldz`). `dgn` is the gradient of the norm's
     /// output (`[rows, d_inner]`); `g` (the norm's input), `y` and `z` as
     /// they are kept (f32 or bf16). The same bits as the two kernels one
     /// after the other (they share their device functions; the emulated
@@ -352,7 +353,7 @@ impl MambaKernels {
         y: Stored<'_>,
         z: Stored<'_>,
         ldz: usize,
-        dy: &mut CudaViewMut<f32>,
+        mut dy: Store<'_>,
         mut dz: Store<'_>,
         rows: usize,
         d_inner: usize,
@@ -364,7 +365,8 @@ impl MambaKernels {
         check::len(K, "g", g.len(), n)?;
         check::len(K, "w", w.len(), d_inner)?;
         check::len(K, "rstd", rstd.len(), rows)?;
-        check_gate_operands(K, y, z, ldz, dy, &dz, rows, d_inner)?;
+        dy.check_each("dy", |what, have| check::len(K, what, have, n))?;
+        check_gate_operands(K, y, z, ldz, n, &dz, rows, d_inner)?;
         if rows == 0 || d_inner == 0 {
             return Ok(());
         }
@@ -373,6 +375,7 @@ impl MambaKernels {
         let [y_f32, y_bf16] = y.args();
         let [z_f32, z_bf16] = z.args();
         let [dz_f32, dz_bf16] = dz.args();
+        let [dy_f32, dy_bf16] = dy.args();
         let mut args = [
             Arg::In(dgn),
             g_f32,
@@ -384,7 +387,8 @@ impl MambaKernels {
             z_f32,
             z_bf16,
             Arg::Long("ldz", ldz),
-            Arg::Out(dy),
+            dy_f32,
+            dy_bf16,
             dz_f32,
             dz_bf16,
             Arg::Long("rows", rows),
@@ -394,9 +398,9 @@ impl MambaKernels {
         // g, const unsigned short* g_h, const float* w, const float* rstd,
         // const float* y, const unsigned short* y_h, const float* z, const
         // unsigned short* z_h (one of each pair null: Stored), long long
-        // ldz, float* dy, float* dz, unsigned short* dz_h (each null or
-        // checked), long long M, int D); one warp per row, rows < M only;
-        // extents checked above.
+        // ldz, float* dy, unsigned short* dy_h, float* dz, unsigned short*
+        // dz_h (each null or checked: Store), long long M, int D); one warp
+        // per row, rows < M only; extents checked above.
         unsafe { self.launch(stream, launch, &mut args) }
     }
 }
@@ -421,14 +425,14 @@ fn check_gate_operands(
     y: Stored<'_>,
     z: Stored<'_>,
     ldz: usize,
-    dy: &CudaViewMut<f32>,
+    dy_len: usize,
     dz: &Store<'_>,
     rows: usize,
     d_inner: usize,
 ) -> Result<(), KernelError> {
     let n = check::mul(kernel, "y", rows, d_inner)?;
     check::len(kernel, "y", y.len(), n)?;
-    check::len(kernel, "dy", dy.len(), n)?;
+    check::len(kernel, "dy", dy_len, n)?;
     check::matrix(kernel, "z", z.len(), rows, d_inner, ldz)?;
     dz.check_matrix(kernel, "dz", rows, d_inner, ldz)
 }

@@ -30,9 +30,9 @@ pub enum ColSum<'a> {
         a: &'a CudaView<'a, f32>,
         lda: usize,
     },
-    /// `a[m, c] * b[m, c]` (`b` f32 or kept in bf16).
+    /// `a[m, c] * b[m, c]` (each f32 or kept in bf16).
     Product {
-        a: &'a CudaView<'a, f32>,
+        a: Stored<'a>,
         lda: usize,
         b: Stored<'a>,
         ldb: usize,
@@ -103,9 +103,10 @@ impl MambaKernels {
     ) -> Result<(), KernelError> {
         const K: &str = "mamba_colsum_partial";
         self.check_stream(K, stream)?;
-        let (a, lda, b, ldb, rs, mode) = match sum {
-            ColSum::Plain { a, lda } => (a, lda, Stored::F32(a), lda, a, 0i32),
-            ColSum::Product { a, lda, b, ldb } => (a, lda, b, ldb, a, 1),
+        // The operands a mode does not read are passed null.
+        let (a, lda, b, rs, mode) = match sum {
+            ColSum::Plain { a, lda } => (Stored::F32(a), lda, None, None, 0i32),
+            ColSum::Product { a, lda, b, ldb } => (a, lda, Some((b, ldb)), None, 1),
             ColSum::ProductRowScaled {
                 a,
                 lda,
@@ -114,11 +115,13 @@ impl MambaKernels {
                 row_scale,
             } => {
                 check::len(K, "row_scale", row_scale.len(), rows)?;
-                (a, lda, b, ldb, row_scale, 2)
+                (Stored::F32(a), lda, Some((b, ldb)), Some(row_scale), 2)
             }
         };
         check::matrix(K, "a", a.len(), rows, cols, lda)?;
-        check::matrix(K, "b", b.len(), rows, cols, ldb)?;
+        if let Some((b, ldb)) = b {
+            check::matrix(K, "b", b.len(), rows, cols, ldb)?;
+        }
         check::len(
             K,
             "scratch",
@@ -139,24 +142,29 @@ impl MambaKernels {
             grid: Grid::Dims(slabs, cols.div_ceil(32), 1),
             block: REDUCE_THREADS,
         };
-        let [b_f32, b_bf16] = b.args();
+        let [a_f32, a_bf16] = a.args();
+        let ([b_f32, b_bf16], ldb) = match b {
+            Some((b, ldb)) => (b.args(), ldb),
+            None => ([Arg::Null, Arg::Null], 0),
+        };
         let mut args = [
-            Arg::In(a),
+            a_f32,
+            a_bf16,
             Arg::Long("lda", lda),
             b_f32,
             b_bf16,
             Arg::Long("ldb", ldb),
-            Arg::In(rs),
+            rs.map_or(Arg::Null, |rs| Arg::In(rs)),
             Arg::I32(mode),
             Arg::Out(&mut *scratch),
             Arg::Long("rows", rows),
             Arg::Int("cols", cols),
         ];
-        // SAFETY: matches mamba_colsum_partial(const float* a, long long lda,
-        // const float* b, const unsigned short* b_h (one of the two null),
-        // long long ldb, const float* rs, int mode, float* part, long long
-        // M, int C); b and rs are read only in the modes that checked them
-        // (else they alias a, which is only read).
+        // SAFETY: matches mamba_colsum_partial(const float* a, const
+        // unsigned short* a_h, long long lda, const float* b, const unsigned
+        // short* b_h (one of each pair null: Stored), long long ldb, const
+        // float* rs, int mode, float* part, long long M, int C); b and rs are
+        // read only in the modes that checked them (else they are null).
         unsafe { self.launch(stream, launch, &mut args) }?;
         self.reduce_partials(stream, &scratch.as_view(), slabs, cols, 0, cols, None, out)
     }

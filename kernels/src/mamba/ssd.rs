@@ -19,9 +19,10 @@
 //! (`mamba_ssd_tc.cu`, the same arguments and outputs; its chunk states are
 //! passed by the kernel that makes them, where the SIMT set stores them for
 //! the state pass). The kernels without a product are shared. The kept
-//! tensors, the conv output x, B, C ([`SsdInputs::xbc`]) and the entry
-//! states and their gradients ([`SsdScratch::states`]), are f32 or their
-//! bf16 rounding alone, both alike ([`SsdStates`]); the tensor-core set's
+//! tensors, the conv output x, B, C ([`SsdInputs::xbc`]), `dy`
+//! ([`SsdBackward::dy`]) and the entry states and their gradients
+//! ([`SsdScratch::states`]), are f32 or their bf16 rounding alone, all
+//! alike ([`SsdStates`]); the tensor-core set's
 //! `_h` twins read and store the bf16 ones (those f32 pointers become
 //! `unsigned short*`; the SAFETY arguments below, which name the f32
 //! kernels, hold for them as written, over the same elements).
@@ -115,8 +116,8 @@ impl MambaKernels {
     /// read from `inp.xbc`'s columns from `y_off`.
     ///
     /// # Safety
-    /// `x` must hold `[rows, inner]` at leading dimension `ldx`, and be f32
-    /// unless the products are the tensor-core `_h` set; `inp.xbc`'s
+    /// `x` must hold `[rows, inner]` at leading dimension `ldx`, kept as
+    /// the products' set keeps them (bf16 for the `_h` set); `inp.xbc`'s
     /// columns `y_off + g * d_state + n` must exist; `out` and `cum` the
     /// lengths of [`SsdShape::scratch_lens`]: the callers check them.
     #[allow(clippy::too_many_arguments)]
@@ -152,14 +153,8 @@ impl MambaKernels {
                 }
             }
         };
-        // The state scans take X as the pair (f32, bf16); chunk_state (SIMT,
-        // f32 kept tensors only) as f32.
-        let [x_f32, x_bf16] = x.args();
-        let mut args = vec![x_f32];
-        if matches!(products.states, ChunkStates::Scan(_)) {
-            args.push(x_bf16);
-        }
-        args.extend([
+        let mut args = [
+            x.kept_arg(),
             Arg::Long("ldx", ldx),
             inp.xbc.kept_arg(),
             Arg::Long("ldu", inp.ldu),
@@ -174,15 +169,14 @@ impl MambaKernels {
             Arg::Int("heads per group", shape.heads / shape.groups),
             Arg::Int("chunks", nc),
             Arg::Int("mode", mode),
-        ]);
+        ];
         // SAFETY: matches mamba_ssd_chunk_state(const float* X, long long
         // ldx, const float* Y, long long ldy, int y_off, const float* dt,
         // const float* s, float* out, int T, int H, int P, int N, int hpg,
         // int nc, int mode), whose signature mamba_ssd_state_scan_tc shares
-        // but for X, given as the pair (const float* X, const unsigned
-        // short* Xh) (exactly one not null; Xh only to the _h kernel, whose
-        // Y and out are unsigned short: products() picks it exactly when
-        // xbc and the states are kept in bf16, and x is bf16 only then);
+        // (X, Y and out `unsigned short*` in its _h twin, which products()
+        // picks exactly when they are all kept in bf16: the callers check
+        // x's type, kept_bf16 xbc's and the states');
         // block (bc, h, tile) of the one, or (b, h, tile) of the other for
         // each chunk bc = b * nc + c in turn, reads X and Y at the chunk's
         // rows (columns h*P + p < inner, y_off + g*N + n), dt and s at [row,
@@ -334,6 +328,13 @@ impl MambaKernels {
         let bf16_kept = inp.kept_bf16(K, &scratch.states)?;
         let (rows, inner, heads) = (shape.rows(), shape.inner(), shape.heads);
         check::matrix(K, "dy", out.dy.len(), rows, inner, inner)?;
+        if out.dy.is_bf16() != bf16_kept {
+            return Err(KernelError::invalid(
+                K,
+                "dy must be kept as the conv output xbc and the states are (all f32 or all \
+                 bf16)",
+            ));
+        }
         check::matrix(
             K,
             "dxbc",
@@ -371,7 +372,7 @@ impl MambaKernels {
                 stream,
                 &products,
                 &shape,
-                (Stored::F32(out.dy), inner),
+                (out.dy, inner),
                 shape.c_off(),
                 &inp,
                 dstates,
@@ -404,7 +405,7 @@ impl MambaKernels {
             Arg::Int("c_off", shape.c_off()),
             Arg::In(inp.dt),
             Arg::In(&cum),
-            Arg::In(out.dy),
+            out.dy.kept_arg(),
             Arg::Out(chunk_m),
             Arg::Out(chunk_p),
             Arg::Out(ds_in),
@@ -430,7 +431,7 @@ impl MambaKernels {
             Arg::In(inp.dt),
             Arg::In(&cum),
             Arg::In(inp.d),
-            Arg::In(out.dy),
+            out.dy.kept_arg(),
             Arg::In(&chunk_m),
             Arg::In(&states),
             Arg::In(&dstates),
@@ -483,7 +484,7 @@ impl MambaKernels {
             Arg::Int("c_off", shape.c_off()),
             Arg::In(inp.dt),
             Arg::In(&cum),
-            Arg::In(out.dy),
+            out.dy.kept_arg(),
             Arg::In(&chunk_psum),
             Arg::In(&states),
             Arg::In(&dstates),

@@ -5,7 +5,7 @@
 //! the sequential recurrence in f64, forward and backward, with the host
 //! launchers' grids and order: once with the SIMT products (f32 runs), once
 //! with the tensor-core ones (tf32 / bf16 runs, at tf32's tolerances; their
-//! `_h` twins, which keep x, B, C and the states in bf16, against them fed
+//! `_h` twins, which keep x, B, C, dy and the states in bf16, against them fed
 //! the bf16 rounding, bit for bit). Runs on
 //! every machine with a C++20 compiler, so an index, barrier or formula bug
 //! in the SSD kernels fails CI before any GPU run. Skips, printing why, when
@@ -25,7 +25,7 @@ fn check(tc: usize) {
     // Every shape ran (a crash or an early exit would print fewer lines).
     assert_eq!(text.matches(" bits ").count(), 8, "{text}");
     if tc == 1 {
-        // The bf16 kernels (`_h`) ran on every shape: fed x, B and C's
+        // The bf16 kernels (`_h`) ran on every shape: fed x, B, C and dy's
         // rounding, their states are the rounded states of the f32 kernels
         // fed its widening, and every product that of the f32 kernels fed
         // those values, bit for bit.

@@ -35,10 +35,8 @@ pub enum SsdProducts {
 /// group's `C B^T` (`[nbc][G][Q][Q]`), which `cb` (tensor cores only)
 /// makes into `chunk_psum` first (the backward's psum overwrites it after
 /// bwd_qq, its last reader). The `_h` kernels of the bf16 kept tensors
-/// have their f32 twin's signature with `unsigned short*` for `xbc` and the
-/// states (the same elements, half the bytes); the state scans of both
-/// kernels take X as the pair `const float* X, const unsigned short* Xh`
-/// (x kept in bf16 comes as Xh, to the `_h` kernel only).
+/// have their f32 twin's signature with `unsigned short*` for `xbc`, `dy`
+/// and the states (the same elements, half the bytes).
 pub(super) struct Products<'a> {
     pub(super) cb: Option<(&'static str, &'a CudaFunction)>,
     pub(super) states: ChunkStates<'a>,

@@ -196,11 +196,12 @@ pub struct SsdInputs<'a> {
 
 /// How the SSD keeps the chunks' entry states and their gradients between
 /// its kernels ([`SsdScratch::states`], [`SsdScratch::dstates`]): f32, or
-/// their bf16 rounding alone, as its input `xbc` is kept
-/// ([`SsdInputs::xbc`]). The type picks the kernels: bf16 needs the
-/// tensor-core products ([`super::SsdProducts::Tf32`]), whose `_h` kernels
-/// read x, B and C in bf16, store the states rounded, and widen each value
-/// as they stage it (bf16 runs keep them so: SPEC's stored activations, and
+/// their bf16 rounding alone, as its input `xbc` and the backward's `dy`
+/// are kept ([`SsdInputs::xbc`], [`SsdBackward::dy`]). The type picks the
+/// kernels: bf16 needs the tensor-core products
+/// ([`super::SsdProducts::Tf32`]), whose `_h` kernels read x, B, C and dy
+/// in bf16, store the states rounded, and widen each value as they stage
+/// it (bf16 runs keep them so: SPEC's stored activations, and
 /// the reference keeps its passed states in the input's type; the carry
 /// from chunk to chunk stays f32). Half the bytes of the largest buffers
 /// the SSD kernels move.
@@ -312,8 +313,9 @@ pub struct SsdForward<'a> {
 /// Inputs and outputs of [`MambaKernels::ssd_backward`](super::MambaKernels::ssd_backward).
 pub struct SsdBackward<'a> {
     /// `dL/dy`, `[rows, inner]` (the skip's share included: `dx` gets `D
-    /// dy`; `dL/dD` is not computed here).
-    pub dy: &'a CudaView<'a, f32>,
+    /// dy`; `dL/dD` is not computed here), kept as `xbc` is (f32, or its
+    /// bf16 rounding alone).
+    pub dy: Stored<'a>,
     /// Out: the x, B and C columns of the conv output's gradient (the same
     /// layout as `xbc`, leading dimension `lddx`); other columns untouched.
     pub dxbc: &'a mut CudaViewMut<'a, f32>,

@@ -181,7 +181,7 @@ pub(super) fn backward(
         kr.colsum(
             s,
             ColSum::Product {
-                a: &ws.dy.as_view(),
+                a: Stored::F32(&ws.dy.as_view()),
                 lda: di,
                 b: u.stored(),
                 ldb: di,

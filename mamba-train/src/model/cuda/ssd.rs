@@ -9,8 +9,8 @@
 //! [`kernels::mamba::SSD_CHUNK`] tokens a diagonal block and the state the
 //! chunk enters with, the states passed from chunk to chunk; its backward
 //! recomputes the entry states and keeps every sum in a fixed order (no
-//! atomics). bf16 runs keep `zx`, `uc`, `y` and `g` in bf16 alone (`dt`
-//! stays f32; the SSD's states are kept as `uc` is); the GEMMs take the
+//! atomics). bf16 runs keep `zx`, `uc`, `y` and `g` in bf16 alone, and
+//! so `dy` and the SSD's states (`dt` stays f32); the GEMMs take the
 //! precision, as for Mamba-1, and so do the scan's chunk products (f32
 //! FMAs in f32 runs, tf32 tensor cores in tf32 and bf16 runs:
 //! [`kernels::mamba::SsdProducts`], the engine's choice). Its
@@ -327,6 +327,7 @@ pub(super) fn backward_blocks(
         grads: block_grads,
     } = ssd.as_mut().ok_or_else(missing_buffers)?;
     let SsdGradBufs {
+        dy_h,
         duc,
         dd_e,
         dzx,
@@ -426,7 +427,10 @@ pub(super) fn backward_blocks(
             y.stored(),
             zx.stored(),
             w,
-            &mut dy.as_view_mut(),
+            match dy_h.as_mut() {
+                Some(h) => Store::Bf16(h.as_view_mut()),
+                None => Store::F32(dy.as_view_mut()),
+            },
             dzx_cols(dzx, dzx_h, 0),
             m,
             di,
@@ -436,10 +440,15 @@ pub(super) fn backward_blocks(
         // summed per head), then dx dB dC into duc, d dt_raw into zx's dt
         // columns and dA_log.
         let (uc, dtv) = (a.uc.view(), a.dt.as_view());
+        let (dy_f, dy_hv) = (dy.as_view(), dy_h.as_ref().map(|h| h.as_view()));
+        let dyv = match &dy_hv {
+            Some(h) => Stored::Bf16(h),
+            None => Stored::F32(&dy_f),
+        };
         kr.colsum(
             s,
             ColSum::Product {
-                a: &dy.as_view(),
+                a: dyv,
                 lda: di,
                 b: uc.stored(),
                 ldb: cd,
@@ -452,7 +461,6 @@ pub(super) fn backward_blocks(
         let skip = GroupShape::dense(1, h, hp);
         kr.group_sum(s, &dd_e.as_view(), &mut grads.slice_mut(g(&lo.d)), skip)?;
         let (a_log, dskip) = (wv(&lo.a_log), wv(&lo.d));
-        let dyv = dy.as_view();
         kr.ssd_backward(
             s,
             e.ssd_products,
@@ -460,7 +468,7 @@ pub(super) fn backward_blocks(
             ssd_inputs((uc.stored(), &dtv), (&a_log, &dskip), cd),
             &mut scan.views(),
             SsdBackward {
-                dy: &dyv,
+                dy: dyv,
                 dxbc: &mut duc.as_view_mut(),
                 lddx: cd,
                 ddt_raw: match dzx_h.as_mut() {

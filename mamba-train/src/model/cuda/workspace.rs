@@ -300,6 +300,11 @@ impl SsdScanScratch {
 
 /// The Mamba-2 backward's own gradient buffers, shared by every block.
 pub(crate) struct SsdGradBufs {
+    /// bf16 runs: the scan output's gradient `[rows, d_inner]` kept in bf16
+    /// alone, as the SSD keeps its other tensors (the gated norm's backward
+    /// writes it; the SSD's backward and D's column sum read it); otherwise
+    /// it is [`Workspace::dy`].
+    pub dy_h: Option<CudaSlice<u16>>,
     /// The gradient of `uc`, `[rows, cd]` (the scan writes its x, B and C
     /// columns; the conv's one-pass backward reads it). The gradient of
     /// `g` has no buffer: the gated norm's backward hands it to the gate's
@@ -407,6 +412,8 @@ pub(crate) struct Workspace {
     pub dres: CudaSlice<f32>,
     pub dxn: CudaSlice<f32>,
     pub dout: CudaSlice<f32>,
+    /// The scan output's gradient, `[rows, d_inner]` (one element when a
+    /// Mamba-2 bf16 run keeps it in bf16 alone: [`SsdGradBufs::dy_h`]).
     pub dy: CudaSlice<f32>,
     /// in_proj's output gradient `[rows, 2 d_inner]` (dx from the conv's
     /// backward, dz from the gate's): only in_proj's two backward GEMMs read
@@ -611,7 +618,10 @@ impl Workspace {
             dres: a.zeros("residual gradient", rows * d)?,
             dxn: a.zeros("norm output gradient", rows * d)?,
             dout: a.zeros("gated output gradient", rows * di)?,
-            dy: a.zeros("scan output gradient", rows * di)?,
+            dy: a.zeros(
+                "scan output gradient",
+                if ssd && ssd_half_acts { 1 } else { rows * di },
+            )?,
             dxz: a.act(bf16, "in_proj output gradient", m1(rows * 2 * di))?,
             ddtr: a.zeros("dt_proj output gradient", m1(rows * di))?,
             du: a.zeros("conv output gradient", m1(rows * di))?,
@@ -681,6 +691,7 @@ fn ssd_bufs(
         acts: BlockActs::new(acts, shared),
         scan: SsdScanScratch::new(a, shape.scratch_lens(), half_acts)?,
         grads: SsdGradBufs {
+            dy_h: a.zeros_if(half_acts, "scan output gradient (bf16)", rows * di)?,
             duc: a.zeros("conv output gradient", rows * cd)?,
             dd_e: a.zeros("D gradient per channel", di)?,
             dzx: a.zeros("in_proj output gradient", rows * w)?,
