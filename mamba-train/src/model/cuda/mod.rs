@@ -52,9 +52,10 @@
 //! C) runs through the same passes, workspace, graph and optimizer: its
 //! blocks are `ssd`'s, over the chunked SSD kernels
 //! ([`kernels::mamba::ssd`]). bf16 runs keep its in_proj output, conv
-//! output (the SSD's x, B and C), scan output `y` and gated-norm input in
-//! bf16 alone (as Mamba-1's, [`CudaModel::set_bf16_acts`]), and so the
-//! SSD's entry states and their gradients between its kernels (as the
+//! output (the SSD's x, B and C), scan output `y` and its gradient, and
+//! gated-norm input in bf16 alone (as Mamba-1's,
+//! [`CudaModel::set_bf16_acts`]), and so the SSD's entry states and their
+//! gradients between its kernels (as the
 //! reference keeps its passed states in the input's type;
 //! [`kernels::mamba::SsdStates`]); its `dt` stays f32; the GEMMs
 //! take the precision, and so do the scan's chunk products: f32
@@ -299,8 +300,9 @@ impl CudaModel {
 
     /// bf16 runs: whether the block's activations (Mamba-1: in_proj's
     /// output `xz`, the scan's `u`, `dt`, `y`; Mamba-2: in_proj's output,
-    /// the conv output `uc` (the SSD's x, B, C), `y`, the gated-norm input
-    /// `g` and the SSD's entry states) are kept in bf16 alone, each rounded
+    /// the conv output `uc` (the SSD's x, B, C), `y` and its gradient, the
+    /// gated-norm input `g` and the SSD's entry states) are kept in bf16
+    /// alone, each rounded
     /// once where it is made (on, the default: SPEC's stored activations in
     /// bf16), or in f32 (off). Unlike [`Self::set_bf16_copies`] this
     /// changes values (one more bf16 rounding of each), so the two settings
