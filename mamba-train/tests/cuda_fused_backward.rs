@@ -194,15 +194,20 @@ fn conv_backward_matches_f64_at_every_width_and_repeats_its_bits() {
                 "{what}: a second run gave other bits"
             );
             // Negative control: the same comparison against the oracle of
-            // one moved weight must fail.
+            // one moved weight must fail. The moved weight is channel 0's
+            // last tap, the one on the current token, which every row reads
+            // (an earlier tap reads only padding when T < K: moving it
+            // changes nothing, which the GPU run of 2026-12-07 caught).
             let mut moved = w.clone();
-            moved[0] += 0.25;
-            let (_, edw2, _) = conv_bwd_f64(&x_read, ldx, &du, &moved, &bias, t_len, d, k);
-            let (err, _) = rel_l2(&dw_db[..d * k], &edw2);
-            assert!(
-                err > 1e-4,
-                "{what}: a moved weight went unnoticed ({err:.2e})"
-            );
+            moved[k - 1] += 0.25;
+            let (edx2, edw2, _) = conv_bwd_f64(&x_read, ldx, &du, &moved, &bias, t_len, d, k);
+            for (name, got, want) in [("dx", &dx_f[..], &edx2), ("dw", &dw_db[..d * k], &edw2)] {
+                let (err, _) = rel_l2(got, want);
+                assert!(
+                    err > 1e-4,
+                    "{what}: a moved weight went unnoticed in {name} ({err:.2e})"
+                );
+            }
         }
     }
 }
