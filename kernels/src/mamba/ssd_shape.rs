@@ -2,6 +2,10 @@
 //! (inputs, scratch, outputs) and the checks of their lengths that the
 //! launches in `ssd.rs` rest on; the launch geometry's constants mirror
 //! `mamba_ssd.cu`'s.
+//!
+//! Over 450 lines with its unit tests: the one contract of a call's
+//! buffers (their types, lengths and kept types), whose checks the tests
+//! below pin beside them.
 
 use cudarc::driver::{CudaView, CudaViewMut, LaunchArgs};
 
