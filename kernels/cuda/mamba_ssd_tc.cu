@@ -42,13 +42,18 @@ using namespace mamba_ssd_tc;
 template <class S>
 __device__ __forceinline__ void cb_tc(const S* __restrict__ xbc, long long ldu, int b_off,
                                       int c_off, float* __restrict__ cb, int T, int N, int nc) {
-    __shared__ float sA[kStage], sB[kStage];
+    // One buffer per operand for the f32 kernel, two (cp.async) for the
+    // bf16 one; 16-byte aligned for its 16-byte copies.
+    constexpr int kBufs = sizeof(S) == 4 ? 1 : 2;
+    __shared__ __align__(16) float sA[kBufs * kStage];
+    __shared__ __align__(16) float sB[kBufs * kStage];
     const int bc = blockIdx.x, g = blockIdx.y, G = gridDim.y;
     const Chunk ck = chunk_of(bc, nc, T);
     const S* rows = xbc + ck.m0 * ldu;
     const Share w = share();
     Tile t;
-    cb_product(t, w, rows + c_off + g * N, rows + b_off + g * N, (int)ldu, ck.q, N, sA, sB);
+    const bool vec = kept_vec(xbc, ldu | N | b_off | c_off);
+    cb_product(t, w, rows + c_off + g * N, rows + b_off + g * N, (int)ldu, ck.q, N, sA, sB, vec);
     float* o = cb + ((long long)bc * G + g) * kQ * kQ;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)

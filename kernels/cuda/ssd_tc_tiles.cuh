@@ -438,23 +438,41 @@ __device__ __forceinline__ void put_state_pair(unsigned short* o, float a, float
 }
 
 // t = C_i . B_j of one (chunk, group) over d_state (rows i, columns j),
-// 32 states a tile, C and B kept as S (widened as they are staged). Every
-// thread of the block calls it.
+// 32 states a tile, C and B kept as S. f32 values are staged through
+// registers (contract); bf16 ones arrive by cp.async in pieces of 8 when
+// vec (kept_vec of their rows), in the other of two buffers per operand
+// (contract_async: sA and sB then hold 2 kStage floats each), and are
+// widened as the mma reads them: the values and order of the f32 kernel
+// fed their widening, so its bits. Every thread of the block calls it.
 template <class S>
 __device__ __forceinline__ void cb_product(Tile& t, const Share& w, const S* Cr, const S* Br,
-                                           int ldu, int q, int N, float* sA, float* sB) {
+                                           int ldu, int q, int N, float* sA, float* sB,
+                                           bool vec) {
     t.zero();
-    contract<Rows, Rows>(
-        (N + kKt - 1) / kKt, sA, sB,
-        [&](int k, int r, int kk) {
-            const int n = k * kKt + kk;
-            return r < q && n < N ? kept_f32(Cr[r * ldu + n]) : 0.0f;
-        },
-        [&](int k, int r, int kk) {
-            const int n = k * kKt + kk;
-            return r < q && n < N ? kept_f32(Br[r * ldu + n]) : 0.0f;
-        },
-        [&](int) { mma_staged<Rows, Rows>(t, w, sA, sB); });
+    const int tiles = (N + kKt - 1) / kKt;
+    if constexpr (sizeof(S) == 4) {
+        contract<Rows, Rows>(
+            tiles, sA, sB,
+            [&](int k, int r, int kk) {
+                const int n = k * kKt + kk;
+                return r < q && n < N ? Cr[r * ldu + n] : 0.0f;
+            },
+            [&](int k, int r, int kk) {
+                const int n = k * kKt + kk;
+                return r < q && n < N ? Br[r * ldu + n] : 0.0f;
+            },
+            [&](int) { mma_staged<Rows, Rows>(t, w, sA, sB); });
+    } else {
+        const auto at = [&](const S* base) {
+            return [=](int k, int r, int kk) -> const S* {
+                const int n = k * kKt + kk;
+                return r < q && n < N ? base + r * ldu + n : nullptr;
+            };
+        };
+        contract_async<Rows, Rows>(
+            tiles, sA, sB, kStage, vec, vec, at(Cr), at(Br),
+            [&](int, const S* a, const S* b) { mma_staged<Rows, Rows>(t, w, a, b); });
+    }
 }
 
 // This thread's fragment elements of the (chunk, group) tile cb (from
