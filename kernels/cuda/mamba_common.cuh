@@ -133,4 +133,73 @@ static __device__ __forceinline__ float load_f32_bf16(const float* __restrict__ 
     return f ? f[i] : bf16_to_f32(h[i]);
 }
 
+// Runs of 8 consecutive elements i .. i + n - 1 (n <= 8) of an activation,
+// for kernels whose threads each own 8 consecutive outputs of a row: the
+// values and roundings of load_f32_bf16 / store_f32_bf16 element by
+// element, moved as 16-byte accesses (one for 8 bf16, two for 8 f32) when
+// `vec`: n == 8 and every pointer given 16-byte aligned at i (the caller's
+// check, kept_vec8). A warp's fragment-wise 2-byte accesses fill each
+// 32-byte sector a quarter; these fill whole sectors.
+static __device__ __forceinline__ bool vec8_at(const void* p, long long i, int elem) {
+    return !p || ((reinterpret_cast<unsigned long long>(p) + (unsigned long long)i * elem) & 15) == 0;
+}
+static __device__ __forceinline__ bool kept_vec8(const float* f, const unsigned short* h,
+                                                 long long i, int n) {
+    return n == 8 && vec8_at(f, i, 4) && vec8_at(h, i, 2);
+}
+static __device__ __forceinline__ void load8_f32_bf16(const float* __restrict__ f,
+                                                      const unsigned short* __restrict__ h,
+                                                      long long i, int n, bool vec,
+                                                      float (&v)[8]) {
+    if (vec && f) {
+        const float4 a = *reinterpret_cast<const float4*>(f + i);
+        const float4 b = *reinterpret_cast<const float4*>(f + i + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else if (vec) {
+        const uint4 q = *reinterpret_cast<const uint4*>(h + i);
+        const unsigned w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[2 * k] = __uint_as_float(w[k] << 16);
+            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = k < n ? load_f32_bf16(f, h, i + k) : 0.0f;
+    }
+}
+static __device__ __forceinline__ void store8_f32_bf16(float* __restrict__ f,
+                                                       unsigned short* __restrict__ h,
+                                                       long long i, int n, bool vec,
+                                                       const float (&v)[8]) {
+    if (vec) {
+        if (f) {
+            *reinterpret_cast<float4*>(f + i) = float4{v[0], v[1], v[2], v[3]};
+            *reinterpret_cast<float4*>(f + i + 4) = float4{v[4], v[5], v[6], v[7]};
+        }
+        if (h) {
+            unsigned w[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) w[k] = bf16_rne(v[2 * k]) | (bf16_rne(v[2 * k + 1]) << 16);
+            *reinterpret_cast<uint4*>(h + i) = uint4{w[0], w[1], w[2], w[3]};
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            if (k < n) store_f32_bf16(f, h, i + k, v[k]);
+        }
+    }
+}
+// store8_f32_bf16, turning v into the values as kept (store_kept's).
+static __device__ __forceinline__ void store8_kept(float* __restrict__ f,
+                                                   unsigned short* __restrict__ h, long long i,
+                                                   int n, bool vec, float (&v)[8]) {
+    store8_f32_bf16(f, h, i, n, vec, v);
+    if (!f) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = bf16_to_f32((unsigned short)bf16_rne(v[k]));
+    }
+}
+
 }  // namespace mamba

@@ -334,20 +334,39 @@ __device__ __forceinline__ void chunk_out_tc(
             constexpr int ldh = tile_ld<kOutLd, S>;
             t.mma_a(c_at, tile_of<kOutLd, S>(sH(nt & 1)) + w.c0 * ldh, 1, ldh, steps);
         }
+        // The outputs, through shared memory: y's f32 values into the
+        // first state buffer (free once every warp's mma is done), then
+        // each thread finishes runs of 8 consecutive channels of a row,
+        // so z, y and the gate move in 16-byte accesses.
+        float* const sY = sC(0);
+        __syncthreads();
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int i = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(nt, e);
-                if (i >= ck.q || p0 + pp >= P) continue;
-                const long long r = ck.m0 + i;
-                const long long col = (long long)h * P + p0 + pp;
-                const float yv = t.acc[nt][e] + dh * tile_at<kKm, S>(sX, i, pp);
-                // The gate reads y as it is kept, as the gate's backward does.
-                const float yk = store_kept(y, yh, r * E + col, yv);
-                store_f32_bf16(gate, gateh, r * E + col,
-                               gate_out(yk, load_f32_bf16(z, zh, r * ldz + col)));
+                sY[i * kOutLd + pp] = t.acc[nt][e] + dh * tile_at<kKm, S>(sX, i, pp);
             }
+        __syncthreads();
+        for (int it = tid; it < kQ * (kQ / 8); it += kThreads) {
+            const int i = it / (kQ / 8), c8 = 8 * (it % (kQ / 8));
+            if (i >= ck.q || p0 + c8 >= P) continue;
+            const int n = min(8, P - p0 - c8);
+            const long long r = ck.m0 + i;
+            const long long col = (long long)h * P + p0 + c8;
+            const long long at = r * E + col, zat = r * ldz + col;
+            float zv[8], v[8];
+            load8_f32_bf16(z, zh, zat, n, kept_vec8(z, zh, zat, n), zv);
+            const float4 ya = *reinterpret_cast<const float4*>(sY + i * kOutLd + c8);
+            const float4 yb = *reinterpret_cast<const float4*>(sY + i * kOutLd + c8 + 4);
+            v[0] = ya.x, v[1] = ya.y, v[2] = ya.z, v[3] = ya.w;
+            v[4] = yb.x, v[5] = yb.y, v[6] = yb.z, v[7] = yb.w;
+            // The gate reads y as it is kept, as the gate's backward does.
+            store8_kept(y, yh, at, n, kept_vec8(y, yh, at, n), v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[k] = gate_out(v[k], zv[k]);
+            store8_f32_bf16(gate, gateh, at, n, kept_vec8(gate, gateh, at, n), v);
+        }
     }
 }
 
@@ -497,7 +516,7 @@ __device__ __forceinline__ void bwd_dx_tc(
     const S* hst = st + ((long long)bc * H + h) * P * N;
     const float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
     const bool vec_dy = kept_vec(dy, P), vec_m = kept_vec(Mq, 0);
-    const bool vec_u = kept_vec(xbc, ldu | N | b_off | c_off);
+    const bool vec_u = kept_vec(xbc, ldu | N | b_off | c_off), vec_x = kept_vec(xbc, ldu | P);
     const bool vec_st = kept_vec(st, N) && kept_vec(dst, N);
     // M (every step of it, the first tile only) and dy of the channels p0..
     auto stage_dy = [&](int p0) {
@@ -551,6 +570,14 @@ __device__ __forceinline__ void bwd_dx_tc(
                 cp_async_wait(0);
             }
             __syncthreads();  // M, dy (and se) and state tile k landed for all
+            if (k + 1 == 2 * ntn) {
+                // x of the channels p0.. into buffer 0 (tile k, the last, is
+                // odd: buffer 0's last reader, tile k - 1, is done), in
+                // flight while this tile's mma runs.
+                stage_tile<kOutLd>(sA(0), rows + h * P + p0, ldu, vec_x,
+                                   [&](int r, int c) { return r < ck.q && p0 + c < P; });
+                cp_async_commit();
+            }
             const int nt = k < ntn ? k : k - ntn;
             const int steps = min(8, state_steps - 8 * nt);
             const float* a_t = sA(k & 1);
@@ -571,6 +598,8 @@ __device__ __forceinline__ void bwd_dx_tc(
                 t.zero();
             }
         }
+        cp_async_wait(0);
+        __syncthreads();  // x landed for all
         // (dS B_j)[p], dotted with x_j, then scaled by e_j.
 #pragma unroll
         for (int q = 0; q < 4; ++q)
@@ -578,8 +607,7 @@ __device__ __forceinline__ void bwd_dx_tc(
             for (int e = 0; e < 4; ++e) {
                 const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(q, e);
                 if (j < ck.q && p0 + pp < P) {
-                    part[e >> 1] =
-                        part[e >> 1] + kept_f32(rows[j * ldu + h * P + p0 + pp]) * t.acc[q][e];
+                    part[e >> 1] = part[e >> 1] + tile_at<kOutLd, S>(sA(0), j, pp) * t.acc[q][e];
                 }
                 t.acc[q][e] = se[j] * t.acc[q][e];
             }
@@ -592,15 +620,30 @@ __device__ __forceinline__ void bwd_dx_tc(
                       1, kKt / 8);
             }
         }
+        // dx through shared memory (buffer 0's B tile, unread since tile
+        // 2 ntn - 2), then runs of 8 channels of a row a thread: 16-byte
+        // stores instead of the fragments' 4-byte ones.
+        float* const sO = sB(0);
 #pragma unroll
         for (int q = 0; q < 4; ++q)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(q, e);
-                if (j >= ck.q || p0 + pp >= P) continue;
-                const long long col = (long long)h * P + p0 + pp;
-                dxbc[(ck.m0 + j) * lddx + col] = t.acc[q][e] + dh * tile_at<kKm, S>(sDy, j, pp);
+                sO[j * kOutLd + pp] = t.acc[q][e] + dh * tile_at<kKm, S>(sDy, j, pp);
             }
+        __syncthreads();
+        for (int it = tid; it < kQ * (kQ / 8); it += kThreads) {
+            const int j = it / (kQ / 8), c8 = 8 * (it % (kQ / 8));
+            if (j >= ck.q || p0 + c8 >= P) continue;
+            const int n = min(8, P - p0 - c8);
+            const long long at = (ck.m0 + j) * lddx + (long long)h * P + p0 + c8;
+            float v[8];
+            const float4 a = *reinterpret_cast<const float4*>(sO + j * kOutLd + c8);
+            const float4 b = *reinterpret_cast<const float4*>(sO + j * kOutLd + c8 + 4);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+            v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+            store8_f32_bf16(dxbc, nullptr, at, n, kept_vec8(dxbc, nullptr, at, n), v);
+        }
     }
     // A row's dots: its quad's four lanes, then the two column halves.
 #pragma unroll
