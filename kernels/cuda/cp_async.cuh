@@ -40,15 +40,20 @@ __device__ __forceinline__ void cp_async_commit() {
 }
 
 // Wait until at most `pending` of this thread's committed groups are in
-// flight (0 or 1).
+// flight (0 .. 3: wait_group takes an immediate; a larger count waits as
+// for 3, which is only stricter).
 __device__ __forceinline__ void cp_async_wait(int pending) {
 #ifdef MAMBA_CUDA_EMU
-    emu_wait(pending);
+    emu_wait(pending <= 0 ? 0 : pending < 3 ? pending : 3);
 #else
-    if (pending == 0) {
+    if (pending <= 0) {
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    } else {
+    } else if (pending == 1) {
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    } else if (pending == 2) {
+        asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+    } else {
+        asm volatile("cp.async.wait_group 3;\n" ::: "memory");
     }
 #endif
 }

@@ -87,11 +87,13 @@ MAMBA_SSD_CB(mamba_ssd_cb_tc_h, unsigned short)
 // (the product w_j X_j[p] a staged operand would hold). Only the entry
 // states (or their gradients) are written, into out ([B*nc][H][P][N]).
 //
-// Staging: chunk c + 1's X and Y tiles are copied by cp.async into the
-// second of two buffers (kStateScanSmemFloats of dynamic shared memory)
-// while chunk c's mma runs, so no thread holds them in registers; one
-// barrier a chunk. 16-byte copies when every row of both tiles starts
-// 16-byte aligned (`vec`), else 4-byte ones; either lands the same values.
+// Staging: the X and Y tiles of the chunks ahead, with their rows' s and
+// dt, are copied by cp.async into a ring of buffers (kStateScanSmemFloats
+// of dynamic shared memory: two of f32 tiles, four of bf16 ones) while
+// chunk c's mma runs, so no thread holds them in registers; two barriers a
+// chunk (its copies landed; its weights made). 16-byte copies when every
+// row of both tiles starts 16-byte aligned (`vec`), else 4-byte ones;
+// either lands the same values.
 // grid (B, H, ceil(P / 64) * ceil(N / 64)), block kThreads.
 //
 // The kept tensors are S (ssd_tc_tiles.cuh): X (x or dy) and Y (B or C)
@@ -109,7 +111,17 @@ __device__ __forceinline__ void state_scan_tc(const S* __restrict__ X, long long
 #else
     extern __shared__ __align__(16) float smem[];
 #endif
-    __shared__ float sw[2][kQ], sdecay[2];
+    // kBufs buffers of chunk tiles (the f32 kernel's two fill the dynamic
+    // shared memory; bf16 tiles take half the room, so four), copies
+    // issued kBufs - 1 chunks ahead: a chunk's mma is short next to a
+    // memory latency, and one chunk ahead left the walk waiting on each
+    // copy. sraw holds each staged chunk's s and dt (its weights' inputs).
+    constexpr int kBufs = sizeof(S) == 4 ? 2 : 4;
+    constexpr int kBufFloats = kStateScanSmemFloats / kBufs;
+    static_assert(2 * kStateScanTile * (int)sizeof(S) / 4 <= kBufFloats,
+                  "a buffer holds a chunk's X and Y tiles");
+    __shared__ float sraw[kBufs][2][kQ];
+    __shared__ float sw[kQ], sdecay;
     const int b = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     const int tiles_n = (N + kQ - 1) / kQ;
     const int p0 = (blockIdx.z / tiles_n) * kQ, n0 = (blockIdx.z % tiles_n) * kQ;
@@ -120,40 +132,29 @@ __device__ __forceinline__ void state_scan_tc(const S* __restrict__ X, long long
     // Step k of the pass: chunk c (of sequence b) and its rows.
     auto chunk_at = [&](int k) { return mode == 0 ? k : nc - 1 - k; };
     auto rows_of = [&](int k) { return chunk_of(b * nc + chunk_at(k), nc, T); };
-    auto tile_x = [&](int buf) { return smem + buf * 2 * kStateScanTile; };
-    // Chunk k's X and Y tiles into buffer buf, step-major ([j][kKm]), rows
-    // past the chunk and columns past P / N zero (plain stores: the barrier
-    // that follows the wait covers them too); one committed group.
-    auto stage = [&](int k, int buf) {
-        const Chunk ck = rows_of(k);
-        float* dX = tile_x(buf);
-        float* dY = dX + kStateScanTile;
-        stage_tile<kKm>(dX, X + ck.m0 * ldx + h * P + p0, ldx, vec_x,
-                        [&](int j, int c) { return j < ck.q && p0 + c < P; });
-        stage_tile<kKm>(dY, Y + ck.m0 * ldy + y_off + g * N + n0, ldy, vec_y,
-                        [&](int j, int c) { return j < ck.q && n0 + c < N; });
+    auto tile_x = [&](int buf) { return smem + buf * kBufFloats; };
+    // Chunk k's X and Y tiles into buffer k % kBufs, step-major ([j][kKm]),
+    // rows past the chunk and columns past P / N zero (plain stores: the
+    // barrier that follows the wait covers them too), and its s and dt;
+    // then one committed group (an empty one past the last chunk, so that
+    // chunk k's group is always the k-th).
+    auto stage = [&](int k) {
+        if (k < nc) {
+            const int buf = k % kBufs;
+            const Chunk ck = rows_of(k);
+            float* dX = tile_x(buf);
+            float* dY = dX + kStateScanTile * (int)sizeof(S) / 4;
+            stage_tile<kKm>(dX, X + ck.m0 * ldx + h * P + p0, ldx, vec_x,
+                            [&](int j, int c) { return j < ck.q && p0 + c < P; });
+            stage_tile<kKm>(dY, Y + ck.m0 * ldy + y_off + g * N + n0, ldy, vec_y,
+                            [&](int j, int c) { return j < ck.q && n0 + c < N; });
+            if (tid < kQ) {
+                const int at = tid * H + h;  // of the chunk's rows: < 2^31 (SsdShape)
+                cp_async_piece(&sraw[buf][0][tid], s + ck.m0 * H + at, tid < ck.q, 1);
+                cp_async_piece(&sraw[buf][1][tid], dt + ck.m0 * H + at, tid < ck.q, 1);
+            }
+        }
         cp_async_commit();
-    };
-    // Chunk k's weights and decay (threads j < kQ): loaded when its tiles
-    // are staged, written to sw / sdecay[buf] after the mma that overlaps
-    // their loads.
-    float s_j = 0.0f, dt_j = 0.0f, s_last = 0.0f;
-    auto fetch_weights = [&](int k) {
-        const Chunk ck = rows_of(k);
-        if (tid < ck.q) {
-            s_j = s[(ck.m0 + tid) * H + h];
-            dt_j = dt[(ck.m0 + tid) * H + h];
-            s_last = s[(ck.m0 + ck.last_row) * H + h];
-        }
-    };
-    auto put_weights = [&](int k, int buf) {
-        const Chunk ck = rows_of(k);
-        if (tid < kQ) {
-            sw[buf][tid] = tid >= ck.q ? 0.0f
-                           : mode == 0 ? expf(s_last - s_j) * dt_j
-                                       : expf(s_j);
-            if (tid == 0) sdecay[buf] = expf(s_last);
-        }
     };
     const Share w = share();
     float carry[4][4];
@@ -161,28 +162,33 @@ __device__ __forceinline__ void state_scan_tc(const S* __restrict__ X, long long
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) carry[nt][e] = 0.0f;
-    stage(0, 0);
-    fetch_weights(0);
-    put_weights(0, 0);
+    for (int k = 0; k + 1 < kBufs; ++k) stage(k);
     for (int k = 0; k < nc; ++k) {
-        const int buf = k & 1;
+        const int buf = k % kBufs;
         const Chunk ck = rows_of(k);
-        cp_async_wait(0);
-        // Chunk k's tiles and weights are in place for every thread, and
-        // chunk k - 1's mma is done with the other buffer and weights.
+        cp_async_wait(kBufs - 2);
+        // Chunk k's copies are in place for every thread, and chunk k - 1's
+        // mma is done with its buffer (which chunk k + kBufs - 1 takes) and
+        // with sw.
         __syncthreads();
-        if (k + 1 < nc) {
-            stage(k + 1, buf ^ 1);
-            fetch_weights(k + 1);
+        stage(k + kBufs - 1);
+        // Chunk k's weights: mode 0 (X = x) w_j = exp(s_last - s_j) dt_j,
+        // mode 1 (X = dy) w_j = exp(s_j); and its decay exp(s_last).
+        if (tid < kQ) {
+            const float s_j = sraw[buf][0][tid], s_last = sraw[buf][0][ck.last_row];
+            sw[tid] = tid >= ck.q ? 0.0f
+                      : mode == 0 ? expf(s_last - s_j) * sraw[buf][1][tid]
+                                  : expf(s_j);
+            if (tid == 0) sdecay = expf(s_last);
         }
+        __syncthreads();
         const float* sX = tile_x(buf);
-        const float* sY = sX + kStateScanTile;
-        const float* wk = sw[buf];
+        const float* sY = sX + kStateScanTile * (int)sizeof(S) / 4;
         Tile t;
         t.zero();
-        t.mma_a([&](int r, int j) { return wk[j] * tile_at<kKm, S>(sX, j, w.r0 + r); },
+        t.mma_a([&](int r, int j) { return sw[j] * tile_at<kKm, S>(sX, j, w.r0 + r); },
                 tile_of<kKm, S>(sY) + w.c0, tile_ld<kKm, S>, 1, (ck.q + 7) / 8);
-        const float decay = sdecay[buf];
+        const float decay = sdecay;
         S* o = out + ((long long)(b * nc + chunk_at(k)) * H + h) * P * N;
         // A fragment's elements e and e + 1 are adjacent states (n even):
         // one store of the pair when both exist and N is even (the pair then
@@ -203,7 +209,6 @@ __device__ __forceinline__ void state_scan_tc(const S* __restrict__ X, long long
                 carry[nt][e] = decay * carry[nt][e] + t.acc[nt][e];
                 carry[nt][e + 1] = decay * carry[nt][e + 1] + t.acc[nt][e + 1];
             }
-        if (k + 1 < nc) put_weights(k + 1, buf ^ 1);
     }
 }
 
