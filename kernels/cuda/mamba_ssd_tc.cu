@@ -54,13 +54,7 @@ __device__ __forceinline__ void cb_tc(const S* __restrict__ xbc, long long ldu, 
     Tile t;
     const bool vec = kept_vec(xbc, ldu | N | b_off | c_off);
     cb_product(t, w, rows + c_off + g * N, rows + b_off + g * N, (int)ldu, ck.q, N, sA, sB, vec);
-    float* o = cb + ((long long)bc * G + g) * kQ * kQ;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            o[(w.r0 + Tile::row(e)) * kQ + w.c0 + Tile::col(nt, e)] = t.acc[nt][e];
-        }
+    store_tile_f32(t, w, cb + ((long long)bc * G + g) * kQ * kQ, kQ, kQ, kQ, true);
 }
 
 #define MAMBA_SSD_CB(name, S)                                                                \
@@ -437,20 +431,32 @@ __device__ __forceinline__ void bwd_qq_tc(const S* __restrict__ xbc, long long l
     product(dd, dy + ck.m0 * E + (long long)h * P, (int)E, rows + h * P, ldi, P);
     float* mq = Mq + ((long long)bc * H + h) * kQ * kQ;
     float* pq = Pq + ((long long)bc * H + h) * kQ * kQ;
+    // Elements e and e + 1 of a fragment are adjacent columns: their M and
+    // P values go out as one 8-byte store, so a row's four lanes write
+    // whole 32-byte sectors (4-byte stores wrote each sector in halves).
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = w.r0 + Tile::row(e), j = w.c0 + Tile::col(nt, e);
-            const bool in = j <= i && i < ck.q;
-            const float l = in ? expf(ss[i] - ss[j]) : 0.0f;
-            const float cbl = l * cb.acc[nt][e];
-            const float m = cbl * sdt[j];
-            const float d = dd.acc[nt][e];
-            mq[i * kQ + j] = in ? m : 0.0f;
-            pq[i * kQ + j] = in ? (l * sdt[j]) * d : 0.0f;
-            sW[i * (kQ + 1) + j] = in ? m * d : 0.0f;
-            sV[i * (kQ + 1) + j] = in ? cbl * d : 0.0f;
+        for (int e0 = 0; e0 < 4; e0 += 2) {
+            // Element e's M and P values; its W and V into shared memory.
+            const auto make = [&](int e, float& mv, float& pv) {
+                const int i = w.r0 + Tile::row(e), j = w.c0 + Tile::col(nt, e);
+                const bool in = j <= i && i < ck.q;
+                const float l = in ? expf(ss[i] - ss[j]) : 0.0f;
+                const float cbl = l * cb.acc[nt][e];
+                const float m = cbl * sdt[j];
+                const float d = dd.acc[nt][e];
+                mv = in ? m : 0.0f;
+                pv = in ? (l * sdt[j]) * d : 0.0f;
+                sW[i * (kQ + 1) + j] = in ? m * d : 0.0f;
+                sV[i * (kQ + 1) + j] = in ? cbl * d : 0.0f;
+            };
+            float m0, p0, m1, p1;
+            make(e0, m0, p0);
+            make(e0 + 1, m1, p1);
+            const int i = w.r0 + Tile::row(e0), j = w.c0 + Tile::col(nt, e0);
+            *reinterpret_cast<float2*>(mq + i * kQ + j) = float2{m0, m1};
+            *reinterpret_cast<float2*>(pq + i * kQ + j) = float2{p0, p1};
         }
     __syncthreads();
     if (tid < ck.q) {
@@ -796,13 +802,9 @@ __device__ __forceinline__ void bwd_dbc_tc(
                                     th_step(k, [&] { mma_staged<Rows, Steps>(th, w, a, b); });
                                 });
     const int col0 = (want_c ? c_off : b_off) + g * N + n0;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = w.r0 + Tile::row(e), nn = w.c0 + Tile::col(nt, e);
-            if (r < ck.q && n0 + nn < N) dxbc[(ck.m0 + r) * lddx + col0 + nn] = t.acc[nt][e];
-        }
+    float* o = dxbc + ck.m0 * lddx + col0;
+    const bool pairs = ((lddx | col0) & 1) == 0 && (reinterpret_cast<unsigned long long>(dxbc) & 7) == 0;
+    store_tile_f32(t, w, o, lddx, ck.q, N - n0, pairs);
 }
 
 #define MAMBA_SSD_BWD_DBC(name, S)                                                           \

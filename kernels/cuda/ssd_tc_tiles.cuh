@@ -475,6 +475,29 @@ __device__ __forceinline__ void cb_product(Tile& t, const Share& w, const S* Cr,
     }
 }
 
+// The warp's share of t into a row-major f32 matrix o (leading dimension
+// ld): elements (r, c) with r < rows and c < cols. A fragment's elements e
+// and e + 1 are adjacent columns: one 8-byte store of the pair when both
+// are inside and `pairs` (o 8-byte aligned, ld even), so a row's four
+// lanes write a whole 32-byte sector (4-byte stores wrote it in halves).
+__device__ __forceinline__ void store_tile_f32(const Tile& t, const Share& w, float* o, long long ld,
+                                               int rows, int cols, bool pairs) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            const int r = w.r0 + Tile::row(e), c = w.c0 + Tile::col(nt, e);
+            if (r >= rows) continue;
+            float* at = o + r * ld + c;
+            if (pairs && c + 1 < cols) {
+                *reinterpret_cast<float2*>(at) = float2{t.acc[nt][e], t.acc[nt][e + 1]};
+            } else {
+                if (c < cols) at[0] = t.acc[nt][e];
+                if (c + 1 < cols) at[1] = t.acc[nt][e + 1];
+            }
+        }
+}
+
 // This thread's fragment elements of the (chunk, group) tile cb (from
 // mamba_ssd_cb_tc) into t.
 __device__ __forceinline__ void load_cb(Tile& t, const Share& w, const float* cb) {
