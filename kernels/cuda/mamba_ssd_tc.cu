@@ -333,39 +333,25 @@ __device__ __forceinline__ void chunk_out_tc(
             constexpr int ldh = tile_ld<kOutLd, S>;
             t.mma_a(c_at, tile_of<kOutLd, S>(sH(nt & 1)) + w.c0 * ldh, 1, ldh, steps);
         }
-        // The outputs, through shared memory: y's f32 values into the
-        // first state buffer (free once every warp's mma is done), then
-        // each thread finishes runs of 8 consecutive channels of a row,
-        // so z, y and the gate move in 16-byte accesses.
-        float* const sY = sC(0);
+        // The outputs through shared memory (tile_rows8): y's f32 values
+        // into the first state buffer (free once every warp's mma is done),
+        // then z, y and the gate in runs of 8 channels a thread.
         __syncthreads();
+        tile_rows8(
+            t, w, sC(0), ck.q, P - p0,
+            [&](int i, int pp, float acc) { return acc + dh * tile_at<kKm, S>(sX, i, pp); },
+            [&](int i, int c8, int n, float(&v)[8]) {
+                const long long r = ck.m0 + i;
+                const long long col = (long long)h * P + p0 + c8;
+                const long long at = r * E + col, zat = r * ldz + col;
+                float zv[8];
+                load8_f32_bf16(z, zh, zat, n, kept_vec8(z, zh, zat, n), zv);
+                // The gate reads y as it is kept, as the gate's backward does.
+                store8_kept(y, yh, at, n, kept_vec8(y, yh, at, n), v);
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(nt, e);
-                sY[i * kOutLd + pp] = t.acc[nt][e] + dh * tile_at<kKm, S>(sX, i, pp);
-            }
-        __syncthreads();
-        for (int it = tid; it < kQ * (kQ / 8); it += kThreads) {
-            const int i = it / (kQ / 8), c8 = 8 * (it % (kQ / 8));
-            if (i >= ck.q || p0 + c8 >= P) continue;
-            const int n = min(8, P - p0 - c8);
-            const long long r = ck.m0 + i;
-            const long long col = (long long)h * P + p0 + c8;
-            const long long at = r * E + col, zat = r * ldz + col;
-            float zv[8], v[8];
-            load8_f32_bf16(z, zh, zat, n, kept_vec8(z, zh, zat, n), zv);
-            const float4 ya = *reinterpret_cast<const float4*>(sY + i * kOutLd + c8);
-            const float4 yb = *reinterpret_cast<const float4*>(sY + i * kOutLd + c8 + 4);
-            v[0] = ya.x, v[1] = ya.y, v[2] = ya.z, v[3] = ya.w;
-            v[4] = yb.x, v[5] = yb.y, v[6] = yb.z, v[7] = yb.w;
-            // The gate reads y as it is kept, as the gate's backward does.
-            store8_kept(y, yh, at, n, kept_vec8(y, yh, at, n), v);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) v[k] = gate_out(v[k], zv[k]);
-            store8_f32_bf16(gate, gateh, at, n, kept_vec8(gate, gateh, at, n), v);
-        }
+                for (int k = 0; k < 8; ++k) v[k] = gate_out(v[k], zv[k]);
+                store8_f32_bf16(gate, gateh, at, n, kept_vec8(gate, gateh, at, n), v);
+            });
     }
 }
 
@@ -631,30 +617,15 @@ __device__ __forceinline__ void bwd_dx_tc(
                       1, kKt / 8);
             }
         }
-        // dx through shared memory (buffer 0's B tile, unread since tile
-        // 2 ntn - 2), then runs of 8 channels of a row a thread: 16-byte
-        // stores instead of the fragments' 4-byte ones.
-        float* const sO = sB(0);
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int j = w.r0 + Tile::row(e), pp = w.c0 + Tile::col(q, e);
-                sO[j * kOutLd + pp] = t.acc[q][e] + dh * tile_at<kKm, S>(sDy, j, pp);
-            }
-        __syncthreads();
-        for (int it = tid; it < kQ * (kQ / 8); it += kThreads) {
-            const int j = it / (kQ / 8), c8 = 8 * (it % (kQ / 8));
-            if (j >= ck.q || p0 + c8 >= P) continue;
-            const int n = min(8, P - p0 - c8);
-            const long long at = (ck.m0 + j) * lddx + (long long)h * P + p0 + c8;
-            float v[8];
-            const float4 a = *reinterpret_cast<const float4*>(sO + j * kOutLd + c8);
-            const float4 b = *reinterpret_cast<const float4*>(sO + j * kOutLd + c8 + 4);
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-            v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-            store8_f32_bf16(dxbc, nullptr, at, n, kept_vec8(dxbc, nullptr, at, n), v);
-        }
+        // dx through shared memory (tile_rows8; buffer 0's B tile, unread
+        // since tile 2 ntn - 2), in runs of 8 channels a thread.
+        tile_rows8(
+            t, w, sB(0), ck.q, P - p0,
+            [&](int j, int pp, float acc) { return acc + dh * tile_at<kKm, S>(sDy, j, pp); },
+            [&](int j, int c8, int n, float(&v)[8]) {
+                const long long at = (ck.m0 + j) * lddx + (long long)h * P + p0 + c8;
+                store8_f32_bf16(dxbc, nullptr, at, n, kept_vec8(dxbc, nullptr, at, n), v);
+            });
     }
     // A row's dots: its quad's four lanes, then the two column halves.
 #pragma unroll

@@ -498,6 +498,37 @@ __device__ __forceinline__ void store_tile_f32(const Tile& t, const Share& w, fl
         }
 }
 
+// The block's 64 x 64 output tile written through shared memory: each
+// warp puts its share, val(r, c, acc) of each accumulator, into `stage`
+// (f32 [64][kOutLd], free for the block: the caller's barrier made it so),
+// then each thread takes runs of 8 consecutive columns of a row (r < rows,
+// c < cols; n of them, 8 but at the edge) and finishes them, fin(r, c8,
+// n, v), so its global accesses can be 16-byte ones (a fragment's 2- and
+// 4-byte accesses fill each 32-byte sector a quarter). Every thread of the
+// block calls it; stage is read until the caller's next barrier.
+template <class Val, class Fin>
+__device__ __forceinline__ void tile_rows8(const Tile& t, const Share& w, float* stage, int rows,
+                                           int cols, Val val, Fin fin) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = w.r0 + Tile::row(e), c = w.c0 + Tile::col(nt, e);
+            stage[r * kOutLd + c] = val(r, c, t.acc[nt][e]);
+        }
+    __syncthreads();
+    for (int it = threadIdx.x; it < kQ * (kQ / 8); it += kThreads) {
+        const int r = it / (kQ / 8), c8 = 8 * (it % (kQ / 8));
+        if (r >= rows || c8 >= cols) continue;
+        float v[8];
+        const float4 a = *reinterpret_cast<const float4*>(stage + r * kOutLd + c8);
+        const float4 b = *reinterpret_cast<const float4*>(stage + r * kOutLd + c8 + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        fin(r, c8, min(8, cols - c8), v);
+    }
+}
+
 // This thread's fragment elements of the (chunk, group) tile cb (from
 // mamba_ssd_cb_tc) into t.
 __device__ __forceinline__ void load_cb(Tile& t, const Share& w, const float* cb) {
