@@ -24,6 +24,8 @@
 
 pub mod cast;
 mod check;
+#[cfg(test)]
+mod colsum_emu_tests;
 pub mod conv;
 #[cfg(test)]
 mod conv_emu_tests;
