@@ -20,8 +20,10 @@
 // quantity, different rounding, inside the tf32 tolerance.
 //
 // Over 450 lines: the one staging vocabulary of those kernels (the f32
-// operands' cp.async and register paths, and the bf16 states' register
-// path), which reads best beside the layouts it fills.
+// and bf16 operands' cp.async and register paths) and their two ways of
+// writing an output tile (fragment pairs, store_tile_f32; rows of 8
+// through shared memory, tile_rows8), which read best beside the layouts
+// they fill and drain.
 //
 // Offsets inside a chunk are 32-bit: 64 rows of any operand and one
 // chunk's H x P x N states span fewer than 2^31 elements (SsdShape's
